@@ -1,0 +1,110 @@
+"""``numaguard-exporter``: command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+
+from exporter import __version__, logs
+from exporter.model import Thresholds
+from exporter.server import Settings, serve
+
+DEFAULT_PORT = 9847
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="numaguard-exporter",
+        description=(
+            "Per-node Prometheus exporter of NUMA placement: the host's NUMA nodes, "
+            "memory and allocation locality, and where every pod's CPUs and memory sit. "
+            "Scrapes are served from bytes rendered at the end of the last collection "
+            "cycle, so they never wait on the kernel."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--host-root", default="/", metavar="DIR",
+                   help="where the host's / is visible (in the DaemonSet: /host, mounted "
+                        "read-only); sysfs, procfs and cgroups are read below it")
+    p.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", metavar="HOST:PORT",
+                   help="address to serve /metrics, /healthz and /readyz on (port 0: any free)")
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname(),
+                   help="Kubernetes node name for the node label (env NODE_NAME, else hostname)")
+    p.add_argument("--interval", type=_positive, default=15.0, metavar="SECONDS",
+                   help="time between collection cycles")
+    p.add_argument("--collector-timeout", type=_positive, default=10.0, metavar="SECONDS",
+                   help="a collector that takes longer is reported failed (reason timeout) "
+                        "for the cycle; the scrape keeps answering")
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig for pod names from the API server; in a cluster the "
+                        "service account is used without it; with neither, pod series carry "
+                        "only pod_uid and container_id")
+    p.add_argument("--memory-remote-threshold", type=_ratio, default=0.3, metavar="RATIO",
+                   help="pod_cross_numa{reason=memory_remote} is 1 when at least this share of "
+                        "a pod's memory sits on NUMA nodes that hold none of its CPUs")
+    p.add_argument("--memory-remote-min-bytes", type=int, default=64 << 20, metavar="BYTES",
+                   help="pods with less memory than this are never flagged memory_remote")
+    p.add_argument("--log-format", choices=("json", "text"), default="json")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    host, port = parse_listen(args.listen)
+    return Settings(
+        host_root=args.host_root,
+        host=host,
+        port=port,
+        node_name=args.node_name,
+        interval_seconds=args.interval,
+        collector_timeout_seconds=args.collector_timeout,
+        kubeconfig=args.kubeconfig,
+        thresholds=Thresholds(args.memory_remote_threshold, args.memory_remote_min_bytes),
+    )
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"--listen wants HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except argparse.ArgumentTypeError as err:
+        p.error(str(err))
+    if not os.path.isdir(args.host_root):
+        p.error(f"--host-root {args.host_root!r} is not a directory")
+    logs.setup(args.log_format, args.log_level)
+    try:
+        asyncio.run(serve(settings))
+    except OSError as err:
+        print(f"numaguard-exporter: cannot serve on {args.listen}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return number
+
+
+def _ratio(value: str) -> float:
+    number = float(value)
+    if not 0 <= number <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
+    return number
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""One collection cycle: run the sources concurrently (each in a worker thread, bounded
+by a timeout), build the NodeSnapshot, render the exposition once. Scrapes are served
+from those rendered bytes and never wait on a source."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import platform
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import exposition
+from prometheus_client.openmetrics import exposition as openmetrics
+
+from exporter import __version__
+from exporter import catalogue as c
+from exporter.collectors import host_numa, pods
+from exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
+from exporter.sources import Issue
+
+log = logging.getLogger(__name__)
+
+# Collector names, as the "collector" label shows them.
+HOST_NUMA = "host_numa"
+POD_PLACEMENT = "pod_placement"
+
+# Distinct (collector, reason, path) problems we log once each; beyond this, just count.
+_MAX_LOGGED_PROBLEMS = 10_000
+
+
+class Source(Protocol):
+    def read(self) -> Any: ...
+
+
+@dataclass
+class Health:
+    success: bool = False
+    duration_seconds: float = 0.0
+    errors: Counter[str] = field(default_factory=Counter)
+    last_success: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Exposition:
+    text: bytes
+    openmetrics: bytes
+    text_gzip: bytes
+    openmetrics_gzip: bytes
+
+
+class Collection:
+    """Owns the cycle: sources -> snapshot -> rendered exposition."""
+
+    def __init__(
+        self,
+        node_name: str,
+        sources: Mapping[str, Source],
+        metadata: Callable[[], Mapping[str, PodMeta] | None] = lambda: None,
+        thresholds: Thresholds = Thresholds(),
+        timeout_seconds: float = 10.0,
+    ) -> None:
+        self.node_name = node_name
+        self.sources = dict(sources)
+        self.metadata = metadata
+        self.thresholds = thresholds
+        self.timeout = timeout_seconds
+        self.health = {name: Health() for name in self.sources}
+        self.snapshot: NodeSnapshot | None = None
+        self.exposition: Exposition | None = None
+        self._in_flight: dict[str, asyncio.Future] = {}
+        self._logged: set[tuple[str, str, str]] = set()
+
+    async def run_once(self) -> NodeSnapshot:
+        names = list(self.sources)
+        readings = await asyncio.gather(*(self._read(name) for name in names))
+        by_name = dict(zip(names, readings, strict=True))
+        self.snapshot = build_snapshot(
+            self.node_name,
+            time.time(),
+            by_name.get(HOST_NUMA),
+            by_name.get(POD_PLACEMENT),
+            self.metadata(),
+            self.snapshot,
+            self.thresholds,
+        )
+        self.exposition = self.render(self.snapshot)
+        return self.snapshot
+
+    async def _read(self, name: str):
+        """Run one source off the event loop; None when it failed or timed out."""
+        health = self.health[name]
+        started = time.monotonic()
+        future = self._in_flight.get(name)
+        if future is None:
+            # A thread cannot be cancelled: a read that timed out keeps running, and
+            # we wait for it instead of piling up another.
+            future = asyncio.ensure_future(asyncio.to_thread(self.sources[name].read))
+            self._in_flight[name] = future
+        reading = None
+        try:
+            reading = await asyncio.wait_for(asyncio.shield(future), self.timeout)
+        except TimeoutError:
+            self._problem(name, Issue("timeout", "", f"no answer within {self.timeout:g}s"))
+        except Exception as err:  # a bug must not stop the other collectors
+            self._in_flight.pop(name, None)
+            log.exception("collector %s failed", name)
+            self._problem(name, Issue("internal", "", repr(err)))
+        else:
+            self._in_flight.pop(name, None)
+        health.duration_seconds = time.monotonic() - started
+        issues = reading.issues if reading is not None else []
+        for issue in issues:
+            self._problem(name, issue)
+        health.success = reading is not None and not issues
+        if health.success:
+            health.last_success = time.time()
+        return reading
+
+    def _problem(self, collector: str, issue: Issue) -> None:
+        self.health[collector].errors[issue.reason] += 1
+        key = (collector, issue.reason, issue.path)
+        if key in self._logged:
+            return
+        if len(self._logged) < _MAX_LOGGED_PROBLEMS:
+            self._logged.add(key)
+        log.warning(
+            "collector %s: %s %s %s",
+            collector, issue.reason, issue.path, issue.detail,
+            extra={"collector": collector, "reason": issue.reason, "path": issue.path},
+        )
+
+    def render(self, snap: NodeSnapshot) -> Exposition:
+        families = [*host_numa.families(snap), *pods.families(snap), *self._self_families(snap)]
+        registry = _Families([f.metric for f in families])
+        text = exposition.generate_latest(registry)
+        om = openmetrics.generate_latest(registry)
+        return Exposition(text, om, gzip.compress(text, 1), gzip.compress(om, 1))
+
+    def _self_families(self, snap: NodeSnapshot) -> list[c.Family]:
+        node = self.node_name
+        build = c.BUILD_INFO.family(node)
+        build.add(1, __version__, platform.python_version())
+        synced = c.POD_METADATA_SYNCED.family(node)
+        synced.add(int(snap.pod_metadata_synced))
+        success, duration, errors, last = (
+            m.family(node)
+            for m in (
+                c.COLLECTOR_SUCCESS, c.COLLECTOR_DURATION, c.COLLECTOR_ERRORS,
+                c.COLLECTOR_LAST_SUCCESS,
+            )
+        )
+        for name, h in self.health.items():
+            success.add(int(h.success), name)
+            duration.add(h.duration_seconds, name)
+            for reason in sorted(h.errors):
+                errors.add(h.errors[reason], name, reason)
+            if h.last_success is not None:
+                last.add(h.last_success, name)
+        return [build, synced, success, duration, errors, last]
+
+
+class _Families:
+    """The registry-shaped object prometheus_client's renderers take."""
+
+    def __init__(self, metrics: list) -> None:
+        self._metrics = metrics
+
+    def collect(self):
+        return iter(self._metrics)

@@ -1,0 +1,47 @@
+"""Host NUMA metrics: nodes, CPUs by socket, distances, memory, allocation counters."""
+
+from __future__ import annotations
+
+from exporter import catalogue as c
+from exporter.model import NodeSnapshot
+from exporter.readers import format_id_list
+
+
+def families(snap: NodeSnapshot) -> list[c.Family]:
+    node = snap.node_name
+    info, cpus, distance = (m.family(node) for m in (c.NUMA_NODE_INFO, c.NUMA_NODE_CPUS, c.NUMA_NODE_DISTANCE))
+    total, free, used = (m.family(node) for m in (c.NUMA_MEMORY_TOTAL, c.NUMA_MEMORY_FREE, c.NUMA_MEMORY_USED))
+    pages, remote = c.NUMA_ALLOC_PAGES.family(node), c.NUMA_REMOTE_ALLOC.family(node)
+    for n in snap.numa_nodes:
+        numa = str(n.id)
+        if n.cpus is not None:
+            info.add(1, numa, format_id_list(n.cpus))
+        for socket, count in sorted(n.cpus_by_socket.items()):
+            cpus.add(count, numa, str(socket))
+        if n.meminfo:
+            total.add(n.meminfo.total_bytes, numa)
+            free.add(n.meminfo.free_bytes, numa)
+            used.add(n.meminfo.used_bytes, numa)
+        for kind, value in (n.numastat or {}).items():
+            pages.add(value, numa, kind)
+        if n.remote_alloc_ratio is not None:
+            remote.add(n.remote_alloc_ratio, numa)
+    if snap.topology:
+        for a, row in snap.topology.distance.items():
+            for b, d in row.items():
+                distance.add(d, str(a), str(b))
+    out = [info, cpus, distance, total, free, used, pages, remote]
+    for spec, key in (
+        (c.HINT_FAULTS, "numa_hint_faults"),
+        (c.HINT_FAULTS_LOCAL, "numa_hint_faults_local"),
+        (c.PAGES_MIGRATED, "numa_pages_migrated"),
+    ):
+        if key in snap.balancing:
+            fam = spec.family(node)
+            fam.add(snap.balancing[key])
+            out.append(fam)
+    if snap.hint_fault_locality is not None:
+        fam = c.HINT_LOCALITY.family(node)
+        fam.add(snap.hint_fault_locality)
+        out.append(fam)
+    return out

@@ -1,0 +1,311 @@
+"""The model: one NodeSnapshot per collection cycle, with every derived signal computed
+once, here. Pure: readings (and the previous snapshot, for rates) in, snapshot out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exporter.readers.cgroup import CpuThrottling, Pressure
+from exporter.readers.numa import NodeMeminfo
+from exporter.sources.cgroups import ContainerReading, PodsReading
+from exporter.sources.host import HostReading
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """When a pod's memory counts as remote (verdict ``memory_remote``)."""
+
+    memory_remote_ratio: float = 0.3
+    memory_remote_min_bytes: int = 64 * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    """What the API server says about a pod: names, and container id -> container name."""
+
+    namespace: str
+    name: str
+    containers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    nodes: tuple[int, ...]
+    cpus_of_node: Mapping[int, frozenset[int]]
+    node_of_cpu: Mapping[int, int]
+    socket_of_cpu: Mapping[int, int]
+    # distance[a][b]; rows whose length does not match the node list are left out
+    distance: Mapping[int, Mapping[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class NumaNodeState:
+    id: int
+    cpus: frozenset[int] | None
+    cpus_by_socket: Mapping[int, int]  # socket -> number of this node's CPUs on it
+    meminfo: NodeMeminfo | None
+    numastat: Mapping[str, int] | None
+    remote_alloc_ratio: float | None  # over the last interval
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerState:
+    pod_uid: str
+    container_id: str
+    name: str  # "" without API metadata
+    runtime: str
+    qos_class: str
+    exclusive_cpus: bool
+    cpus: frozenset[int] | None
+    cpus_by_node: Mapping[int, int] | None
+    memory_by_node: Mapping[int, int] | None
+    memory_remote_bytes: int | None  # on NUMA nodes that hold none of its CPUs
+    memory_remote_ratio: float | None
+    numa_nodes_spanned: int | None
+    throttling: CpuThrottling | None
+    pressure: Mapping[str, Pressure]
+    # CPU verdict: exclusive CPUs on more than one NUMA node; None when unknown
+    cpu_span: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodState:
+    uid: str
+    namespace: str
+    name: str
+    qos_class: str
+    containers: tuple[ContainerState, ...]
+    cpus_by_node: Mapping[int, int] | None
+    memory_by_node: Mapping[int, int] | None
+    memory_remote_ratio: float | None
+    numa_nodes_spanned: int | None
+    # reason -> verdict, only for reasons that could be decided on this cycle's data
+    cross_numa: Mapping[str, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    node_name: str
+    timestamp: float
+    topology: Topology | None
+    numa_nodes: tuple[NumaNodeState, ...]
+    balancing: Mapping[str, int]
+    hint_fault_locality: float | None
+    cgroup_version: int
+    cgroup_driver: str
+    pods: tuple[PodState, ...]
+    pod_metadata_synced: bool
+
+
+def build_snapshot(
+    node_name: str,
+    timestamp: float,
+    host: HostReading | None,
+    pods: PodsReading | None,
+    metadata: Mapping[str, PodMeta] | None,
+    previous: NodeSnapshot | None,
+    thresholds: Thresholds,
+) -> NodeSnapshot:
+    """Combine this cycle's readings; a reading that failed (None) contributes nothing.
+
+    ``metadata`` is None when the API server is not in use or not yet synced.
+    """
+    topology = build_topology(host) if host else (previous.topology if previous else None)
+    prev_nodes = {n.id: n for n in previous.numa_nodes} if previous else {}
+    numa_nodes = tuple(_numa_node(n, host, prev_nodes.get(n.id)) for n in host.nodes) if host else ()
+    balancing = dict(host.balancing) if host else {}
+    locality = None
+    if previous and balancing:
+        locality = _delta_ratio(
+            previous.balancing, balancing, "numa_hint_faults_local", ("numa_hint_faults",)
+        )
+    pod_states = _pods(pods, topology, metadata or {}, thresholds) if pods else ()
+    return NodeSnapshot(
+        node_name=node_name,
+        timestamp=timestamp,
+        topology=topology,
+        numa_nodes=numa_nodes,
+        balancing=balancing,
+        hint_fault_locality=locality,
+        cgroup_version=pods.cgroup_version if pods else 0,
+        cgroup_driver=pods.cgroup_driver if pods else "",
+        pods=pod_states,
+        pod_metadata_synced=metadata is not None,
+    )
+
+
+def build_topology(host: HostReading) -> Topology:
+    nodes = tuple(n.id for n in host.nodes)
+    cpus_of_node = {n.id: n.cpus for n in host.nodes if n.cpus is not None}
+    node_of_cpu = {cpu: node for node, cpus in cpus_of_node.items() for cpu in cpus}
+    distance = {
+        n.id: dict(zip(nodes, n.distances, strict=True))
+        for n in host.nodes
+        if n.distances is not None and len(n.distances) == len(nodes)
+    }
+    return Topology(nodes, cpus_of_node, node_of_cpu, host.socket_of_cpu, distance)
+
+
+def _numa_node(reading, host: HostReading, previous: NumaNodeState | None) -> NumaNodeState:
+    by_socket: dict[int, int] = {}
+    for cpu in reading.cpus or ():
+        socket = host.socket_of_cpu.get(cpu)
+        if socket is not None:
+            by_socket[socket] = by_socket.get(socket, 0) + 1
+    ratio = None
+    if previous and previous.numastat and reading.numastat:
+        ratio = _delta_ratio(
+            previous.numastat, reading.numastat, "other_node", ("local_node", "other_node")
+        )
+    return NumaNodeState(
+        reading.id, reading.cpus, by_socket, reading.meminfo, reading.numastat, ratio
+    )
+
+
+def _delta_ratio(
+    before: Mapping[str, int], after: Mapping[str, int], part: str, whole: tuple[str, ...]
+) -> float | None:
+    """Δpart / Σ Δwhole between two counter readings.
+
+    None when a counter is missing or went backwards (reset), or nothing happened.
+    """
+    keys = {part, *whole}
+    if not all(k in before and k in after for k in keys):
+        return None
+    deltas = {k: after[k] - before[k] for k in keys}
+    if any(d < 0 for d in deltas.values()):
+        return None
+    total = sum(deltas[k] for k in whole)
+    return deltas[part] / total if total else None
+
+
+def _pods(
+    reading: PodsReading,
+    topology: Topology | None,
+    metadata: Mapping[str, PodMeta],
+    thresholds: Thresholds,
+) -> tuple[PodState, ...]:
+    by_pod: dict[str, list[ContainerReading]] = {}
+    for c in reading.containers:
+        by_pod.setdefault(c.pod_uid, []).append(c)
+    pods = []
+    for uid, raw in by_pod.items():
+        meta = metadata.get(uid)
+        if meta and meta.containers:
+            # The API server lists the pod's real containers; the rest is the sandbox.
+            raw = [c for c in raw if c.container_id in meta.containers]
+        containers = tuple(
+            _container(c, meta, topology, reading.shared_pool) for c in raw
+        )
+        pods.append(_pod(uid, raw[0].qos_class if raw else "", meta, containers, topology, thresholds))
+    return tuple(sorted(pods, key=lambda p: p.uid))
+
+
+def _container(
+    c: ContainerReading,
+    meta: PodMeta | None,
+    topology: Topology | None,
+    shared_pool: frozenset[int] | None,
+) -> ContainerState:
+    # Exclusive CPUs are taken out of the shared pool by the CPU manager, so a
+    # Guaranteed container's cpuset is exclusive exactly when it is disjoint from it.
+    exclusive = bool(
+        c.qos_class == "guaranteed"
+        and c.cpus
+        and shared_pool is not None
+        and c.cpus.isdisjoint(shared_pool)
+    )
+    cpus_by_node = _cpus_by_node(c.cpus, topology)
+    cpu_nodes = {n for n, k in cpus_by_node.items() if k} if cpus_by_node is not None else None
+    remote = _remote_bytes(c.memory_by_node, cpu_nodes)
+    total = sum(c.memory_by_node.values()) if c.memory_by_node is not None else None
+    return ContainerState(
+        pod_uid=c.pod_uid,
+        container_id=c.container_id,
+        name=meta.containers.get(c.container_id, "") if meta else "",
+        runtime=c.runtime,
+        qos_class=c.qos_class,
+        exclusive_cpus=exclusive,
+        cpus=c.cpus,
+        cpus_by_node=cpus_by_node,
+        memory_by_node=_full_nodes(c.memory_by_node, topology),
+        memory_remote_bytes=remote,
+        memory_remote_ratio=remote / total if remote is not None and total else None,
+        numa_nodes_spanned=len(cpu_nodes) if cpu_nodes is not None else None,
+        throttling=c.throttling,
+        pressure=c.pressure,
+        cpu_span=None if cpu_nodes is None else bool(exclusive and len(cpu_nodes) > 1),
+    )
+
+
+def _pod(
+    uid: str,
+    qos: str,
+    meta: PodMeta | None,
+    containers: tuple[ContainerState, ...],
+    topology: Topology | None,
+    thresholds: Thresholds,
+) -> PodState:
+    known_cpus = all(c.cpus is not None for c in containers)
+    cpus = frozenset().union(*(c.cpus for c in containers)) if known_cpus else None
+    cpus_by_node = _cpus_by_node(cpus, topology)
+    memory = None
+    if containers and all(c.memory_by_node is not None for c in containers):
+        memory = {}
+        for c in containers:
+            for node, size in c.memory_by_node.items():
+                memory[node] = memory.get(node, 0) + size
+    total = sum(memory.values()) if memory is not None else 0
+    remote_ratio = None
+    if total and all(c.memory_remote_bytes is not None for c in containers):
+        remote_ratio = sum(c.memory_remote_bytes for c in containers) / total
+    verdicts: dict[str, bool] = {}
+    if containers and all(c.cpu_span is not None for c in containers):
+        verdicts["cpu_span"] = any(c.cpu_span for c in containers)
+    if remote_ratio is not None:
+        verdicts["memory_remote"] = (
+            remote_ratio >= thresholds.memory_remote_ratio
+            and total >= thresholds.memory_remote_min_bytes
+        )
+    return PodState(
+        uid=uid,
+        namespace=meta.namespace if meta else "",
+        name=meta.name if meta else "",
+        qos_class=qos,
+        containers=containers,
+        cpus_by_node=cpus_by_node,
+        memory_by_node=memory,
+        memory_remote_ratio=remote_ratio,
+        numa_nodes_spanned=sum(1 for k in cpus_by_node.values() if k) if cpus_by_node else None,
+        cross_numa=verdicts,
+    )
+
+
+def _cpus_by_node(cpus: frozenset[int] | None, topology: Topology | None) -> dict[int, int] | None:
+    """CPUs per NUMA node (every node of the host, zeros included); None when unknown."""
+    if cpus is None or topology is None:
+        return None
+    counts = dict.fromkeys(topology.nodes, 0)
+    for cpu in cpus:
+        node = topology.node_of_cpu.get(cpu)
+        if node is None:
+            return None  # a CPU we cannot place: no verdict on doubtful data
+        counts[node] += 1
+    return counts
+
+
+def _full_nodes(memory: Mapping[int, int] | None, topology: Topology | None):
+    """Memory per node with every host node present (zeros included)."""
+    if memory is None or topology is None:
+        return memory
+    return {node: memory.get(node, 0) for node in sorted(set(topology.nodes) | set(memory))}
+
+
+def _remote_bytes(memory: Mapping[int, int] | None, cpu_nodes: set[int] | None) -> int | None:
+    if memory is None or cpu_nodes is None or not cpu_nodes:
+        return None
+    return sum(size for node, size in memory.items() if node not in cpu_nodes)

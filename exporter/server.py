@@ -1,0 +1,152 @@
+"""The exporter daemon: an aiohttp server for /metrics, /healthz and /readyz, and the
+background loop that runs a collection cycle every interval."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import exposition
+from prometheus_client.openmetrics import exposition as openmetrics
+
+from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
+from exporter.model import Thresholds
+from exporter.sources.cgroups import CgroupSource
+from exporter.sources.host import HostSource
+from exporter.sources.kube import PodMetadataWatch, api_client
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    host_root: str = "/"
+    host: str = "0.0.0.0"
+    port: int = 9847
+    node_name: str = ""
+    interval_seconds: float = 15.0
+    collector_timeout_seconds: float = 10.0
+    kubeconfig: str | None = None
+    thresholds: Thresholds = Thresholds()
+
+
+class Exporter:
+    def __init__(self, settings: Settings, collection: Collection) -> None:
+        self.settings = settings
+        self.collection = collection
+        self.last_cycle_end: float | None = None
+        self.app = web.Application()
+        self.app.add_routes(
+            [
+                web.get("/", self.index),
+                web.get("/metrics", self.metrics),
+                web.get("/healthz", self.healthz),
+                web.get("/readyz", self.readyz),
+            ]
+        )
+
+    async def run_cycles(self) -> None:
+        interval = self.settings.interval_seconds
+        while True:
+            started = time.monotonic()
+            try:
+                await self.collection.run_once()
+            except Exception:  # never let one bad cycle end the loop
+                log.exception("collection cycle failed")
+            self.last_cycle_end = time.monotonic()
+            await asyncio.sleep(max(0.0, interval - (self.last_cycle_end - started)))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        rendered = self.collection.exposition
+        if rendered is None:
+            return web.Response(status=503, text="first collection cycle not finished yet\n")
+        wants_om = "application/openmetrics-text" in request.headers.get("Accept", "")
+        gz = "gzip" in request.headers.get("Accept-Encoding", "")
+        if wants_om:
+            body = rendered.openmetrics_gzip if gz else rendered.openmetrics
+            content_type = openmetrics.CONTENT_TYPE_LATEST
+        else:
+            body = rendered.text_gzip if gz else rendered.text
+            content_type = exposition.CONTENT_TYPE_LATEST
+        headers = {"Content-Type": content_type}
+        if gz:
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, headers=headers)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        # Alive while cycles keep finishing; collectors are bounded by their timeout,
+        # so a cycle that has not ended in three intervals means the loop is stuck.
+        limit = 3 * self.settings.interval_seconds + self.settings.collector_timeout_seconds
+        if self.last_cycle_end is not None and time.monotonic() - self.last_cycle_end > limit:
+            return web.Response(status=500, text="collection loop stalled\n")
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.collection.exposition is None:
+            return web.Response(status=503, text="waiting for the first collection cycle\n")
+        return web.Response(text="ready\n")
+
+    async def index(self, request: web.Request) -> web.Response:
+        return web.Response(
+            text="numaguard exporter: /metrics /healthz /readyz\n", content_type="text/plain"
+        )
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or ``stop`` is set), then shut down cleanly."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    api = await api_client(settings.kubeconfig)
+    tasks: list[asyncio.Task] = []
+    metadata = lambda: None  # noqa: E731
+    if api is not None:
+        watch = PodMetadataWatch(api, settings.node_name)
+        metadata = watch.current
+        tasks.append(asyncio.create_task(watch.run(), name="pod-metadata"))
+    else:
+        log.info("no kubeconfig and not in a cluster: pod series carry only pod_uid and container_id")
+
+    collection = Collection(
+        settings.node_name,
+        {
+            HOST_NUMA: HostSource(settings.host_root),
+            POD_PLACEMENT: CgroupSource(settings.host_root),
+        },
+        metadata=metadata,
+        thresholds=settings.thresholds,
+        timeout_seconds=settings.collector_timeout_seconds,
+    )
+    exporter = Exporter(settings, collection)
+    runner = web.AppRunner(exporter.app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    tasks.append(asyncio.create_task(exporter.run_cycles(), name="collection"))
+    log.info(
+        "serving metrics",
+        extra={"listen": _addresses(runner), "node": settings.node_name,
+               "host_root": settings.host_root, "interval_seconds": settings.interval_seconds},
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
+        if api is not None:
+            await api.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _addresses(runner: web.AppRunner) -> str:
+    return " ".join(f"{a[0]}:{a[1]}" if isinstance(a, tuple) else str(a) for a in runner.addresses)

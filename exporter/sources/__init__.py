@@ -1,0 +1,76 @@
+"""Sources: the only code that does I/O. Each returns plain records for the model.
+
+Every failure to read or parse a file becomes an ``Issue`` with a reason, and the
+source carries on with the rest: one bad file never hides the others.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from exporter.readers import ParseError
+
+# Kernel files that matter here are a few KiB; anything far larger is not one of them.
+MAX_FILE_BYTES = 1 << 20
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    reason: str  # missing | permission | io | parse | oversized
+    path: str
+    detail: str = ""
+
+
+class ReadFailure(Exception):
+    def __init__(self, reason: str, path: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {path} {detail}".strip())
+        self.issue = Issue(reason, path, detail)
+
+
+def read_text(path: str) -> str:
+    """Read a small kernel file as ASCII text, mapping every failure to a reason."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise ReadFailure("missing", path) from None
+    except NotADirectoryError:
+        raise ReadFailure("missing", path) from None
+    except PermissionError:
+        raise ReadFailure("permission", path) from None
+    except OSError as err:
+        raise ReadFailure("io", path, err.strerror or "") from None
+    try:
+        chunks = []
+        size = 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_FILE_BYTES:
+                raise ReadFailure("oversized", path, f"over {MAX_FILE_BYTES} bytes")
+            chunks.append(chunk)
+    except OSError as err:
+        raise ReadFailure("io", path, err.strerror or "") from None
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("ascii")
+    except UnicodeDecodeError:
+        raise ReadFailure("parse", path, "not ASCII text") from None
+
+
+def read_parsed(issues: list[Issue], path: str, reader: Callable[..., T], *args) -> T | None:
+    """Read ``path`` and parse it with ``reader``; on any failure record it and return None."""
+    try:
+        return reader(read_text(path), *args)
+    except ReadFailure as failure:
+        issues.append(failure.issue)
+    except ParseError as err:
+        issues.append(Issue("parse", path, str(err)))
+    return None

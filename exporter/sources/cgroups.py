@@ -1,0 +1,232 @@
+"""Pod cgroup source: finds every pod container under kubepods and reads its placement.
+
+Handles cgroup v2 (unified) and v1 (one hierarchy per controller), the systemd and
+cgroupfs drivers, and containerd, CRI-O and docker container cgroups.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from exporter.readers import parse_id_list
+from exporter.readers.cgroup import (
+    CpuThrottling,
+    Pressure,
+    parse_cpu_throttling,
+    parse_numa_stat_v1,
+    parse_numa_stat_v2,
+    parse_pressure,
+)
+from exporter.sources import Issue, read_parsed
+
+QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
+PRESSURE_RESOURCES = ("cpu", "memory", "io")
+
+_SYSTEMD_POD = re.compile(r"kubepods(?:-(?:burstable|besteffort))?-pod([0-9a-f_]+)\.slice")
+_CGROUPFS_POD = re.compile(r"pod([0-9a-f-]+)")
+_CONTAINER = re.compile(r"(?:(cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?")
+_RUNTIME = {"cri-containerd": "containerd", "crio": "cri-o", "docker": "docker"}
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerReading:
+    pod_uid: str
+    container_id: str
+    runtime: str  # containerd | cri-o | docker | "" when the cgroup name does not say
+    qos_class: str
+    cpus: frozenset[int] | None
+    mems: frozenset[int] | None
+    memory_by_node: dict[int, int] | None  # bytes
+    throttling: CpuThrottling | None
+    pressure: dict[str, Pressure]  # by resource; empty where PSI is absent
+
+
+@dataclass(frozen=True, slots=True)
+class PodsReading:
+    cgroup_version: int  # 0 when no kubepods hierarchy was found
+    cgroup_driver: str  # systemd | cgroupfs | ""
+    containers: tuple[ContainerReading, ...]
+    shared_pool: frozenset[int] | None  # CPUs of the shared pool, when known
+    issues: list[Issue] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    version: int
+    driver: str
+    # Directory of kubepods for each controller we read ("" key for cgroup v2).
+    roots: dict[str, str]
+
+
+class CgroupSource:
+    def __init__(self, host_root: str, page_size: int | None = None) -> None:
+        self.cgroup_root = os.path.join(host_root, "sys/fs/cgroup")
+        self.page_size = page_size or os.sysconf("SC_PAGE_SIZE")
+
+    def read(self) -> PodsReading:
+        issues: list[Issue] = []
+        layout = self._layout()
+        if layout is None:
+            return PodsReading(0, "", (), None, issues)
+        containers: list[ContainerReading] = []
+        for qos, pod_uid, pod_rel in self._pods(layout):
+            for runtime, container_id, rel in self._containers(layout, pod_rel):
+                reading = self._read_container(layout, rel, issues)
+                if reading is None:
+                    continue
+                cpus, mems, memory, throttling, pressure = reading
+                containers.append(
+                    ContainerReading(
+                        pod_uid, container_id, runtime, qos,
+                        cpus, mems, memory, throttling, pressure,
+                    )
+                )
+        shared = self._shared_pool(layout, containers, issues)
+        return PodsReading(
+            layout.version, layout.driver, tuple(containers), shared, issues
+        )
+
+    # -- discovery ---------------------------------------------------------------
+
+    def _layout(self) -> _Layout | None:
+        root = self.cgroup_root
+        if os.path.exists(f"{root}/cgroup.controllers"):
+            driver = _driver_at(root)
+            return _Layout(2, driver, {"": f"{root}/{_KUBEPODS[driver]}"}) if driver else None
+        controllers = {
+            "cpuset": _v1_controller_dir(root, "cpuset"),
+            "memory": _v1_controller_dir(root, "memory"),
+            "cpu": _v1_controller_dir(root, "cpu"),
+        }
+        base = controllers["cpuset"] or controllers["memory"]
+        driver = _driver_at(base) if base else ""
+        if not driver:
+            return None
+        roots = {k: f"{d}/{_KUBEPODS[driver]}" for k, d in controllers.items() if d}
+        return _Layout(1, driver, roots)
+
+    def _discovery_root(self, layout: _Layout) -> str:
+        return layout.roots.get("") or layout.roots.get("cpuset") or layout.roots["memory"]
+
+    def _pods(self, layout: _Layout):
+        """Yield (qos, pod uid, pod dir relative to kubepods)."""
+        root = self._discovery_root(layout)
+        for qos in QOS_CLASSES:
+            qos_rel = _QOS_DIR[layout.driver][qos]
+            for name in _subdirs(os.path.join(root, qos_rel)):
+                uid = _pod_uid(layout.driver, name)
+                if uid:
+                    yield qos, uid, os.path.join(qos_rel, name)
+
+    def _containers(self, layout: _Layout, pod_rel: str):
+        """Yield (runtime, container id, container dir relative to kubepods)."""
+        for name in _subdirs(os.path.join(self._discovery_root(layout), pod_rel)):
+            m = _CONTAINER.fullmatch(name)
+            if m:
+                yield _RUNTIME.get(m[1] or "", ""), m[2], f"{pod_rel}/{name}"
+
+    # -- reading -----------------------------------------------------------------
+
+    def _read_container(self, layout: _Layout, rel: str, issues: list[Issue]):
+        mine: list[Issue] = []
+        pressure: dict[str, Pressure] = {}
+        if layout.version == 2:
+            d = f"{layout.roots['']}/{rel}"
+            cpus = read_parsed(mine, f"{d}/cpuset.cpus.effective", parse_id_list)
+            mems = read_parsed(mine, f"{d}/cpuset.mems.effective", parse_id_list)
+            memory = read_parsed(mine, f"{d}/memory.numa_stat", parse_numa_stat_v2)
+            throttling = read_parsed(mine, f"{d}/cpu.stat", parse_cpu_throttling)
+            for resource in PRESSURE_RESOURCES:
+                psi: list[Issue] = []
+                value = read_parsed(psi, f"{d}/{resource}.pressure", parse_pressure)
+                if value is not None:
+                    pressure[resource] = value
+                # A kernel without PSI has no pressure files: that is not an error.
+                mine.extend(i for i in psi if i.reason != "missing")
+            container_dir = d
+        else:
+            cpuset = f"{layout.roots.get('cpuset', '')}/{rel}"
+            cpus = read_parsed(mine, f"{cpuset}/cpuset.effective_cpus", parse_id_list)
+            mems = read_parsed(mine, f"{cpuset}/cpuset.effective_mems", parse_id_list)
+            memory = read_parsed(
+                mine,
+                f"{layout.roots.get('memory', '')}/{rel}/memory.numa_stat",
+                parse_numa_stat_v1,
+                self.page_size,
+            )
+            throttling = read_parsed(
+                mine, f"{layout.roots.get('cpu', '')}/{rel}/cpu.stat", parse_cpu_throttling
+            )
+            container_dir = f"{self._discovery_root(layout)}/{rel}"
+        if mine and not os.path.isdir(container_dir):
+            return None  # the container went away while we read it: not an error
+        issues.extend(mine)
+        return cpus, mems, memory, throttling, pressure
+
+    def _shared_pool(
+        self, layout: _Layout, containers: list[ContainerReading], issues: list[Issue]
+    ) -> frozenset[int] | None:
+        """CPUs of the shared pool: what burstable and best-effort containers run on.
+
+        With no such container, the cpuset of the burstable/besteffort QoS cgroup.
+        """
+        shared = [c.cpus for c in containers if c.qos_class != "guaranteed" and c.cpus]
+        if shared:
+            return frozenset().union(*shared)
+        if layout.version == 2:
+            name = "cpuset.cpus.effective"
+            cpuset_root = layout.roots[""]
+        else:
+            name = "cpuset.effective_cpus"
+            cpuset_root = layout.roots.get("cpuset")
+            if cpuset_root is None:
+                return None
+        for qos in ("burstable", "besteffort"):
+            path = f"{cpuset_root}/{_QOS_DIR[layout.driver][qos]}/{name}"
+            if os.path.exists(path):
+                return read_parsed(issues, path, parse_id_list)
+        return None
+
+
+_KUBEPODS = {"systemd": "kubepods.slice", "cgroupfs": "kubepods"}
+_QOS_DIR = {
+    "systemd": {
+        "guaranteed": "",
+        "burstable": "kubepods-burstable.slice",
+        "besteffort": "kubepods-besteffort.slice",
+    },
+    "cgroupfs": {"guaranteed": "", "burstable": "burstable", "besteffort": "besteffort"},
+}
+
+
+def _driver_at(hierarchy: str) -> str:
+    for driver, name in _KUBEPODS.items():
+        if os.path.isdir(os.path.join(hierarchy, name)):
+            return driver
+    return ""
+
+
+def _v1_controller_dir(root: str, controller: str) -> str | None:
+    """v1 mounts a controller alone or co-mounted (``cpu,cpuacct``); find its directory."""
+    for name in _subdirs(root):
+        if controller in name.split(","):
+            return os.path.join(root, name)
+    return None
+
+
+def _pod_uid(driver: str, name: str) -> str | None:
+    if driver == "systemd":
+        m = _SYSTEMD_POD.fullmatch(name)
+        return m[1].replace("_", "-") if m else None
+    m = _CGROUPFS_POD.fullmatch(name)
+    return m[1] if m else None
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as it:
+            return [e.name for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []

@@ -1,0 +1,110 @@
+"""Pod metadata source: watches this node's pods on the API server (kubernetes.aio) and
+keeps pod UID -> namespace, name and container names for the snapshot to join."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections.abc import Mapping
+
+from kubernetes.aio import client, config, watch
+
+from exporter.model import PodMeta
+
+log = logging.getLogger(__name__)
+
+WATCH_SECONDS = 300  # the server ends each watch after this; we resume from its version
+
+
+def in_cluster() -> bool:
+    return "KUBERNETES_SERVICE_HOST" in os.environ
+
+
+async def api_client(kubeconfig: str | None) -> client.ApiClient | None:
+    """An API client from ``kubeconfig``, or the in-cluster service account, or None."""
+    if kubeconfig:
+        return await config.new_client_from_config(config_file=kubeconfig)
+    if in_cluster():
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        return client.ApiClient(configuration)
+    return None
+
+
+def pod_meta(pod) -> tuple[str, PodMeta]:
+    """A V1Pod -> (uid, PodMeta) with container id (without runtime prefix) -> name."""
+    containers: dict[str, str] = {}
+    status = pod.status
+    if status is not None:
+        for statuses in (
+            status.container_statuses,
+            status.init_container_statuses,
+            status.ephemeral_container_statuses,
+        ):
+            for s in statuses or ():
+                if s.container_id:
+                    containers[s.container_id.rpartition("://")[2]] = s.name
+    meta = pod.metadata
+    return meta.uid, PodMeta(meta.namespace, meta.name, containers)
+
+
+class PodMetadataWatch:
+    """List, then watch, pods with ``spec.nodeName=<node>``; resync on any failure."""
+
+    def __init__(self, api: client.ApiClient, node_name: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.selector = f"spec.nodeName={node_name}"
+        self._pods: dict[str, PodMeta] | None = None
+
+    def current(self) -> Mapping[str, PodMeta] | None:
+        """The pods as last seen; None until the first listing succeeded."""
+        return self._pods
+
+    async def run(self) -> None:
+        backoff = 1.0
+        while True:
+            try:
+                version = await self._list()
+                backoff = 1.0
+                await self._watch(version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                # Names stay as last seen while we resync; they only fill labels.
+                log.warning(
+                    "pod metadata watch failed; retrying in %.0fs: %s", backoff, err,
+                    extra={"reason": type(err).__name__},
+                )
+                await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, 60.0)
+
+    async def _list(self) -> str:
+        listing = await self.core.list_pod_for_all_namespaces(field_selector=self.selector)
+        self._pods = dict(pod_meta(p) for p in listing.items)
+        return listing.metadata.resource_version
+
+    async def _watch(self, version: str) -> None:
+        """Follow changes until the watch breaks (the caller then relists)."""
+        while True:
+            w = watch.Watch()
+            stream = w.stream(
+                self.core.list_pod_for_all_namespaces,
+                field_selector=self.selector,
+                resource_version=version,
+                timeout_seconds=WATCH_SECONDS,
+                allow_watch_bookmarks=True,
+            )
+            async with stream:
+                async for event in stream:
+                    if event["type"] == "BOOKMARK":
+                        continue
+                    uid, meta = pod_meta(event["object"])
+                    pods = dict(self._pods or {})
+                    if event["type"] == "DELETED":
+                        pods.pop(uid, None)
+                    else:
+                        pods[uid] = meta
+                    self._pods = pods
+            version = w.resource_version or version

@@ -1,0 +1,1 @@
+"""numaguard remediator: finds cross-socket and GPU-starved pods and fixes them safely."""
