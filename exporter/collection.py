@@ -21,9 +21,11 @@ from exporter import __version__
 from exporter import catalogue as c
 from exporter.collectors import host_numa, pods
 from exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
-from exporter.sources import Issue
+from exporter.sources import READ_FAILURES, Issue
 
 log = logging.getLogger(__name__)
+
+ERROR_REASONS = (*READ_FAILURES, "timeout", "internal")
 
 # Collector names, as the "collector" label shows them.
 HOST_NUMA = "host_numa"
@@ -41,7 +43,8 @@ class Source(Protocol):
 class Health:
     success: bool = False
     duration_seconds: float = 0.0
-    errors: Counter[str] = field(default_factory=Counter)
+    # every reason starts at 0, so rate() sees the first error
+    errors: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(ERROR_REASONS, 0)))
     last_success: float | None = None
 
 

@@ -18,10 +18,13 @@ MAX_FILE_BYTES = 1 << 20
 
 T = TypeVar("T")
 
+# Why a file could not be used; the collection adds "timeout" and "internal".
+READ_FAILURES = ("missing", "permission", "io", "parse", "oversized")
+
 
 @dataclass(frozen=True, slots=True)
 class Issue:
-    reason: str  # missing | permission | io | parse | oversized
+    reason: str  # one of READ_FAILURES, "timeout" or "internal"
     path: str
     detail: str = ""
 

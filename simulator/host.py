@@ -1,0 +1,305 @@
+"""Fake host roots: from a small description of a node, write the sysfs, procfs and
+cgroup files the exporter reads below ``--host-root``, in the kernel's own formats.
+
+Change the description (counters, pods) and call ``write`` again to move the host on
+to its next state; pods no longer described are removed from the cgroup tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter.readers import format_id_list, parse_id_list
+
+GIB = 1 << 30
+MIB = 1 << 20
+QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
+
+
+@dataclass
+class FakeContainer:
+    name: str
+    cpus: str  # cpuset, kernel list form ("0-3,8")
+    memory_by_node: dict[int, int] = field(default_factory=dict)  # bytes
+    mems: str | None = None  # cpuset.mems; default: every node
+    throttling: tuple[int, int, float] = (0, 0, 0.0)  # periods, throttled, seconds
+    # resource (cpu/memory/io) -> (some seconds, full seconds)
+    pressure: dict[str, tuple[float, float]] = field(default_factory=dict)
+    id: str = ""  # 64 hex digits; derived from pod uid and name when empty
+
+
+@dataclass
+class FakePod:
+    name: str
+    uid: str
+    qos_class: str  # guaranteed | burstable | besteffort
+    containers: list[FakeContainer]
+    namespace: str = "default"
+
+
+@dataclass
+class FakeNumaNode:
+    cpus: str
+    socket: int
+    memory_total_bytes: int = 64 * GIB
+    memory_free_bytes: int = 32 * GIB
+    numastat: dict[str, int] = field(
+        default_factory=lambda: {
+            "numa_hit": 0, "numa_miss": 0, "numa_foreign": 0,
+            "interleave_hit": 0, "local_node": 0, "other_node": 0,
+        }
+    )
+
+
+@dataclass
+class FakeHost:
+    nodes: list[FakeNumaNode]
+    pods: list[FakePod] = field(default_factory=list)
+    cgroup_version: int = 2
+    cgroup_driver: str = "systemd"  # systemd | cgroupfs
+    runtime: str = "containerd"  # containerd | cri-o | docker
+    distances: list[list[int]] | None = None  # default: 10 local, 21 elsewhere
+    # NUMA-balancing counters of /proc/vmstat; None: a kernel without them
+    balancing: dict[str, int] | None = field(
+        default_factory=lambda: {
+            "numa_hint_faults": 0, "numa_hint_faults_local": 0, "numa_pages_migrated": 0
+        }
+    )
+    psi: bool = True  # cgroup v2 only
+    page_size: int = 4096
+
+    @property
+    def all_cpus(self) -> frozenset[int]:
+        return frozenset().union(*(parse_id_list(n.cpus) for n in self.nodes))
+
+    @property
+    def runtime_scheme(self) -> str:
+        """The prefix of containerID in pod status: ``containerd://<id>``."""
+        return self.runtime
+
+    def container_id(self, pod: FakePod, container: FakeContainer) -> str:
+        return container.id or hashlib.sha256(f"{pod.uid}/{container.name}".encode()).hexdigest()
+
+    def pod(self, name: str) -> FakePod:
+        return next(p for p in self.pods if p.name == name)
+
+
+class FakeHostRoot:
+    """A directory that looks like a node's ``/`` to the exporter."""
+
+    def __init__(self, root: str | os.PathLike, host: FakeHost) -> None:
+        self.root = Path(root)
+        self.host = host
+
+    def write(self) -> FakeHostRoot:
+        self._write_nodes()
+        self._write_cpus()
+        self._write_vmstat()
+        self._write_cgroups()
+        return self
+
+    # -- host ----------------------------------------------------------------------
+
+    def _write_nodes(self) -> None:
+        h = self.host
+        base = self.root / "sys/devices/system/node"
+        ids = format_id_list(frozenset(range(len(h.nodes))))
+        _put(base / "online", ids)
+        _put(base / "possible", ids)
+        for i, n in enumerate(h.nodes):
+            d = base / f"node{i}"
+            _put(d / "cpulist", n.cpus)
+            row = h.distances[i] if h.distances else [10 if j == i else 21 for j in range(len(h.nodes))]
+            _put(d / "distance", " ".join(map(str, row)))
+            _put(d / "meminfo", _node_meminfo(i, n))
+            _put(d / "numastat", "".join(f"{k} {v}\n" for k, v in n.numastat.items()))
+
+    def _write_cpus(self) -> None:
+        base = self.root / "sys/devices/system/cpu"
+        cpus = self.host.all_cpus
+        _put(base / "online", format_id_list(cpus))
+        _put(base / "possible", format_id_list(cpus))
+        for node in self.host.nodes:
+            for cpu in parse_id_list(node.cpus):
+                _put(base / f"cpu{cpu}/topology/physical_package_id", str(node.socket))
+
+    def _write_vmstat(self) -> None:
+        lines = ["nr_free_pages 123456", "nr_zone_inactive_anon 4242"]
+        total = {k: sum(n.numastat[k] for n in self.host.nodes) for k in ("numa_hit", "numa_miss")}
+        lines += [f"numa_hit {total['numa_hit']}", f"numa_miss {total['numa_miss']}"]
+        lines += [f"{k} {v}" for k, v in (self.host.balancing or {}).items()]
+        lines += ["pgpgin 1000", "pgpgout 2000"]
+        _put(self.root / "proc/vmstat", "\n".join(lines))
+
+    # -- cgroups -------------------------------------------------------------------
+
+    def _write_cgroups(self) -> None:
+        h = self.host
+        cg = self.root / "sys/fs/cgroup"
+        if h.cgroup_version == 2:
+            _put(cg / "cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc")
+            hierarchies = {"": cg}
+        else:
+            # v1: one hierarchy per controller; cpu and cpuacct share one, as on most hosts
+            hierarchies = {c: cg / c for c in ("cpuset", "memory", "cpu,cpuacct")}
+            for d in hierarchies.values():
+                d.mkdir(parents=True, exist_ok=True)
+            link = cg / "cpu"
+            if not link.exists():
+                link.symlink_to("cpu,cpuacct")
+        kubepods_name = "kubepods.slice" if h.cgroup_driver == "systemd" else "kubepods"
+        all_cpus = format_id_list(h.all_cpus)
+        wanted: set[Path] = set()
+        for controller, hierarchy in hierarchies.items():
+            kubepods = hierarchy / kubepods_name
+            for qos in QOS_CLASSES:
+                qos_dir = kubepods / self._qos_dir(qos)
+                if controller in ("", "cpuset"):
+                    self._cpuset(qos_dir, controller, all_cpus, self._all_mems())
+            for pod in h.pods:
+                pod_dir = kubepods / self._qos_dir(pod.qos_class) / self._pod_dir(pod)
+                wanted.add(pod_dir)
+                for ctr in pod.containers:
+                    d = pod_dir / self._container_dir(pod, ctr)
+                    wanted.add(d)
+                    self._container_files(controller, d, ctr)
+            self._prune(kubepods, wanted)
+
+    def _container_files(self, controller: str, d: Path, ctr: FakeContainer) -> None:
+        h = self.host
+        mems = ctr.mems if ctr.mems is not None else self._all_mems()
+        if controller in ("", "cpuset"):
+            self._cpuset(d, controller, ctr.cpus, mems)
+        if controller in ("", "memory"):
+            _put(d / "memory.numa_stat", self._numa_stat(ctr))
+        if controller in ("", "cpu,cpuacct"):
+            periods, throttled, seconds = ctr.throttling
+            if h.cgroup_version == 2:
+                stat = (
+                    f"usage_usec 1000000\nuser_usec 600000\nsystem_usec 400000\n"
+                    f"nr_periods {periods}\nnr_throttled {throttled}\n"
+                    f"throttled_usec {round(seconds * 1e6)}\nnr_bursts 0\nburst_usec 0\n"
+                )
+            else:
+                stat = (
+                    f"nr_periods {periods}\nnr_throttled {throttled}\n"
+                    f"throttled_time {round(seconds * 1e9)}\nnr_bursts 0\nburst_time 0\n"
+                )
+            _put(d / "cpu.stat", stat)
+        if controller == "" and h.psi:
+            for resource in ("cpu", "memory", "io"):
+                some, full = ctr.pressure.get(resource, (0.0, 0.0))
+                _put(
+                    d / f"{resource}.pressure",
+                    f"some avg10=0.00 avg60=0.00 avg300=0.00 total={round(some * 1e6)}\n"
+                    f"full avg10=0.00 avg60=0.00 avg300=0.00 total={round(full * 1e6)}\n",
+                )
+
+    def _cpuset(self, d: Path, controller: str, cpus: str, mems: str) -> None:
+        if controller == "":
+            _put(d / "cpuset.cpus.effective", cpus)
+            _put(d / "cpuset.mems.effective", mems)
+        else:
+            _put(d / "cpuset.cpus", cpus)
+            _put(d / "cpuset.effective_cpus", cpus)
+            _put(d / "cpuset.mems", mems)
+            _put(d / "cpuset.effective_mems", mems)
+
+    def _numa_stat(self, ctr: FakeContainer) -> str:
+        nodes = range(len(self.host.nodes))
+        size = {n: ctr.memory_by_node.get(n, 0) for n in nodes}
+        if self.host.cgroup_version == 2:
+            # bytes; anon + file is the container's memory, the rest is detail
+            file = {n: size[n] // 4 for n in nodes}
+            anon = {n: size[n] - file[n] for n in nodes}
+            rows = {
+                "anon": anon, "file": file, "kernel_stack": dict.fromkeys(nodes, 16384),
+                "pagetables": dict.fromkeys(nodes, 8192), "shmem": dict.fromkeys(nodes, 0),
+                "file_mapped": file, "file_dirty": dict.fromkeys(nodes, 0),
+                "unevictable": dict.fromkeys(nodes, 0),
+            }
+            return "".join(
+                f"{k} " + " ".join(f"N{n}={v[n]}" for n in nodes) + "\n" for k, v in rows.items()
+            )
+        pages = {}
+        for n in nodes:
+            if size[n] % self.host.page_size:
+                raise ValueError(f"{ctr.name}: v1 memory must be whole pages")
+            pages[n] = size[n] // self.host.page_size
+        file = {n: pages[n] // 4 for n in nodes}
+        anon = {n: pages[n] - file[n] for n in nodes}
+        zero = dict.fromkeys(nodes, 0)
+        lines = []
+        for prefix in ("", "hierarchical_"):
+            for k, v in (("total", pages), ("file", file), ("anon", anon), ("unevictable", zero)):
+                lines.append(
+                    f"{prefix}{k}={sum(v.values())} " + " ".join(f"N{n}={v[n]}" for n in nodes)
+                )
+        return "\n".join(lines) + "\n"
+
+    def _all_mems(self) -> str:
+        return format_id_list(frozenset(range(len(self.host.nodes))))
+
+    def _qos_dir(self, qos: str) -> str:
+        if qos == "guaranteed":
+            return ""
+        return f"kubepods-{qos}.slice" if self.host.cgroup_driver == "systemd" else qos
+
+    def _pod_dir(self, pod: FakePod) -> str:
+        if self.host.cgroup_driver == "cgroupfs":
+            return f"pod{pod.uid}"
+        qos = "" if pod.qos_class == "guaranteed" else f"-{pod.qos_class}"
+        return f"kubepods{qos}-pod{pod.uid.replace('-', '_')}.slice"
+
+    def _container_dir(self, pod: FakePod, ctr: FakeContainer) -> str:
+        cid = self.host.container_id(pod, ctr)
+        prefix = {"containerd": "cri-containerd", "cri-o": "crio", "docker": "docker"}[self.host.runtime]
+        if self.host.cgroup_driver == "systemd":
+            return f"{prefix}-{cid}.scope"
+        return f"crio-{cid}" if self.host.runtime == "cri-o" else cid
+
+    def _prune(self, kubepods: Path, wanted: set[Path]) -> None:
+        """Remove pod and container dirs that the description no longer has."""
+        for qos in QOS_CLASSES:
+            qos_dir = kubepods / self._qos_dir(qos)
+            for pod_dir in _dirs(qos_dir):
+                if pod_dir.name.startswith(("kubepods", "pod")) and pod_dir.name not in (
+                    "kubepods-burstable.slice", "kubepods-besteffort.slice"
+                ):
+                    if pod_dir not in wanted:
+                        shutil.rmtree(pod_dir)
+                        continue
+                    for ctr_dir in _dirs(pod_dir):
+                        if ctr_dir not in wanted:
+                            shutil.rmtree(ctr_dir)
+
+
+def _node_meminfo(i: int, n: FakeNumaNode) -> str:
+    kb = {
+        "MemTotal": n.memory_total_bytes // 1024,
+        "MemFree": n.memory_free_bytes // 1024,
+        "MemUsed": (n.memory_total_bytes - n.memory_free_bytes) // 1024,
+        "SwapCached": 0, "Active": 1024, "Inactive": 2048, "Dirty": 0, "FilePages": 4096,
+        "AnonPages": 4096, "Shmem": 0, "KernelStack": 128, "PageTables": 256,
+    }
+    lines = [f"Node {i} {k + ':':<15} {v:>10} kB" for k, v in kb.items()]
+    lines += [f"Node {i} HugePages_Total:     0", f"Node {i} HugePages_Free:      0"]
+    return "\n".join(lines) + "\n"
+
+
+def _put(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not text.endswith("\n"):
+        text += "\n"
+    path.write_text(text)
+
+
+def _dirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []

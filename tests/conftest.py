@@ -1,0 +1,76 @@
+"""Shared test helpers: run collection cycles over fake roots and read back the samples."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
+from exporter.model import PodMeta, Thresholds
+from exporter.sources.cgroups import CgroupSource
+from exporter.sources.host import HostSource
+from simulator.host import FakeHost, FakeHostRoot
+
+NODE = "test-node"
+
+Samples = dict[tuple[str, frozenset], float]
+
+
+def samples(exposition: bytes) -> Samples:
+    """Exposition text -> {(sample name, frozenset of labels): value}."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(exposition.decode()):
+        for s in family.samples:
+            key = (s.name, frozenset(s.labels.items()))
+            assert key not in out, f"duplicate series {key}"
+            out[key] = s.value
+    return out
+
+
+def series(name: str, **labels: str) -> tuple[str, frozenset]:
+    return name, frozenset({"node": NODE, **labels}.items())
+
+
+def metadata_of(host: FakeHost) -> dict[str, PodMeta]:
+    """What the API server would tell the exporter about the fake host's pods."""
+    return {
+        p.uid: PodMeta(p.namespace, p.name, {host.container_id(p, c): c.name for c in p.containers})
+        for p in host.pods
+    }
+
+
+def make_collection(
+    root: FakeHostRoot,
+    metadata: Mapping[str, PodMeta] | None = None,
+    thresholds: Thresholds = Thresholds(),
+    timeout: float = 10.0,
+) -> Collection:
+    return Collection(
+        NODE,
+        {
+            HOST_NUMA: HostSource(str(root.root)),
+            POD_PLACEMENT: CgroupSource(str(root.root), page_size=root.host.page_size),
+        },
+        metadata=lambda: metadata,
+        thresholds=thresholds,
+        timeout_seconds=timeout,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fake_root(tmp_path):
+    """Build a fake host root from a FakeHost: ``fake_root(presets.two_socket())``."""
+
+    def build(host: FakeHost) -> FakeHostRoot:
+        return FakeHostRoot(tmp_path / "host", host).write()
+
+    return build
