@@ -71,7 +71,7 @@ class Exporter:
             content_type = openmetrics.CONTENT_TYPE_LATEST
         else:
             body = rendered.text_gzip if gz else rendered.text
-            content_type = exposition.CONTENT_TYPE_LATEST
+            content_type = exposition.CONTENT_TYPE_PLAIN_0_0_4
         headers = {"Content-Type": content_type}
         if gz:
             headers["Content-Encoding"] = "gzip"

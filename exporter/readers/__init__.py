@@ -33,8 +33,11 @@ def parse_id_list(text: str) -> frozenset[int]:
 
 def parse_single_int(text: str) -> int:
     """A file that holds one integer, such as physical_package_id or numa_node."""
+    text = text.strip()
     try:
-        return int(text.strip())
+        if len(text) > 21:
+            raise ValueError
+        return int(text)
     except ValueError:
         raise ParseError(f"not an integer: {text[:40]!r}") from None
 
@@ -60,8 +63,9 @@ def _small_int(text: str) -> int:
 
 
 def _count(text: str) -> int:
-    if not text.isascii() or not text.isdigit():
-        raise ParseError(f"not a non-negative integer: {text[:40]!r}")
+    # Kernel counters are unsigned 64-bit: at most 20 digits.
+    if not text.isascii() or not text.isdigit() or len(text) > 20:
+        raise ParseError(f"not a 64-bit count: {text[:40]!r}")
     return int(text)
 
 

@@ -1,0 +1,190 @@
+"""Bad input at the collector level: broken, missing, unreadable and huge files, counter
+resets and vanishing pods. No exception escapes, the exposition is still rendered, the
+error counter rises with the right reason, and no verdict is made on doubtful data."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exporter.sources import read_text
+from exporter.sources import ReadFailure
+from simulator import presets
+from simulator.host import FakeHostRoot
+from tests.conftest import make_collection, metadata_of, samples, series
+
+
+def errors(got, collector: str, reason: str) -> float:
+    return got[series("numaguard_collector_errors_total", collector=collector, reason=reason)]
+
+
+def container_dir(root: FakeHostRoot, pod_name: str) -> Path:
+    pod = root.host.pod(pod_name)
+    cid = root.host.container_id(pod, pod.containers[0])
+    return next(root.root.glob(f"sys/fs/cgroup/kubepods*/**/*{cid}*"))
+
+
+async def test_garbage_numa_stat_drops_only_that_pods_memory_verdict(fake_root):
+    root = fake_root(presets.far_memory())
+    (container_dir(root, "cache") / "memory.numa_stat").write_text("anon N0=12 N1=zz\n")
+    collection = make_collection(root, metadata=metadata_of(root.host))
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert errors(got, "pod_placement", "parse") == 1
+    assert got[series("numaguard_collector_success", collector="pod_placement")] == 0
+    cache = root.host.pod("cache")
+    labels = dict(namespace="cache", pod="cache", pod_uid=cache.uid)
+    # memory unknown: no ratio and no memory_remote verdict, but the CPU verdict stands
+    assert series("numaguard_pod_memory_remote_ratio", **labels) not in got
+    assert series("numaguard_pod_cross_numa", **labels, reason="memory_remote") not in got
+    assert got[series("numaguard_pod_cross_numa", **labels, reason="cpu_span")] == 0
+    # the other pod is untouched
+    web = root.host.pod("web")
+    assert got[series("numaguard_pod_memory_remote_ratio", namespace="default", pod="web",
+                      pod_uid=web.uid)] == 0
+
+
+async def test_unreadable_cpulist_means_no_cpu_verdicts(fake_root):
+    root = fake_root(presets.two_socket())
+    (root.root / "sys/devices/system/node/node1/cpulist").write_text("16-x\n")
+    collection = make_collection(root, metadata=metadata_of(root.host))
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert errors(got, "host_numa", "parse") == 1
+    # CPUs 16-31 cannot be placed on a node: pods using any of them get no CPU verdict,
+    # a pod whose CPUs are all on node 0 still does
+    verdicts = {dict(k[1])["pod"]: v for k, v in got.items()
+                if k[0] == "numaguard_pod_cross_numa" and ("reason", "cpu_span") in k[1]}
+    assert verdicts == {"trainer-aligned": 0}
+    assert got[series("numaguard_numa_node_memory_total_bytes", numa_node="0")] > 0
+
+
+async def test_missing_and_oversized_files(fake_root):
+    root = fake_root(presets.two_socket())
+    (root.root / "sys/devices/system/node/node0/numastat").unlink()
+    (root.root / "sys/devices/system/node/node1/meminfo").write_text("Node 1 MemTotal: 1 kB\n" * 60000)
+    collection = make_collection(root)
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert errors(got, "host_numa", "missing") == 1
+    assert errors(got, "host_numa", "oversized") == 1
+    assert series("numaguard_numa_node_memory_total_bytes", numa_node="1") not in got
+    assert got[series("numaguard_numa_node_memory_total_bytes", numa_node="0")] > 0
+
+
+def test_permission_denied_is_reported_as_such(tmp_path):
+    path = tmp_path / "secret"
+    path.write_text("1\n")
+    path.chmod(0)
+    if os.geteuid() != 0:
+        with pytest.raises(ReadFailure) as err:
+            read_text(str(path))
+        assert err.value.issue.reason == "permission"
+        return
+    # root reads anything: check as an unprivileged user in a child process
+    tmp_path.chmod(0o755)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            read_text(str(path))
+            code = 1
+        except ReadFailure as failure:
+            code = 0 if failure.issue.reason == "permission" else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+async def test_counter_reset_gives_no_ratio(fake_root):
+    host = presets.two_socket()
+    host.nodes[0].numastat.update(local_node=1000, other_node=500)
+    root = fake_root(host)
+    collection = make_collection(root)
+    await collection.run_once()
+    host.nodes[0].numastat.update(local_node=10, other_node=5)  # reboot-like reset
+    root.write()
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert series("numaguard_numa_node_remote_alloc_ratio", numa_node="0") not in got
+    assert got[series("numaguard_collector_success", collector="host_numa")] == 1
+    host.nodes[0].numastat.update(local_node=40, other_node=15)
+    root.write()
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert got[series("numaguard_numa_node_remote_alloc_ratio", numa_node="0")] == pytest.approx(0.25)
+
+
+async def test_pod_that_vanishes_is_dropped_without_error(fake_root):
+    host = presets.two_socket()
+    root = fake_root(host)
+    collection = make_collection(root, metadata=metadata_of(host))
+    await collection.run_once()
+    host.pods = [p for p in host.pods if p.name != "web"]
+    root.write()
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert not [k for k in got if ("pod", "web") in k[1]]
+    assert got[series("numaguard_collector_success", collector="pod_placement")] == 1
+
+
+def test_container_gone_mid_read_is_not_an_error(fake_root):
+    """The cgroup disappears between discovery and reading its files."""
+    from exporter.sources.cgroups import CgroupSource
+
+    root = fake_root(presets.two_socket())
+    source = CgroupSource(str(root.root))
+    layout = source._layout()
+    victim = container_dir(root, "web")
+    rel = str(victim.relative_to(layout.roots[""]))
+    shutil.rmtree(victim)
+    issues = []
+    assert source._read_container(layout, rel, issues) is None
+    assert issues == []
+
+
+FILES = [
+    "sys/devices/system/node/online",
+    "sys/devices/system/node/node0/cpulist",
+    "sys/devices/system/node/node1/distance",
+    "sys/devices/system/node/node0/meminfo",
+    "sys/devices/system/node/node1/numastat",
+    "sys/devices/system/cpu/online",
+    "sys/devices/system/cpu/cpu3/topology/physical_package_id",
+    "proc/vmstat",
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    which=st.integers(0, len(FILES) + 3),
+    content=st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode)),
+)
+async def test_any_content_in_any_file_never_breaks_the_cycle(tmp_path_factory, which, content):
+    host = presets.two_socket()
+    root = FakeHostRoot(tmp_path_factory.mktemp("host"), host).write()
+    if which < len(FILES):
+        target = root.root / FILES[which]
+    else:
+        names = ["memory.numa_stat", "cpuset.cpus.effective", "cpu.stat", "cpu.pressure"]
+        target = container_dir(root, "trainer-split") / names[which - len(FILES)]
+    target.write_bytes(content)
+    collection = make_collection(root, metadata=metadata_of(host))
+    await collection.run_once()
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    failed = sum(
+        v for k, v in got.items() if k[0] == "numaguard_collector_errors_total"
+    )
+    health = [got[series("numaguard_collector_success", collector=c)]
+              for c in ("host_numa", "pod_placement")]
+    # either the content happened to be valid, or it was counted and flagged
+    assert (failed == 0 and health == [1, 1]) or (failed > 0 and 0 in health)

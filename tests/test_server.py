@@ -1,0 +1,162 @@
+"""The daemon: endpoints, formats, readiness, a hung collector, and clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import aiohttp
+from aiohttp.test_utils import TestClient, TestServer
+
+from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
+from exporter.server import Exporter, Settings
+from exporter.sources.cgroups import CgroupSource
+from exporter.sources.host import HostSource
+from simulator import presets
+from tests.conftest import NODE, free_port, samples, series
+
+
+class HangingSource:
+    """A source stuck in the kernel: read() blocks until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def read(self):
+        self.calls += 1
+        self.release.wait(30)
+        raise OSError("released")
+
+
+async def test_hung_collector_never_blocks_metrics(fake_root):
+    root = fake_root(presets.two_socket())
+    hanging = HangingSource()
+    collection = Collection(
+        NODE,
+        {HOST_NUMA: HostSource(str(root.root)), POD_PLACEMENT: hanging},
+        timeout_seconds=0.3,
+    )
+    exporter = Exporter(Settings(interval_seconds=0.2, collector_timeout_seconds=0.3), collection)
+    async with TestClient(TestServer(exporter.app)) as client:
+        assert (await client.get("/readyz")).status == 503
+        assert (await client.get("/metrics")).status == 503
+        loop_task = asyncio.create_task(exporter.run_cycles())
+        try:
+            for _ in range(50):
+                if (await client.get("/readyz")).status == 200:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # a few more cycles with the source still hung
+            started = time.monotonic()
+            response = await client.get("/metrics")
+            took = time.monotonic() - started
+            body = await response.read()
+        finally:
+            hanging.release.set()
+            loop_task.cancel()
+            await asyncio.gather(loop_task, return_exceptions=True)
+            # let the released worker thread finish before the test ends
+            await asyncio.gather(*collection._in_flight.values(), return_exceptions=True)
+    assert response.status == 200
+    assert took < 0.5
+    got = samples(body)
+    assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 0
+    assert got[series("numaguard_collector_errors_total", collector=POD_PLACEMENT,
+                      reason="timeout")] >= 2
+    assert got[series("numaguard_collector_success", collector=HOST_NUMA)] == 1
+    assert got[series("numaguard_numa_node_memory_total_bytes", numa_node="1")] > 0
+    # the stuck read was not started again while it was still running
+    assert hanging.calls == 1
+
+
+async def test_formats_and_compression(fake_root):
+    root = fake_root(presets.two_socket())
+    collection = Collection(
+        NODE, {HOST_NUMA: HostSource(str(root.root)), POD_PLACEMENT: CgroupSource(str(root.root))}
+    )
+    await collection.run_once()
+    exporter = Exporter(Settings(), collection)
+    async with TestClient(TestServer(exporter.app)) as client:
+        plain = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+        assert plain.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = await plain.read()
+        om = await client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+        om_text = await om.text()
+        assert om_text.endswith("# EOF\n")
+        assert "# UNIT numaguard_numa_node_memory_total_bytes bytes" in om_text
+        gz = await client.get("/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
+        assert gz.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(await gz.read()) == text
+        assert (await client.get("/healthz")).status == 200
+        assert (await client.get("/readyz")).status == 200
+
+
+def _wait_http(url: str, timeout: float = 15.0) -> None:
+    async def poll():
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                try:
+                    async with session.get(url) as r:
+                        if r.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"{url} not ready")
+
+    return poll()
+
+
+async def test_cli_serves_and_stops_cleanly_on_sigterm(fake_root):
+    root = fake_root(presets.two_socket())
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--host-root", str(root.root),
+         "--listen", f"127.0.0.1:{port}", "--node-name", "n1", "--interval", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "NODE_NAME": "ignored"},
+    )
+    try:
+        await _wait_http(f"http://127.0.0.1:{port}/readyz")
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as r:
+            body = await r.text()
+        assert 'numaguard_numa_node_info{cpulist="0-15",node="n1",numa_node="0"} 1.0' in body
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = proc.stderr.read().decode()
+    assert code == 0, stderr
+    lines = [json.loads(line) for line in stderr.splitlines()]
+    assert lines[-1]["message"] == "shutting down"
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+
+
+def test_help_explains_every_flag():
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for flag in ("--host-root", "--listen", "--node-name", "--interval", "--log-format",
+                 "--kubeconfig", "--collector-timeout", "--memory-remote-threshold"):
+        assert flag in out
+
+
+def test_bad_flags_fail_with_a_clear_message(tmp_path):
+    for args, message in (
+        (["--listen", "nonsense"], "--listen wants HOST:PORT"),
+        (["--host-root", str(tmp_path / "nope")], "is not a directory"),
+        (["--interval", "-1"], "must be positive"),
+    ):
+        run = subprocess.run([sys.executable, "-m", "exporter", *args], capture_output=True, text=True)
+        assert run.returncode == 2
+        assert message in run.stderr
