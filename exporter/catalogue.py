@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 PREFIX = "numaguard_"
 NODE_LABEL = "node"
 _UNITS = ("bytes", "seconds", "ratio")
@@ -32,27 +30,57 @@ class MetricSpec:
         return Family(self, node)
 
 
-class Family:
-    """One metric family being filled for a node; renders through prometheus_client."""
+class LabelPrefix:
+    """Leading label pairs rendered once (``,namespace="a",pod="b"``), for the many
+    series of one container or pod."""
 
-    __slots__ = ("_metric", "_node")
+    __slots__ = ("names", "text")
+
+    def __init__(self, names: tuple[str, ...], values: tuple[str, ...]) -> None:
+        self.names = names
+        self.text = _pairs(names, values)
+
+
+class Family:
+    """The samples of one catalogue metric for one node, filled by a collector.
+
+    Label text is rendered as samples are added; the exposition only joins it.
+    """
+
+    __slots__ = ("_suffixes", "node", "samples", "spec")
 
     def __init__(self, spec: MetricSpec, node: str) -> None:
-        labels = [NODE_LABEL, *spec.labels]
-        if spec.kind == "counter":
-            self._metric = CounterMetricFamily(
-                spec.name.removesuffix("_total"), spec.help, labels=labels, unit=spec.unit
-            )
+        self.spec = spec
+        self.node = node
+        self.samples: list[tuple[str, float]] = []
+        self._suffixes: dict[str, str] = {}  # last label's value -> its rendered pair
+
+    def add(self, value: float, *values: str) -> None:
+        """Label values in the spec's order."""
+        self.samples.append((_pairs(self.spec.labels, values), value))
+
+    def add_under(self, prefix: LabelPrefix, value: float, *values: str) -> None:
+        """Label values after the leading ones that ``prefix`` holds rendered."""
+        names = self.spec.labels[len(prefix.names):]
+        if len(names) == 1 and len(values) == 1:  # numa_node, stall, reason: few values
+            suffix = self._suffixes.get(values[0])
+            if suffix is None:
+                suffix = self._suffixes[values[0]] = _pairs(names, values)
         else:
-            self._metric = GaugeMetricFamily(spec.name, spec.help, labels=labels, unit=spec.unit)
-        self._node = node
+            suffix = _pairs(names, values)
+        self.samples.append((prefix.text + suffix, value))
 
-    def add(self, value: float, *label_values: str) -> None:
-        self._metric.add_metric([self._node, *label_values], value)
 
-    @property
-    def metric(self):
-        return self._metric
+def escape_label_value(value: str) -> str:
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return value
+
+
+def _pairs(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    if len(names) != len(values):
+        raise ValueError(f"labels {names} got values {values}")
+    return "".join([f',{n}="{escape_label_value(v)}"' for n, v in zip(names, values)])
 
 
 CATALOGUE: dict[str, MetricSpec] = {}
@@ -165,12 +193,13 @@ CONTAINER_INFO = _m(
     (*CONTAINER, "qos_class", "runtime", "exclusive_cpus"), "pod_placement",
 )
 CONTAINER_CPUS = _m(
-    "container_cpus", "gauge", "CPUs of the container's cpuset on each NUMA node.",
+    "container_cpus", "gauge", "CPUs of the container's cpuset per NUMA node (nodes holding none are left out).",
     (*CONTAINER, "numa_node"), "pod_placement",
 )
 CONTAINER_MEMORY = _m(
     "container_memory_bytes", "gauge",
-    "Container memory (anon + file) on each NUMA node, from memory.numa_stat.",
+    "Container memory (anon + file) per NUMA node, from memory.numa_stat (nodes holding "
+    "none are left out).",
     (*CONTAINER, "numa_node"), "pod_placement",
 )
 CONTAINER_REMOTE_MEMORY = _m(
@@ -203,11 +232,11 @@ CONTAINER_PRESSURE = {
     for resource in ("cpu", "memory", "io")
 }
 POD_CPUS = _m(
-    "pod_cpus", "gauge", "CPUs of the pod's containers on each NUMA node.",
+    "pod_cpus", "gauge", "CPUs of the pod's containers per NUMA node (nodes holding none are left out).",
     (*POD, "numa_node"), "pod_placement",
 )
 POD_MEMORY = _m(
-    "pod_memory_bytes", "gauge", "Memory of the pod's containers on each NUMA node.",
+    "pod_memory_bytes", "gauge", "Memory of the pod's containers per NUMA node (nodes holding none are left out).",
     (*POD, "numa_node"), "pod_placement",
 )
 POD_REMOTE_MEMORY = _m(
@@ -226,3 +255,26 @@ POD_CROSS_NUMA = _m(
     "Absent when the data to decide is missing.",
     (*POD, "reason"), "pod_placement",
 )
+
+
+def markdown() -> str:
+    """The catalogue as a Markdown reference (docs/metrics.md is generated from this)."""
+    lines = [
+        "# Metrics",
+        "",
+        "Generated from `exporter/catalogue.py` by `python -m exporter.catalogue`; do not edit.",
+        f"Every series also carries `{NODE_LABEL}`.",
+        "",
+    ]
+    for group in dict.fromkeys(spec.group for spec in CATALOGUE.values()):
+        lines += [f"## {group}", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
+        for spec in CATALOGUE.values():
+            if spec.group == group:
+                labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
+                lines.append(f"| `{spec.name}` | {spec.kind} | {labels} | {spec.help} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -14,12 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prometheus_client import exposition
-from prometheus_client.openmetrics import exposition as openmetrics
-
 from exporter import __version__
 from exporter import catalogue as c
 from exporter.collectors import host_numa, pods
+from exporter.exposition import render
 from exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
 from exporter.sources import READ_FAILURES, Issue
 
@@ -48,12 +46,21 @@ class Health:
     last_success: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class Exposition:
-    text: bytes
-    openmetrics: bytes
-    text_gzip: bytes
-    openmetrics_gzip: bytes
+    """One cycle's rendered bytes; gzip is made on the first request that wants it."""
+
+    def __init__(self, text: bytes, openmetrics: bytes) -> None:
+        self.text = text
+        self.openmetrics = openmetrics
+        self._gzipped: dict[bool, bytes] = {}
+
+    def body(self, openmetrics: bool, gzipped: bool) -> bytes:
+        plain = self.openmetrics if openmetrics else self.text
+        if not gzipped:
+            return plain
+        if openmetrics not in self._gzipped:
+            self._gzipped[openmetrics] = gzip.compress(plain, 1)
+        return self._gzipped[openmetrics]
 
 
 class Collection:
@@ -139,10 +146,7 @@ class Collection:
 
     def render(self, snap: NodeSnapshot) -> Exposition:
         families = [*host_numa.families(snap), *pods.families(snap), *self._self_families(snap)]
-        registry = _Families([f.metric for f in families])
-        text = exposition.generate_latest(registry)
-        om = openmetrics.generate_latest(registry)
-        return Exposition(text, om, gzip.compress(text, 1), gzip.compress(om, 1))
+        return Exposition(*render(families))
 
     def _self_families(self, snap: NodeSnapshot) -> list[c.Family]:
         node = self.node_name
@@ -165,13 +169,3 @@ class Collection:
             if h.last_success is not None:
                 last.add(h.last_success, name)
         return [build, synced, success, duration, errors, last]
-
-
-class _Families:
-    """The registry-shaped object prometheus_client's renderers take."""
-
-    def __init__(self, metrics: list) -> None:
-        self._metrics = metrics
-
-    def collect(self):
-        return iter(self._metrics)

@@ -61,6 +61,7 @@ class ContainerState:
     qos_class: str
     exclusive_cpus: bool
     cpus: frozenset[int] | None
+    # Per NUMA node, only the nodes that hold some; None when unknown.
     cpus_by_node: Mapping[int, int] | None
     memory_by_node: Mapping[int, int] | None
     memory_remote_bytes: int | None  # on NUMA nodes that hold none of its CPUs
@@ -189,6 +190,7 @@ def _pods(
     metadata: Mapping[str, PodMeta],
     thresholds: Thresholds,
 ) -> tuple[PodState, ...]:
+    placer = _CpuPlacer(topology)
     by_pod: dict[str, list[ContainerReading]] = {}
     for c in reading.containers:
         by_pod.setdefault(c.pod_uid, []).append(c)
@@ -198,17 +200,16 @@ def _pods(
         if meta and meta.containers:
             # The API server lists the pod's real containers; the rest is the sandbox.
             raw = [c for c in raw if c.container_id in meta.containers]
-        containers = tuple(
-            _container(c, meta, topology, reading.shared_pool) for c in raw
-        )
-        pods.append(_pod(uid, raw[0].qos_class if raw else "", meta, containers, topology, thresholds))
+        containers = tuple(_container(c, meta, placer, reading.shared_pool) for c in raw)
+        qos = raw[0].qos_class if raw else ""
+        pods.append(_pod(uid, qos, meta, containers, placer, thresholds))
     return tuple(sorted(pods, key=lambda p: p.uid))
 
 
 def _container(
     c: ContainerReading,
     meta: PodMeta | None,
-    topology: Topology | None,
+    placer: _CpuPlacer,
     shared_pool: frozenset[int] | None,
 ) -> ContainerState:
     # Exclusive CPUs are taken out of the shared pool by the CPU manager, so a
@@ -219,10 +220,11 @@ def _container(
         and shared_pool is not None
         and c.cpus.isdisjoint(shared_pool)
     )
-    cpus_by_node = _cpus_by_node(c.cpus, topology)
-    cpu_nodes = {n for n, k in cpus_by_node.items() if k} if cpus_by_node is not None else None
-    remote = _remote_bytes(c.memory_by_node, cpu_nodes)
-    total = sum(c.memory_by_node.values()) if c.memory_by_node is not None else None
+    cpus_by_node = placer.by_node(c.cpus)
+    cpu_nodes = set(cpus_by_node) if cpus_by_node is not None else None
+    memory = _nonzero(c.memory_by_node)
+    remote = _remote_bytes(memory, cpu_nodes)
+    total = sum(memory.values()) if memory is not None else None
     return ContainerState(
         pod_uid=c.pod_uid,
         container_id=c.container_id,
@@ -232,7 +234,7 @@ def _container(
         exclusive_cpus=exclusive,
         cpus=c.cpus,
         cpus_by_node=cpus_by_node,
-        memory_by_node=_full_nodes(c.memory_by_node, topology),
+        memory_by_node=memory,
         memory_remote_bytes=remote,
         memory_remote_ratio=remote / total if remote is not None and total else None,
         numa_nodes_spanned=len(cpu_nodes) if cpu_nodes is not None else None,
@@ -247,18 +249,19 @@ def _pod(
     qos: str,
     meta: PodMeta | None,
     containers: tuple[ContainerState, ...],
-    topology: Topology | None,
+    placer: _CpuPlacer,
     thresholds: Thresholds,
 ) -> PodState:
     known_cpus = all(c.cpus is not None for c in containers)
     cpus = frozenset().union(*(c.cpus for c in containers)) if known_cpus else None
-    cpus_by_node = _cpus_by_node(cpus, topology)
+    cpus_by_node = placer.by_node(cpus)
     memory = None
     if containers and all(c.memory_by_node is not None for c in containers):
         memory = {}
         for c in containers:
             for node, size in c.memory_by_node.items():
                 memory[node] = memory.get(node, 0) + size
+        memory = dict(sorted(memory.items()))
     total = sum(memory.values()) if memory is not None else 0
     remote_ratio = None
     if total and all(c.memory_remote_bytes is not None for c in containers):
@@ -280,29 +283,40 @@ def _pod(
         cpus_by_node=cpus_by_node,
         memory_by_node=memory,
         memory_remote_ratio=remote_ratio,
-        numa_nodes_spanned=sum(1 for k in cpus_by_node.values() if k) if cpus_by_node else None,
+        numa_nodes_spanned=len(cpus_by_node) if cpus_by_node is not None else None,
         cross_numa=verdicts,
     )
 
 
-def _cpus_by_node(cpus: frozenset[int] | None, topology: Topology | None) -> dict[int, int] | None:
-    """CPUs per NUMA node (every node of the host, zeros included); None when unknown."""
-    if cpus is None or topology is None:
+class _CpuPlacer:
+    """CPUs per NUMA node for a cpuset, remembered per distinct cpuset: every container
+    of the shared pool has the same one."""
+
+    def __init__(self, topology: Topology | None) -> None:
+        self.topology = topology
+        self._known: dict[frozenset[int], dict[int, int] | None] = {}
+
+    def by_node(self, cpus: frozenset[int] | None) -> dict[int, int] | None:
+        """Nodes holding some of ``cpus`` -> how many; None when unknown."""
+        if cpus is None or self.topology is None:
+            return None
+        if cpus not in self._known:
+            counts: dict[int, int] | None = {}
+            for cpu in cpus:
+                node = self.topology.node_of_cpu.get(cpu)
+                if node is None:
+                    counts = None  # a CPU we cannot place: no verdict on doubtful data
+                    break
+                counts[node] = counts.get(node, 0) + 1
+            self._known[cpus] = dict(sorted(counts.items())) if counts is not None else None
+        return self._known[cpus]
+
+
+def _nonzero(memory: Mapping[int, int] | None) -> dict[int, int] | None:
+    """Memory per node, leaving out nodes that hold none of it."""
+    if memory is None:
         return None
-    counts = dict.fromkeys(topology.nodes, 0)
-    for cpu in cpus:
-        node = topology.node_of_cpu.get(cpu)
-        if node is None:
-            return None  # a CPU we cannot place: no verdict on doubtful data
-        counts[node] += 1
-    return counts
-
-
-def _full_nodes(memory: Mapping[int, int] | None, topology: Topology | None):
-    """Memory per node with every host node present (zeros included)."""
-    if memory is None or topology is None:
-        return memory
-    return {node: memory.get(node, 0) for node in sorted(set(topology.nodes) | set(memory))}
+    return {node: size for node, size in sorted(memory.items()) if size}
 
 
 def _remote_bytes(memory: Mapping[int, int] | None, cpu_nodes: set[int] | None) -> int | None:

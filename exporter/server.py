@@ -10,10 +10,9 @@ import time
 from dataclasses import dataclass
 
 from aiohttp import web
-from prometheus_client import exposition
-from prometheus_client.openmetrics import exposition as openmetrics
 
 from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
+from exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from exporter.model import Thresholds
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.host import HostSource
@@ -66,13 +65,8 @@ class Exporter:
             return web.Response(status=503, text="first collection cycle not finished yet\n")
         wants_om = "application/openmetrics-text" in request.headers.get("Accept", "")
         gz = "gzip" in request.headers.get("Accept-Encoding", "")
-        if wants_om:
-            body = rendered.openmetrics_gzip if gz else rendered.openmetrics
-            content_type = openmetrics.CONTENT_TYPE_LATEST
-        else:
-            body = rendered.text_gzip if gz else rendered.text
-            content_type = exposition.CONTENT_TYPE_PLAIN_0_0_4
-        headers = {"Content-Type": content_type}
+        body = rendered.body(wants_om, gz)
+        headers = {"Content-Type": CONTENT_TYPE_OPENMETRICS if wants_om else CONTENT_TYPE_TEXT}
         if gz:
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=body, headers=headers)

@@ -71,10 +71,13 @@ def container(ids, qos, runtime, exclusive, cpus, memory, remote, spanned,
         series("numaguard_container_cpu_throttled_periods_total", **labels): throttling[1],
         series("numaguard_container_cpu_throttled_seconds_total", **labels): throttling[2],
     }
+    # per-node series exist only for nodes holding some of the container's CPUs or memory
     for n, count in enumerate(cpus):
-        out[series("numaguard_container_cpus", **labels, numa_node=str(n))] = count
+        if count:
+            out[series("numaguard_container_cpus", **labels, numa_node=str(n))] = count
     for n, size in enumerate(memory):
-        out[series("numaguard_container_memory_bytes", **labels, numa_node=str(n))] = size
+        if size:
+            out[series("numaguard_container_memory_bytes", **labels, numa_node=str(n))] = size
     for resource, (some, full) in (psi or {}).items():
         name_ = f"numaguard_container_{resource}_pressure_seconds_total"
         out[series(name_, **labels, stall="some")] = some
@@ -92,9 +95,11 @@ def pod(ids, cpus, memory, remote, spanned, cpu_span, memory_remote) -> dict:
         series("numaguard_pod_cross_numa", **labels, reason="memory_remote"): memory_remote,
     }
     for n, count in enumerate(cpus):
-        out[series("numaguard_pod_cpus", **labels, numa_node=str(n))] = count
+        if count:
+            out[series("numaguard_pod_cpus", **labels, numa_node=str(n))] = count
     for n, size in enumerate(memory):
-        out[series("numaguard_pod_memory_bytes", **labels, numa_node=str(n))] = size
+        if size:
+            out[series("numaguard_pod_memory_bytes", **labels, numa_node=str(n))] = size
     return out
 
 

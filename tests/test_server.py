@@ -129,7 +129,7 @@ async def test_cli_serves_and_stops_cleanly_on_sigterm(fake_root):
         await _wait_http(f"http://127.0.0.1:{port}/readyz")
         async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as r:
             body = await r.text()
-        assert 'numaguard_numa_node_info{cpulist="0-15",node="n1",numa_node="0"} 1.0' in body
+        assert 'numaguard_numa_node_info{node="n1",numa_node="0",cpulist="0-15"} 1' in body
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=10)
     finally:

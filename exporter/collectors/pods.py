@@ -6,50 +6,52 @@ from __future__ import annotations
 from exporter import catalogue as c
 from exporter.model import NodeSnapshot
 
+_SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "pod_placement"]
+
 
 def families(snap: NodeSnapshot) -> list[c.Family]:
-    node = snap.node_name
-    f = {spec.name: spec.family(node) for spec in _SPECS}
-
-    def add(spec: c.MetricSpec, value: float, *labels: str) -> None:
-        f[spec.name].add(value, *labels)
+    f = {spec.name: spec.family(snap.node_name) for spec in _SPECS}
+    info, cpus, memory = f[c.CONTAINER_INFO.name], f[c.CONTAINER_CPUS.name], f[c.CONTAINER_MEMORY.name]
+    remote, spanned = f[c.CONTAINER_REMOTE_MEMORY.name], f[c.CONTAINER_NODES_SPANNED.name]
+    periods, throttled = f[c.CONTAINER_PERIODS.name], f[c.CONTAINER_THROTTLED_PERIODS.name]
+    throttled_s = f[c.CONTAINER_THROTTLED_SECONDS.name]
+    pressure = {r: f[spec.name] for r, spec in c.CONTAINER_PRESSURE.items()}
+    pod_cpus, pod_memory = f[c.POD_CPUS.name], f[c.POD_MEMORY.name]
+    pod_remote, pod_spanned = f[c.POD_REMOTE_MEMORY.name], f[c.POD_NODES_SPANNED.name]
+    cross = f[c.POD_CROSS_NUMA.name]
 
     for pod in snap.pods:
-        plabels = (pod.namespace, pod.name, pod.uid)
+        plabels = c.LabelPrefix(c.POD, (pod.namespace, pod.name, pod.uid))
         for ctr in pod.containers:
-            clabels = (pod.namespace, pod.name, ctr.name, pod.uid, ctr.container_id)
-            add(c.CONTAINER_INFO, 1, *clabels, ctr.qos_class, ctr.runtime,
-                "true" if ctr.exclusive_cpus else "false")
+            labels = c.LabelPrefix(
+                c.CONTAINER, (pod.namespace, pod.name, ctr.name, pod.uid, ctr.container_id)
+            )
+            info.add_under(labels, 1, ctr.qos_class, ctr.runtime,
+                           "true" if ctr.exclusive_cpus else "false")
             for numa, count in (ctr.cpus_by_node or {}).items():
-                add(c.CONTAINER_CPUS, count, *clabels, str(numa))
+                cpus.add_under(labels, count, str(numa))
             for numa, size in (ctr.memory_by_node or {}).items():
-                add(c.CONTAINER_MEMORY, size, *clabels, str(numa))
+                memory.add_under(labels, size, str(numa))
             if ctr.memory_remote_ratio is not None:
-                add(c.CONTAINER_REMOTE_MEMORY, ctr.memory_remote_ratio, *clabels)
+                remote.add_under(labels, ctr.memory_remote_ratio)
             if ctr.numa_nodes_spanned is not None:
-                add(c.CONTAINER_NODES_SPANNED, ctr.numa_nodes_spanned, *clabels)
+                spanned.add_under(labels, ctr.numa_nodes_spanned)
             if ctr.throttling:
-                add(c.CONTAINER_PERIODS, ctr.throttling.periods, *clabels)
-                add(c.CONTAINER_THROTTLED_PERIODS, ctr.throttling.throttled_periods, *clabels)
-                add(c.CONTAINER_THROTTLED_SECONDS, ctr.throttling.throttled_seconds, *clabels)
+                periods.add_under(labels, ctr.throttling.periods)
+                throttled.add_under(labels, ctr.throttling.throttled_periods)
+                throttled_s.add_under(labels, ctr.throttling.throttled_seconds)
             for resource, psi in ctr.pressure.items():
-                spec = c.CONTAINER_PRESSURE[resource]
-                add(spec, psi.some_seconds, *clabels, "some")
+                pressure[resource].add_under(labels, psi.some_seconds, "some")
                 if psi.full_seconds is not None:
-                    add(spec, psi.full_seconds, *clabels, "full")
+                    pressure[resource].add_under(labels, psi.full_seconds, "full")
         for numa, count in (pod.cpus_by_node or {}).items():
-            add(c.POD_CPUS, count, *plabels, str(numa))
-        for numa, size in sorted((pod.memory_by_node or {}).items()):
-            add(c.POD_MEMORY, size, *plabels, str(numa))
+            pod_cpus.add_under(plabels, count, str(numa))
+        for numa, size in (pod.memory_by_node or {}).items():
+            pod_memory.add_under(plabels, size, str(numa))
         if pod.memory_remote_ratio is not None:
-            add(c.POD_REMOTE_MEMORY, pod.memory_remote_ratio, *plabels)
+            pod_remote.add_under(plabels, pod.memory_remote_ratio)
         if pod.numa_nodes_spanned is not None:
-            add(c.POD_NODES_SPANNED, pod.numa_nodes_spanned, *plabels)
+            pod_spanned.add_under(plabels, pod.numa_nodes_spanned)
         for reason, verdict in pod.cross_numa.items():
-            add(c.POD_CROSS_NUMA, int(verdict), *plabels, reason)
+            cross.add_under(plabels, int(verdict), reason)
     return list(f.values())
-
-
-_SPECS = [
-    spec for spec in c.CATALOGUE.values() if spec.group == "pod_placement"
-]

@@ -15,6 +15,7 @@ from exporter.readers import ParseError
 
 # Kernel files that matter here are a few KiB; anything far larger is not one of them.
 MAX_FILE_BYTES = 1 << 20
+_CHUNK = 65536
 
 T = TypeVar("T")
 
@@ -51,13 +52,15 @@ def read_text(path: str) -> str:
         chunks = []
         size = 0
         while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
+            chunk = os.read(fd, _CHUNK)
             size += len(chunk)
             if size > MAX_FILE_BYTES:
                 raise ReadFailure("oversized", path, f"over {MAX_FILE_BYTES} bytes")
             chunks.append(chunk)
+            # sysfs, procfs and cgroupfs hand over all they have in one read, like
+            # regular files: a short read is the end
+            if len(chunk) < _CHUNK:
+                break
     except OSError as err:
         raise ReadFailure("io", path, err.strerror or "") from None
     finally:

@@ -37,7 +37,6 @@ class ContainerReading:
     runtime: str  # containerd | cri-o | docker | "" when the cgroup name does not say
     qos_class: str
     cpus: frozenset[int] | None
-    mems: frozenset[int] | None
     memory_by_node: dict[int, int] | None  # bytes
     throttling: CpuThrottling | None
     pressure: dict[str, Pressure]  # by resource; empty where PSI is absent
@@ -76,13 +75,7 @@ class CgroupSource:
                 reading = self._read_container(layout, rel, issues)
                 if reading is None:
                     continue
-                cpus, mems, memory, throttling, pressure = reading
-                containers.append(
-                    ContainerReading(
-                        pod_uid, container_id, runtime, qos,
-                        cpus, mems, memory, throttling, pressure,
-                    )
-                )
+                containers.append(ContainerReading(pod_uid, container_id, runtime, qos, *reading))
         shared = self._shared_pool(layout, containers, issues)
         return PodsReading(
             layout.version, layout.driver, tuple(containers), shared, issues
@@ -135,7 +128,6 @@ class CgroupSource:
         if layout.version == 2:
             d = f"{layout.roots['']}/{rel}"
             cpus = read_parsed(mine, f"{d}/cpuset.cpus.effective", parse_id_list)
-            mems = read_parsed(mine, f"{d}/cpuset.mems.effective", parse_id_list)
             memory = read_parsed(mine, f"{d}/memory.numa_stat", parse_numa_stat_v2)
             throttling = read_parsed(mine, f"{d}/cpu.stat", parse_cpu_throttling)
             for resource in PRESSURE_RESOURCES:
@@ -149,7 +141,6 @@ class CgroupSource:
         else:
             cpuset = f"{layout.roots.get('cpuset', '')}/{rel}"
             cpus = read_parsed(mine, f"{cpuset}/cpuset.effective_cpus", parse_id_list)
-            mems = read_parsed(mine, f"{cpuset}/cpuset.effective_mems", parse_id_list)
             memory = read_parsed(
                 mine,
                 f"{layout.roots.get('memory', '')}/{rel}/memory.numa_stat",
@@ -163,7 +154,7 @@ class CgroupSource:
         if mine and not os.path.isdir(container_dir):
             return None  # the container went away while we read it: not an error
         issues.extend(mine)
-        return cpus, mems, memory, throttling, pressure
+        return cpus, memory, throttling, pressure
 
     def _shared_pool(
         self, layout: _Layout, containers: list[ContainerReading], issues: list[Issue]

@@ -1,0 +1,109 @@
+"""A real Prometheus (Debian package ``prometheus``) on 127.0.0.1 with a temporary data
+directory, scraping given targets: for the tests, the demo and the benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+
+class PrometheusMissing(RuntimeError):
+    pass
+
+
+def binary(name: str = "prometheus") -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise PrometheusMissing(
+            f"{name} not found: install the Debian package 'prometheus' "
+            "(apt-get install prometheus; 'make test' does it for you)"
+        )
+    return path
+
+
+class PrometheusServer:
+    def __init__(self, targets: list[str], port: int, scrape_interval: str = "1s",
+                 rule_files: list[str] | None = None) -> None:
+        self.targets = targets
+        self.port = port
+        self.scrape_interval = scrape_interval
+        self.rule_files = rule_files or []
+        self.url = f"http://127.0.0.1:{port}"
+        self._dir: tempfile.TemporaryDirectory | None = None
+        self._proc: subprocess.Popen | None = None
+
+    async def __aenter__(self) -> PrometheusServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop()
+
+    async def start(self, timeout: float = 30.0) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="numaguard-prom-")
+        d = Path(self._dir.name)
+        config = {
+            "global": {"scrape_interval": self.scrape_interval,
+                       "evaluation_interval": self.scrape_interval},
+            "rule_files": self.rule_files,
+            "scrape_configs": [{"job_name": "numaguard",
+                                "static_configs": [{"targets": self.targets}]}],
+        }
+        (d / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+        self._proc = subprocess.Popen(
+            [binary(), f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL, stderr=open(d / "prometheus.log", "wb"),
+        )
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self._proc.poll() is not None:
+                    raise RuntimeError(f"prometheus exited: {self.log()}")
+                try:
+                    async with session.get(f"{self.url}/-/ready") as r:
+                        if r.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.2)
+        raise RuntimeError(f"prometheus not ready after {timeout}s: {self.log()}")
+
+    def log(self) -> str:
+        return (Path(self._dir.name) / "prometheus.log").read_text()[-2000:] if self._dir else ""
+
+    def stop(self) -> None:
+        if self._proc and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        if self._dir:
+            self._dir.cleanup()
+            self._dir = None
+
+    async def query(self, expr: str) -> list[dict]:
+        """An instant query; the result vector as returned by the HTTP API."""
+        async with aiohttp.ClientSession() as session, session.get(
+            f"{self.url}/api/v1/query", params={"query": expr}
+        ) as r:
+            body = await r.json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"query {expr!r} failed: {body}")
+        return body["data"]["result"]
+
+    async def wait_for(self, expr: str, timeout: float = 30.0) -> list[dict]:
+        """Poll ``expr`` until it returns something (scrapes and rules start late)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = await self.query(expr)
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{expr!r} returned nothing within {timeout}s")
+            await asyncio.sleep(0.5)

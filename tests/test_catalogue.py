@@ -1,0 +1,61 @@
+"""The catalogue is the single source of metric names: everything exported is declared
+there with its labels, names follow Prometheus conventions, and the doc is current."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import catalogue
+from exporter.catalogue import CATALOGUE
+from simulator import presets
+from tests.conftest import make_collection, metadata_of
+
+ALLOWED_LABELS = {
+    # SPEC §4
+    "numa_node", "socket", "l3_domain", "gpu", "gpu_uuid", "mig_uuid", "gi_id", "ci_id",
+    "mig_profile", "namespace", "pod", "container", "pod_uid", "container_id", "resource",
+    # bounded enumerations and identifiers of our own
+    "target_numa_node", "cpulist", "kind", "reason", "stall", "qos_class", "runtime",
+    "exclusive_cpus", "collector", "version", "python_version",
+}
+
+
+def test_names_and_labels_follow_conventions():
+    for name, spec in CATALOGUE.items():
+        assert name.startswith("numaguard_")
+        assert (spec.kind == "counter") == name.endswith("_total"), name
+        assert set(spec.labels) <= ALLOWED_LABELS, (name, set(spec.labels) - ALLOWED_LABELS)
+        assert "node" not in spec.labels
+        assert spec.help.strip() and spec.group
+
+
+async def test_everything_exported_is_declared_with_its_labels(fake_root):
+    seen = set()
+    for preset in (presets.two_socket, presets.four_node_v1):
+        host = preset()
+        root = fake_root(host)
+        collection = make_collection(root, metadata=metadata_of(host))
+        await collection.run_once()
+        for node in host.nodes:
+            node.numastat.update(local_node=10, other_node=1)
+        if host.balancing is not None:
+            host.balancing.update(numa_hint_faults=4, numa_hint_faults_local=3)
+        root.write()
+        await collection.run_once()
+        for family in text_string_to_metric_families(collection.exposition.text.decode()):
+            name = family.name + ("_total" if family.type == "counter" else "")
+            assert name in CATALOGUE, name
+            spec = CATALOGUE[name]
+            for sample in family.samples:
+                assert set(sample.labels) == {"node", *spec.labels}, (name, sample.labels)
+            if family.samples:
+                seen.add(name)
+    # every declared metric shows up on at least one of these nodes
+    assert seen == set(CATALOGUE)
+
+
+def test_metrics_doc_is_generated_from_the_catalogue():
+    doc = Path(__file__).parent.parent / "docs" / "metrics.md"
+    assert doc.read_text() == catalogue.markdown(), "run: python -m exporter.catalogue > docs/metrics.md"
