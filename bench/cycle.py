@@ -91,18 +91,29 @@ def main() -> None:
     overhead = ours_ms / 1000 / INTERVAL_S * 100
     containers = sum(len(p.containers) for p in snap.pods)
     series = collection.exposition.text.count(b"\n") - collection.exposition.text.count(b"\n#")
-    print(f"reference node: {len(snap.numa_nodes)} NUMA nodes, {len(snap.topology.node_of_cpu)} CPUs, "
-          f"{len(snap.pods)} pods / {containers} containers, {len(paths)} files, {series} series")
+    print(
+        f"reference node: {len(snap.numa_nodes)} NUMA nodes, "
+        f"{len(snap.topology.node_of_cpu)} CPUs, "
+        f"{len(snap.pods)} pods / {containers} containers, {len(paths)} files, {series} series"
+    )
     print(f"{'measure':<44}{'numaguard':>12}{'peer':>12}{'ratio':>8}  target")
-    print(f"{'cycle CPU ms (median) vs reading the files':<44}{ours_ms:>12.2f}{base_ms:>12.2f}"
-          f"{ratio:>8.2f}  <= {TARGET_RATIO:g}x: {'met' if ratio <= TARGET_RATIO else 'NOT met'}")
-    print(f"{'cycle CPU ms (median)':<44}{ours_ms:>12.2f}{'':>12}{'':>8}  <= {TARGET_CPU_MS:g} ms: "
-          f"{'met' if ours_ms <= TARGET_CPU_MS else 'NOT met'}")
+    print(
+        f"{'cycle CPU ms (median) vs reading the files':<44}{ours_ms:>12.2f}{base_ms:>12.2f}"
+        f"{ratio:>8.2f}  <= {TARGET_RATIO:g}x: {'met' if ratio <= TARGET_RATIO else 'NOT met'}"
+    )
+    print(
+        f"{'cycle CPU ms (median)':<44}{ours_ms:>12.2f}{'':>12}{'':>8}  <= {TARGET_CPU_MS:g} ms: "
+        f"{'met' if ours_ms <= TARGET_CPU_MS else 'NOT met'}"
+    )
     print(f"{'  of which rendering the exposition, ms':<44}{render_ms:>12.2f}")
-    print(f"{'overhead at a 15 s interval, % of a core':<44}{overhead:>12.3f}{'':>20}  <= 0.5%: "
-          f"{'met' if overhead <= 0.5 else 'NOT met'}")
-    print(f"{'RSS after the run, MiB':<44}{rss_mib:>12.1f}{'':>20}  <= 80: "
-          f"{'met' if rss_mib <= 80 else 'NOT met'}")
+    print(
+        f"{'overhead at a 15 s interval, % of a core':<44}{overhead:>12.3f}{'':>20}  <= 0.5%: "
+        f"{'met' if overhead <= 0.5 else 'NOT met'}"
+    )
+    print(
+        f"{'RSS after the run, MiB':<44}{rss_mib:>12.1f}{'':>20}  <= 80: "
+        f"{'met' if rss_mib <= 80 else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

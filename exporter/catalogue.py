@@ -61,7 +61,7 @@ class Family:
 
     def add_under(self, prefix: LabelPrefix, value: float, *values: str) -> None:
         """Label values after the leading ones that ``prefix`` holds rendered."""
-        names = self.spec.labels[len(prefix.names):]
+        names = self.spec.labels[len(prefix.names) :]
         if len(names) == 1 and len(values) == 1:  # numa_node, stall, reason: few values
             suffix = self._suffixes.get(values[0])
             if suffix is None:
@@ -80,13 +80,15 @@ def escape_label_value(value: str) -> str:
 def _pairs(names: tuple[str, ...], values: tuple[str, ...]) -> str:
     if len(names) != len(values):
         raise ValueError(f"labels {names} got values {values}")
-    return "".join([f',{n}="{escape_label_value(v)}"' for n, v in zip(names, values)])
+    return "".join([f',{n}="{escape_label_value(v)}"' for n, v in zip(names, values, strict=True)])
 
 
 CATALOGUE: dict[str, MetricSpec] = {}
 
 
-def _m(name: str, kind: str, help: str, labels: tuple[str, ...] = (), group: str = "") -> MetricSpec:
+def _m(
+    name: str, kind: str, help: str, labels: tuple[str, ...] = (), group: str = ""
+) -> MetricSpec:
     spec = MetricSpec(PREFIX + name, kind, help, labels, group)
     assert spec.name not in CATALOGUE, spec.name
     CATALOGUE[spec.name] = spec
@@ -100,160 +102,244 @@ COLLECTOR = ("collector",)
 
 # -- self-health -------------------------------------------------------------------
 BUILD_INFO = _m(
-    "build_info", "gauge", "numaguard build; value is always 1.",
-    ("version", "python_version"), "health",
+    "build_info",
+    "gauge",
+    "numaguard build; value is always 1.",
+    ("version", "python_version"),
+    "health",
 )
 COLLECTOR_SUCCESS = _m(
-    "collector_success", "gauge",
-    "1 when the collector's last run finished in time without errors.", COLLECTOR, "health",
+    "collector_success",
+    "gauge",
+    "1 when the collector's last run finished in time without errors.",
+    COLLECTOR,
+    "health",
 )
 COLLECTOR_DURATION = _m(
-    "collector_duration_seconds", "gauge", "Wall time of the collector's last run.",
-    COLLECTOR, "health",
+    "collector_duration_seconds",
+    "gauge",
+    "Wall time of the collector's last run.",
+    COLLECTOR,
+    "health",
 )
 COLLECTOR_ERRORS = _m(
-    "collector_errors_total", "counter",
+    "collector_errors_total",
+    "counter",
     "Errors met by the collector, by reason (missing, permission, io, parse, oversized, "
     "timeout, internal).",
-    (*COLLECTOR, "reason"), "health",
+    (*COLLECTOR, "reason"),
+    "health",
 )
 COLLECTOR_LAST_SUCCESS = _m(
-    "collector_last_success_timestamp_seconds", "gauge",
-    "Unix time of the collector's last successful run.", COLLECTOR, "health",
+    "collector_last_success_timestamp_seconds",
+    "gauge",
+    "Unix time of the collector's last successful run.",
+    COLLECTOR,
+    "health",
 )
 POD_METADATA_SYNCED = _m(
-    "pod_metadata_synced", "gauge",
+    "pod_metadata_synced",
+    "gauge",
     "1 when pod names come from a synced API-server watch; 0 means pod series carry only "
-    "pod_uid and container_id.", (), "health",
+    "pod_uid and container_id.",
+    (),
+    "health",
 )
 
 # -- host NUMA ---------------------------------------------------------------------
 NUMA_NODE_INFO = _m(
-    "numa_node_info", "gauge", "A NUMA node of the host with its CPU list; value 1.",
-    ("numa_node", "cpulist"), "host_numa",
+    "numa_node_info",
+    "gauge",
+    "A NUMA node of the host with its CPU list; value 1.",
+    ("numa_node", "cpulist"),
+    "host_numa",
 )
 NUMA_NODE_CPUS = _m(
-    "numa_node_cpus", "gauge", "Online CPUs of the NUMA node, by socket.",
-    ("numa_node", "socket"), "host_numa",
+    "numa_node_cpus",
+    "gauge",
+    "Online CPUs of the NUMA node, by socket.",
+    ("numa_node", "socket"),
+    "host_numa",
 )
 NUMA_NODE_DISTANCE = _m(
-    "numa_node_distance", "gauge",
+    "numa_node_distance",
+    "gauge",
     "ACPI SLIT distance from numa_node to target_numa_node (10 = local).",
-    ("numa_node", "target_numa_node"), "host_numa",
+    ("numa_node", "target_numa_node"),
+    "host_numa",
 )
 NUMA_MEMORY_TOTAL = _m(
-    "numa_node_memory_total_bytes", "gauge", "Memory of the NUMA node.", ("numa_node",),
+    "numa_node_memory_total_bytes",
+    "gauge",
+    "Memory of the NUMA node.",
+    ("numa_node",),
     "host_numa",
 )
 NUMA_MEMORY_FREE = _m(
-    "numa_node_memory_free_bytes", "gauge", "Free memory of the NUMA node.", ("numa_node",),
+    "numa_node_memory_free_bytes",
+    "gauge",
+    "Free memory of the NUMA node.",
+    ("numa_node",),
     "host_numa",
 )
 NUMA_MEMORY_USED = _m(
-    "numa_node_memory_used_bytes", "gauge", "Used memory of the NUMA node.", ("numa_node",),
+    "numa_node_memory_used_bytes",
+    "gauge",
+    "Used memory of the NUMA node.",
+    ("numa_node",),
     "host_numa",
 )
 NUMA_ALLOC_PAGES = _m(
-    "numa_node_alloc_pages_total", "counter",
+    "numa_node_alloc_pages_total",
+    "counter",
     "Page allocations on the NUMA node by numastat kind (numa_hit, numa_miss, numa_foreign, "
     "interleave_hit, local_node, other_node).",
-    ("numa_node", "kind"), "host_numa",
+    ("numa_node", "kind"),
+    "host_numa",
 )
 NUMA_REMOTE_ALLOC = _m(
-    "numa_node_remote_alloc_ratio", "gauge",
+    "numa_node_remote_alloc_ratio",
+    "gauge",
     "Share of the node's allocations over the last interval made for a process running on "
     "another node: Δother_node / (Δlocal_node + Δother_node). Absent when nothing was "
     "allocated or a counter reset.",
-    ("numa_node",), "host_numa",
+    ("numa_node",),
+    "host_numa",
 )
 HINT_FAULTS = _m(
-    "numa_balancing_hint_faults_total", "counter",
-    "NUMA-balancing hinting faults (vmstat numa_hint_faults).", (), "host_numa",
+    "numa_balancing_hint_faults_total",
+    "counter",
+    "NUMA-balancing hinting faults (vmstat numa_hint_faults).",
+    (),
+    "host_numa",
 )
 HINT_FAULTS_LOCAL = _m(
-    "numa_balancing_hint_faults_local_total", "counter",
+    "numa_balancing_hint_faults_local_total",
+    "counter",
     "NUMA-balancing hinting faults on local memory (vmstat numa_hint_faults_local).",
-    (), "host_numa",
+    (),
+    "host_numa",
 )
 PAGES_MIGRATED = _m(
-    "numa_balancing_pages_migrated_total", "counter",
-    "Pages migrated by NUMA balancing (vmstat numa_pages_migrated).", (), "host_numa",
+    "numa_balancing_pages_migrated_total",
+    "counter",
+    "Pages migrated by NUMA balancing (vmstat numa_pages_migrated).",
+    (),
+    "host_numa",
 )
 HINT_LOCALITY = _m(
-    "numa_balancing_hint_fault_locality_ratio", "gauge",
+    "numa_balancing_hint_fault_locality_ratio",
+    "gauge",
     "Share of hinting faults over the last interval that were local. Absent without faults.",
-    (), "host_numa",
+    (),
+    "host_numa",
 )
 
 # -- pods and containers -----------------------------------------------------------
 CONTAINER_INFO = _m(
-    "container_info", "gauge",
+    "container_info",
+    "gauge",
     "A pod container seen in the cgroup tree; value 1. exclusive_cpus is true when it holds "
     "CPUs of its own (CPU manager static policy).",
-    (*CONTAINER, "qos_class", "runtime", "exclusive_cpus"), "pod_placement",
+    (*CONTAINER, "qos_class", "runtime", "exclusive_cpus"),
+    "pod_placement",
 )
 CONTAINER_CPUS = _m(
-    "container_cpus", "gauge", "CPUs of the container's cpuset per NUMA node (nodes holding none are left out).",
-    (*CONTAINER, "numa_node"), "pod_placement",
+    "container_cpus",
+    "gauge",
+    "CPUs of the container's cpuset per NUMA node (nodes holding none are left out).",
+    (*CONTAINER, "numa_node"),
+    "pod_placement",
 )
 CONTAINER_MEMORY = _m(
-    "container_memory_bytes", "gauge",
+    "container_memory_bytes",
+    "gauge",
     "Container memory (anon + file) per NUMA node, from memory.numa_stat (nodes holding "
     "none are left out).",
-    (*CONTAINER, "numa_node"), "pod_placement",
+    (*CONTAINER, "numa_node"),
+    "pod_placement",
 )
 CONTAINER_REMOTE_MEMORY = _m(
-    "container_memory_remote_ratio", "gauge",
+    "container_memory_remote_ratio",
+    "gauge",
     "Share of the container's memory on NUMA nodes that hold none of its CPUs.",
-    CONTAINER, "pod_placement",
+    CONTAINER,
+    "pod_placement",
 )
 CONTAINER_NODES_SPANNED = _m(
-    "container_numa_nodes_spanned", "gauge", "NUMA nodes the container's CPUs sit on.",
-    CONTAINER, "pod_placement",
+    "container_numa_nodes_spanned",
+    "gauge",
+    "NUMA nodes the container's CPUs sit on.",
+    CONTAINER,
+    "pod_placement",
 )
 CONTAINER_PERIODS = _m(
-    "container_cpu_periods_total", "counter", "CFS enforcement periods of the container.",
-    CONTAINER, "pod_placement",
+    "container_cpu_periods_total",
+    "counter",
+    "CFS enforcement periods of the container.",
+    CONTAINER,
+    "pod_placement",
 )
 CONTAINER_THROTTLED_PERIODS = _m(
-    "container_cpu_throttled_periods_total", "counter",
-    "CFS periods in which the container was throttled.", CONTAINER, "pod_placement",
+    "container_cpu_throttled_periods_total",
+    "counter",
+    "CFS periods in which the container was throttled.",
+    CONTAINER,
+    "pod_placement",
 )
 CONTAINER_THROTTLED_SECONDS = _m(
-    "container_cpu_throttled_seconds_total", "counter",
-    "Time the container was throttled by its CPU quota.", CONTAINER, "pod_placement",
+    "container_cpu_throttled_seconds_total",
+    "counter",
+    "Time the container was throttled by its CPU quota.",
+    CONTAINER,
+    "pod_placement",
 )
 CONTAINER_PRESSURE = {
     resource: _m(
-        f"container_{resource}_pressure_seconds_total", "counter",
+        f"container_{resource}_pressure_seconds_total",
+        "counter",
         f"PSI: time some (or all, stall=full) of the container's tasks stalled on {resource}.",
-        (*CONTAINER, "stall"), "pod_placement",
+        (*CONTAINER, "stall"),
+        "pod_placement",
     )
     for resource in ("cpu", "memory", "io")
 }
 POD_CPUS = _m(
-    "pod_cpus", "gauge", "CPUs of the pod's containers per NUMA node (nodes holding none are left out).",
-    (*POD, "numa_node"), "pod_placement",
+    "pod_cpus",
+    "gauge",
+    "CPUs of the pod's containers per NUMA node (nodes holding none are left out).",
+    (*POD, "numa_node"),
+    "pod_placement",
 )
 POD_MEMORY = _m(
-    "pod_memory_bytes", "gauge", "Memory of the pod's containers per NUMA node (nodes holding none are left out).",
-    (*POD, "numa_node"), "pod_placement",
+    "pod_memory_bytes",
+    "gauge",
+    "Memory of the pod's containers per NUMA node (nodes holding none are left out).",
+    (*POD, "numa_node"),
+    "pod_placement",
 )
 POD_REMOTE_MEMORY = _m(
-    "pod_memory_remote_ratio", "gauge",
+    "pod_memory_remote_ratio",
+    "gauge",
     "Share of the pod's memory on NUMA nodes that hold none of its containers' CPUs.",
-    POD, "pod_placement",
+    POD,
+    "pod_placement",
 )
 POD_NODES_SPANNED = _m(
-    "pod_numa_nodes_spanned", "gauge", "NUMA nodes the pod's CPUs sit on.", POD,
+    "pod_numa_nodes_spanned",
+    "gauge",
+    "NUMA nodes the pod's CPUs sit on.",
+    POD,
     "pod_placement",
 )
 POD_CROSS_NUMA = _m(
-    "pod_cross_numa", "gauge",
+    "pod_cross_numa",
+    "gauge",
     "1 when the pod is placed across NUMA nodes for the reason given: cpu_span (exclusive "
     "CPUs on several nodes), memory_remote (remote memory ratio over the threshold). "
     "Absent when the data to decide is missing.",
-    (*POD, "reason"), "pod_placement",
+    (*POD, "reason"),
+    "pod_placement",
 )
 
 

@@ -26,29 +26,70 @@ def parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--host-root", default="/", metavar="DIR",
-                   help="where the host's / is visible (in the DaemonSet: /host, mounted "
-                        "read-only); sysfs, procfs and cgroups are read below it")
-    p.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", metavar="HOST:PORT",
-                   help="address to serve /metrics, /healthz and /readyz on (port 0: any free)")
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname(),
-                   help="Kubernetes node name for the node label (env NODE_NAME, else hostname)")
-    p.add_argument("--interval", type=_positive, default=15.0, metavar="SECONDS",
-                   help="time between collection cycles")
-    p.add_argument("--collector-timeout", type=_positive, default=10.0, metavar="SECONDS",
-                   help="a collector that takes longer is reported failed (reason timeout) "
-                        "for the cycle; the scrape keeps answering")
-    p.add_argument("--kubeconfig", metavar="FILE",
-                   help="kubeconfig for pod names from the API server; in a cluster the "
-                        "service account is used without it; with neither, pod series carry "
-                        "only pod_uid and container_id")
-    p.add_argument("--memory-remote-threshold", type=_ratio, default=0.3, metavar="RATIO",
-                   help="pod_cross_numa{reason=memory_remote} is 1 when at least this share of "
-                        "a pod's memory sits on NUMA nodes that hold none of its CPUs")
-    p.add_argument("--memory-remote-min-bytes", type=int, default=64 << 20, metavar="BYTES",
-                   help="pods with less memory than this are never flagged memory_remote")
-    p.add_argument("--log-format", choices=("json", "text"), default="json")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.add_argument(
+        "--host-root",
+        default="/",
+        metavar="DIR",
+        help="where the host's / is visible (in the DaemonSet: /host, mounted "
+        "read-only); sysfs, procfs and cgroups are read below it",
+    )
+    p.add_argument(
+        "--listen",
+        default=f"0.0.0.0:{DEFAULT_PORT}",
+        metavar="HOST:PORT",
+        help="address to serve /metrics, /healthz and /readyz on (port 0: any free)",
+    )
+    p.add_argument(
+        "--node-name",
+        default="",
+        help="Kubernetes node name for the node label; empty: env NODE_NAME, else the hostname",
+    )
+    p.add_argument(
+        "--interval",
+        type=_positive,
+        default=15.0,
+        metavar="SECONDS",
+        help="time between collection cycles",
+    )
+    p.add_argument(
+        "--collector-timeout",
+        type=_positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="a collector that takes longer is reported failed (reason timeout) "
+        "for the cycle; the scrape keeps answering",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig for pod names from the API server; in a cluster the "
+        "service account is used without it; with neither, pod series carry "
+        "only pod_uid and container_id",
+    )
+    p.add_argument(
+        "--memory-remote-threshold",
+        type=_ratio,
+        default=0.3,
+        metavar="RATIO",
+        help="pod_cross_numa{reason=memory_remote} is 1 when at least this share of "
+        "a pod's memory sits on NUMA nodes that hold none of its CPUs",
+    )
+    p.add_argument(
+        "--memory-remote-min-bytes",
+        type=int,
+        default=64 << 20,
+        metavar="BYTES",
+        help="pods with less memory than this are never flagged memory_remote",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default="json",
+        help="json: one object per line on stderr, for log pipelines",
+    )
+    p.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help=" "
+    )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
 
@@ -59,7 +100,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         host_root=args.host_root,
         host=host,
         port=port,
-        node_name=args.node_name,
+        node_name=args.node_name or os.environ.get("NODE_NAME") or socket.gethostname(),
         interval_seconds=args.interval,
         collector_timeout_seconds=args.collector_timeout,
         kubeconfig=args.kubeconfig,

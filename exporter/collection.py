@@ -140,7 +140,10 @@ class Collection:
             self._logged.add(key)
         log.warning(
             "collector %s: %s %s %s",
-            collector, issue.reason, issue.path, issue.detail,
+            collector,
+            issue.reason,
+            issue.path,
+            issue.detail,
             extra={"collector": collector, "reason": issue.reason, "path": issue.path},
         )
 
@@ -157,7 +160,9 @@ class Collection:
         success, duration, errors, last = (
             m.family(node)
             for m in (
-                c.COLLECTOR_SUCCESS, c.COLLECTOR_DURATION, c.COLLECTOR_ERRORS,
+                c.COLLECTOR_SUCCESS,
+                c.COLLECTOR_DURATION,
+                c.COLLECTOR_ERRORS,
                 c.COLLECTOR_LAST_SUCCESS,
             )
         )

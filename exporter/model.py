@@ -117,7 +117,9 @@ def build_snapshot(
     """
     topology = build_topology(host) if host else (previous.topology if previous else None)
     prev_nodes = {n.id: n for n in previous.numa_nodes} if previous else {}
-    numa_nodes = tuple(_numa_node(n, host, prev_nodes.get(n.id)) for n in host.nodes) if host else ()
+    numa_nodes = (
+        tuple(_numa_node(n, host, prev_nodes.get(n.id)) for n in host.nodes) if host else ()
+    )
     balancing = dict(host.balancing) if host else {}
     locality = None
     if previous and balancing:

@@ -105,7 +105,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         metadata = watch.current
         tasks.append(asyncio.create_task(watch.run(), name="pod-metadata"))
     else:
-        log.info("no kubeconfig and not in a cluster: pod series carry only pod_uid and container_id")
+        log.info(
+            "no kubeconfig and not in a cluster: pod series carry only pod_uid and container_id"
+        )
 
     collection = Collection(
         settings.node_name,
@@ -125,8 +127,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     tasks.append(asyncio.create_task(exporter.run_cycles(), name="collection"))
     log.info(
         "serving metrics",
-        extra={"listen": _addresses(runner), "node": settings.node_name,
-               "host_root": settings.host_root, "interval_seconds": settings.interval_seconds},
+        extra={
+            "listen": _addresses(runner),
+            "node": settings.node_name,
+            "host_root": settings.host_root,
+            "interval_seconds": settings.interval_seconds,
+        },
     )
     try:
         await stop.wait()

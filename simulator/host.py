@@ -49,8 +49,12 @@ class FakeNumaNode:
     memory_free_bytes: int = 32 * GIB
     numastat: dict[str, int] = field(
         default_factory=lambda: {
-            "numa_hit": 0, "numa_miss": 0, "numa_foreign": 0,
-            "interleave_hit": 0, "local_node": 0, "other_node": 0,
+            "numa_hit": 0,
+            "numa_miss": 0,
+            "numa_foreign": 0,
+            "interleave_hit": 0,
+            "local_node": 0,
+            "other_node": 0,
         }
     )
 
@@ -66,7 +70,9 @@ class FakeHost:
     # NUMA-balancing counters of /proc/vmstat; None: a kernel without them
     balancing: dict[str, int] | None = field(
         default_factory=lambda: {
-            "numa_hint_faults": 0, "numa_hint_faults_local": 0, "numa_pages_migrated": 0
+            "numa_hint_faults": 0,
+            "numa_hint_faults_local": 0,
+            "numa_pages_migrated": 0,
         }
     )
     psi: bool = True  # cgroup v2 only
@@ -113,7 +119,11 @@ class FakeHostRoot:
         for i, n in enumerate(h.nodes):
             d = base / f"node{i}"
             _put(d / "cpulist", n.cpus)
-            row = h.distances[i] if h.distances else [10 if j == i else 21 for j in range(len(h.nodes))]
+            row = (
+                h.distances[i]
+                if h.distances
+                else [10 if j == i else 21 for j in range(len(h.nodes))]
+            )
             _put(d / "distance", " ".join(map(str, row)))
             _put(d / "meminfo", _node_meminfo(i, n))
             _put(d / "numastat", "".join(f"{k} {v}\n" for k, v in n.numastat.items()))
@@ -217,9 +227,13 @@ class FakeHostRoot:
             file = {n: size[n] // 4 for n in nodes}
             anon = {n: size[n] - file[n] for n in nodes}
             rows = {
-                "anon": anon, "file": file, "kernel_stack": dict.fromkeys(nodes, 16384),
-                "pagetables": dict.fromkeys(nodes, 8192), "shmem": dict.fromkeys(nodes, 0),
-                "file_mapped": file, "file_dirty": dict.fromkeys(nodes, 0),
+                "anon": anon,
+                "file": file,
+                "kernel_stack": dict.fromkeys(nodes, 16384),
+                "pagetables": dict.fromkeys(nodes, 8192),
+                "shmem": dict.fromkeys(nodes, 0),
+                "file_mapped": file,
+                "file_dirty": dict.fromkeys(nodes, 0),
                 "unevictable": dict.fromkeys(nodes, 0),
             }
             return "".join(
@@ -257,7 +271,9 @@ class FakeHostRoot:
 
     def _container_dir(self, pod: FakePod, ctr: FakeContainer) -> str:
         cid = self.host.container_id(pod, ctr)
-        prefix = {"containerd": "cri-containerd", "cri-o": "crio", "docker": "docker"}[self.host.runtime]
+        prefix = {"containerd": "cri-containerd", "cri-o": "crio", "docker": "docker"}[
+            self.host.runtime
+        ]
         if self.host.cgroup_driver == "systemd":
             return f"{prefix}-{cid}.scope"
         return f"crio-{cid}" if self.host.runtime == "cri-o" else cid
@@ -268,7 +284,8 @@ class FakeHostRoot:
             qos_dir = kubepods / self._qos_dir(qos)
             for pod_dir in _dirs(qos_dir):
                 if pod_dir.name.startswith(("kubepods", "pod")) and pod_dir.name not in (
-                    "kubepods-burstable.slice", "kubepods-besteffort.slice"
+                    "kubepods-burstable.slice",
+                    "kubepods-besteffort.slice",
                 ):
                     if pod_dir not in wanted:
                         shutil.rmtree(pod_dir)
@@ -283,8 +300,15 @@ def _node_meminfo(i: int, n: FakeNumaNode) -> str:
         "MemTotal": n.memory_total_bytes // 1024,
         "MemFree": n.memory_free_bytes // 1024,
         "MemUsed": (n.memory_total_bytes - n.memory_free_bytes) // 1024,
-        "SwapCached": 0, "Active": 1024, "Inactive": 2048, "Dirty": 0, "FilePages": 4096,
-        "AnonPages": 4096, "Shmem": 0, "KernelStack": 128, "PageTables": 256,
+        "SwapCached": 0,
+        "Active": 1024,
+        "Inactive": 2048,
+        "Dirty": 0,
+        "FilePages": 4096,
+        "AnonPages": 4096,
+        "Shmem": 0,
+        "KernelStack": 128,
+        "PageTables": 256,
     }
     lines = [f"Node {i} {k + ':':<15} {v:>10} kB" for k, v in kb.items()]
     lines += [f"Node {i} HugePages_Total:     0", f"Node {i} HugePages_Free:      0"]

@@ -172,7 +172,10 @@ class FakeApiServer:
         try:
             oldest = self._events[0].version if self._events else self.version + 1
             if since + 1 < oldest and since < self.version:
-                gone = {"type": "ERROR", "object": _status_body(410, "too old resource version", "Expired")}
+                gone = {
+                    "type": "ERROR",
+                    "object": _status_body(410, "too old resource version", "Expired"),
+                }
                 await response.write(json.dumps(gone).encode() + b"\n")
                 return response
             while response in self._watches:
@@ -231,9 +234,17 @@ def _pairs(selector: str) -> dict[str, tuple[str, str]]:
 
 def _status_body(code: int, message: str, reason: str = "") -> dict:
     return {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": reason or {
-            404: "NotFound", 409: "Conflict", 410: "Expired", 429: "TooManyRequests",
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason
+        or {
+            404: "NotFound",
+            409: "Conflict",
+            410: "Expired",
+            429: "TooManyRequests",
             500: "InternalError",
         }.get(code, "Unknown"),
         "code": code,
@@ -257,26 +268,33 @@ def pod_objects(host: FakeHost, node_name: str) -> list[dict]:
         for ctr in pod.containers:
             image = f"registry.example/{ctr.name}:1.0"
             containers.append({"name": ctr.name, "image": image})
-            statuses.append({
-                "name": ctr.name,
-                "containerID": f"{host.runtime_scheme}://{host.container_id(pod, ctr)}",
-                "image": image,
-                "imageID": f"{image}@sha256:{'0' * 64}",
-                "ready": True,
-                "restartCount": 0,
-                "started": True,
-                "state": {"running": {"startedAt": _now()}},
-            })
-        objs.append({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
-            "spec": {"nodeName": node_name, "containers": containers},
-            "status": {
-                "phase": "Running",
-                "qosClass": {"guaranteed": "Guaranteed", "burstable": "Burstable",
-                             "besteffort": "BestEffort"}[pod.qos_class],
-                "containerStatuses": statuses,
-            },
-        })
+            statuses.append(
+                {
+                    "name": ctr.name,
+                    "containerID": f"{host.runtime_scheme}://{host.container_id(pod, ctr)}",
+                    "image": image,
+                    "imageID": f"{image}@sha256:{'0' * 64}",
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": _now()}},
+                }
+            )
+        objs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+                "spec": {"nodeName": node_name, "containers": containers},
+                "status": {
+                    "phase": "Running",
+                    "qosClass": {
+                        "guaranteed": "Guaranteed",
+                        "burstable": "Burstable",
+                        "besteffort": "BestEffort",
+                    }[pod.qos_class],
+                    "containerStatuses": statuses,
+                },
+            }
+        )
     return objs

@@ -21,22 +21,47 @@ def two_socket() -> FakeHost:
     shared = "0-1,6-13,18-31"
     return FakeHost(
         nodes=[
-            FakeNumaNode("0-15", socket=0, memory_total_bytes=128 * GIB, memory_free_bytes=100 * GIB),
-            FakeNumaNode("16-31", socket=1, memory_total_bytes=128 * GIB, memory_free_bytes=90 * GIB),
+            FakeNumaNode(
+                "0-15", socket=0, memory_total_bytes=128 * GIB, memory_free_bytes=100 * GIB
+            ),
+            FakeNumaNode(
+                "16-31", socket=1, memory_total_bytes=128 * GIB, memory_free_bytes=90 * GIB
+            ),
         ],
         pods=[
-            FakePod("trainer-aligned", pod_uid("trainer-aligned"), "guaranteed", [
-                FakeContainer("main", "2-5", {0: 8 * GIB, 1: 256 * MIB},
-                              throttling=(1000, 10, 0.5),
-                              pressure={"cpu": (1.5, 0.5), "memory": (0.25, 0.125), "io": (2.0, 1.0)}),
-            ], namespace="ml"),
-            FakePod("trainer-split", pod_uid("trainer-split"), "guaranteed", [
-                FakeContainer("main", "14-17", {0: 4 * GIB, 1: 4 * GIB}),
-            ], namespace="ml"),
-            FakePod("web", pod_uid("web"), "burstable", [
-                FakeContainer("app", shared, {0: 200 * MIB, 1: 100 * MIB}),
-                FakeContainer("sidecar", shared, {0: 20 * MIB}),
-            ]),
+            FakePod(
+                "trainer-aligned",
+                pod_uid("trainer-aligned"),
+                "guaranteed",
+                [
+                    FakeContainer(
+                        "main",
+                        "2-5",
+                        {0: 8 * GIB, 1: 256 * MIB},
+                        throttling=(1000, 10, 0.5),
+                        pressure={"cpu": (1.5, 0.5), "memory": (0.25, 0.125), "io": (2.0, 1.0)},
+                    ),
+                ],
+                namespace="ml",
+            ),
+            FakePod(
+                "trainer-split",
+                pod_uid("trainer-split"),
+                "guaranteed",
+                [
+                    FakeContainer("main", "14-17", {0: 4 * GIB, 1: 4 * GIB}),
+                ],
+                namespace="ml",
+            ),
+            FakePod(
+                "web",
+                pod_uid("web"),
+                "burstable",
+                [
+                    FakeContainer("app", shared, {0: 200 * MIB, 1: 100 * MIB}),
+                    FakeContainer("sidecar", shared, {0: 20 * MIB}),
+                ],
+            ),
         ],
         cgroup_version=2,
         cgroup_driver="systemd",
@@ -50,21 +75,44 @@ def four_node_v1() -> FakeHost:
         nodes=[
             FakeNumaNode("0-7", socket=0, memory_total_bytes=32 * GIB, memory_free_bytes=20 * GIB),
             FakeNumaNode("8-15", socket=0, memory_total_bytes=32 * GIB, memory_free_bytes=21 * GIB),
-            FakeNumaNode("16-23", socket=1, memory_total_bytes=32 * GIB, memory_free_bytes=22 * GIB),
-            FakeNumaNode("24-31", socket=1, memory_total_bytes=32 * GIB, memory_free_bytes=23 * GIB),
+            FakeNumaNode(
+                "16-23", socket=1, memory_total_bytes=32 * GIB, memory_free_bytes=22 * GIB
+            ),
+            FakeNumaNode(
+                "24-31", socket=1, memory_total_bytes=32 * GIB, memory_free_bytes=23 * GIB
+            ),
         ],
         distances=[[10, 12, 20, 20], [12, 10, 20, 20], [20, 20, 10, 12], [20, 20, 12, 10]],
         pods=[
-            FakePod("db", pod_uid("db"), "guaranteed", [
-                FakeContainer("postgres", "8-11", {1: 2 * GIB, 2: 1 * GIB},
-                              throttling=(500, 50, 2.25)),
-            ], namespace="data"),
-            FakePod("batch", pod_uid("batch"), "guaranteed", [
-                FakeContainer("worker", "6-7,12-13", {0: 512 * MIB, 1: 512 * MIB}),
-            ], namespace="data"),
-            FakePod("logger", pod_uid("logger"), "besteffort", [
-                FakeContainer("fluent", "0-5,14-31", {3: 64 * MIB}),
-            ], namespace="kube-system"),
+            FakePod(
+                "db",
+                pod_uid("db"),
+                "guaranteed",
+                [
+                    FakeContainer(
+                        "postgres", "8-11", {1: 2 * GIB, 2: 1 * GIB}, throttling=(500, 50, 2.25)
+                    ),
+                ],
+                namespace="data",
+            ),
+            FakePod(
+                "batch",
+                pod_uid("batch"),
+                "guaranteed",
+                [
+                    FakeContainer("worker", "6-7,12-13", {0: 512 * MIB, 1: 512 * MIB}),
+                ],
+                namespace="data",
+            ),
+            FakePod(
+                "logger",
+                pod_uid("logger"),
+                "besteffort",
+                [
+                    FakeContainer("fluent", "0-5,14-31", {3: 64 * MIB}),
+                ],
+                namespace="kube-system",
+            ),
         ],
         cgroup_version=1,
         cgroup_driver="cgroupfs",
@@ -78,12 +126,23 @@ def far_memory() -> FakeHost:
     """2 sockets; a pod whose CPUs are on node 0 while 80% of its memory is on node 1."""
     host = two_socket()
     host.pods = [
-        FakePod("cache", pod_uid("cache"), "guaranteed", [
-            FakeContainer("redis", "2-3", {0: 1 * GIB, 1: 4 * GIB}),
-        ], namespace="cache"),
-        FakePod("web", pod_uid("web"), "burstable", [
-            FakeContainer("app", "0-1,4-31", {0: 100 * MIB, 1: 100 * MIB}),
-        ]),
+        FakePod(
+            "cache",
+            pod_uid("cache"),
+            "guaranteed",
+            [
+                FakeContainer("redis", "2-3", {0: 1 * GIB, 1: 4 * GIB}),
+            ],
+            namespace="cache",
+        ),
+        FakePod(
+            "web",
+            pod_uid("web"),
+            "burstable",
+            [
+                FakeContainer("app", "0-1,4-31", {0: 100 * MIB, 1: 100 * MIB}),
+            ],
+        ),
     ]
     return host
 
@@ -92,8 +151,12 @@ def reference_node() -> FakeHost:
     """SPEC §7 reference node: 8 NUMA nodes on 2 sockets, 224 CPUs, 150 pods / 300
     containers (60 Guaranteed pods with exclusive CPUs, 90 burstable ones)."""
     nodes = [
-        FakeNumaNode(f"{n * 28}-{n * 28 + 27}", socket=n // 4,
-                     memory_total_bytes=256 * GIB, memory_free_bytes=128 * GIB)
+        FakeNumaNode(
+            f"{n * 28}-{n * 28 + 27}",
+            socket=n // 4,
+            memory_total_bytes=256 * GIB,
+            memory_free_bytes=128 * GIB,
+        )
         for n in range(8)
     ]
     exclusive = iter(range(224))
@@ -104,19 +167,34 @@ def reference_node() -> FakeHost:
             cpu = next(exclusive)
             node = cpu // 28
             containers.append(
-                FakeContainer(f"c{j}", str(cpu), {node: 2 * GIB, (node + 1) % 8: 256 * MIB},
-                              throttling=(1000 + i, i, i / 10),
-                              pressure={"cpu": (i, i / 2), "memory": (1, 0.5), "io": (2, 1)})
+                FakeContainer(
+                    f"c{j}",
+                    str(cpu),
+                    {node: 2 * GIB, (node + 1) % 8: 256 * MIB},
+                    throttling=(1000 + i, i, i / 10),
+                    pressure={"cpu": (i, i / 2), "memory": (1, 0.5), "io": (2, 1)},
+                )
             )
-        pods.append(FakePod(f"gpu-job-{i}", pod_uid(f"gpu-job-{i}"), "guaranteed", containers,
-                            namespace="ml"))
+        pods.append(
+            FakePod(
+                f"gpu-job-{i}", pod_uid(f"gpu-job-{i}"), "guaranteed", containers, namespace="ml"
+            )
+        )
     shared = f"{next(exclusive)}-223"
     for i in range(90):
         containers = [
-            FakeContainer(f"c{j}", shared, {n: 64 * MIB for n in range(8)},
-                          throttling=(5000, 100, 1.5), pressure={"cpu": (3, 1)})
+            FakeContainer(
+                f"c{j}",
+                shared,
+                {n: 64 * MIB for n in range(8)},
+                throttling=(5000, 100, 1.5),
+                pressure={"cpu": (3, 1)},
+            )
             for j in range(2)
         ]
-        pods.append(FakePod(f"svc-{i}", pod_uid(f"svc-{i}"), "burstable", containers,
-                            namespace=f"team-{i % 10}"))
+        pods.append(
+            FakePod(
+                f"svc-{i}", pod_uid(f"svc-{i}"), "burstable", containers, namespace=f"team-{i % 10}"
+            )
+        )
     return FakeHost(nodes=nodes, pods=pods, cgroup_version=2, cgroup_driver="systemd")

@@ -29,8 +29,13 @@ def binary(name: str = "prometheus") -> str:
 
 
 class PrometheusServer:
-    def __init__(self, targets: list[str], port: int, scrape_interval: str = "1s",
-                 rule_files: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        targets: list[str],
+        port: int,
+        scrape_interval: str = "1s",
+        rule_files: list[str] | None = None,
+    ) -> None:
         self.targets = targets
         self.port = port
         self.scrape_interval = scrape_interval
@@ -38,6 +43,7 @@ class PrometheusServer:
         self.url = f"http://127.0.0.1:{port}"
         self._dir: tempfile.TemporaryDirectory | None = None
         self._proc: subprocess.Popen | None = None
+        self._log = None
 
     async def __aenter__(self) -> PrometheusServer:
         await self.start()
@@ -50,17 +56,27 @@ class PrometheusServer:
         self._dir = tempfile.TemporaryDirectory(prefix="numaguard-prom-")
         d = Path(self._dir.name)
         config = {
-            "global": {"scrape_interval": self.scrape_interval,
-                       "evaluation_interval": self.scrape_interval},
+            "global": {
+                "scrape_interval": self.scrape_interval,
+                "evaluation_interval": self.scrape_interval,
+            },
             "rule_files": self.rule_files,
-            "scrape_configs": [{"job_name": "numaguard",
-                                "static_configs": [{"targets": self.targets}]}],
+            "scrape_configs": [
+                {"job_name": "numaguard", "static_configs": [{"targets": self.targets}]}
+            ],
         }
         (d / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+        self._log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed in stop)
         self._proc = subprocess.Popen(
-            [binary(), f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=open(d / "prometheus.log", "wb"),
+            [
+                binary(),
+                f"--config.file={d / 'prometheus.yml'}",
+                f"--storage.tsdb.path={d / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
         )
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as session:
@@ -83,15 +99,19 @@ class PrometheusServer:
         if self._proc and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait(timeout=10)
+        if self._log:
+            self._log.close()
+            self._log = None
         if self._dir:
             self._dir.cleanup()
             self._dir = None
 
     async def query(self, expr: str) -> list[dict]:
         """An instant query; the result vector as returned by the HTTP API."""
-        async with aiohttp.ClientSession() as session, session.get(
-            f"{self.url}/api/v1/query", params={"query": expr}
-        ) as r:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{self.url}/api/v1/query", params={"query": expr}) as r,
+        ):
             body = await r.json()
         if body.get("status") != "success":
             raise RuntimeError(f"query {expr!r} failed: {body}")

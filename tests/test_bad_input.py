@@ -12,8 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.sources import read_text
-from exporter.sources import ReadFailure
+from exporter.sources import ReadFailure, read_text
 from simulator import presets
 from simulator.host import FakeHostRoot
 from tests.conftest import make_collection, metadata_of, samples, series
@@ -45,8 +44,14 @@ async def test_garbage_numa_stat_drops_only_that_pods_memory_verdict(fake_root):
     assert got[series("numaguard_pod_cross_numa", **labels, reason="cpu_span")] == 0
     # the other pod is untouched
     web = root.host.pod("web")
-    assert got[series("numaguard_pod_memory_remote_ratio", namespace="default", pod="web",
-                      pod_uid=web.uid)] == 0
+    assert (
+        got[
+            series(
+                "numaguard_pod_memory_remote_ratio", namespace="default", pod="web", pod_uid=web.uid
+            )
+        ]
+        == 0
+    )
 
 
 async def test_unreadable_cpulist_means_no_cpu_verdicts(fake_root):
@@ -58,8 +63,11 @@ async def test_unreadable_cpulist_means_no_cpu_verdicts(fake_root):
     assert errors(got, "host_numa", "parse") == 1
     # CPUs 16-31 cannot be placed on a node: pods using any of them get no CPU verdict,
     # a pod whose CPUs are all on node 0 still does
-    verdicts = {dict(k[1])["pod"]: v for k, v in got.items()
-                if k[0] == "numaguard_pod_cross_numa" and ("reason", "cpu_span") in k[1]}
+    verdicts = {
+        dict(k[1])["pod"]: v
+        for k, v in got.items()
+        if k[0] == "numaguard_pod_cross_numa" and ("reason", "cpu_span") in k[1]
+    }
     assert verdicts == {"trainer-aligned": 0}
     assert got[series("numaguard_numa_node_memory_total_bytes", numa_node="0")] > 0
 
@@ -67,7 +75,9 @@ async def test_unreadable_cpulist_means_no_cpu_verdicts(fake_root):
 async def test_missing_and_oversized_files(fake_root):
     root = fake_root(presets.two_socket())
     (root.root / "sys/devices/system/node/node0/numastat").unlink()
-    (root.root / "sys/devices/system/node/node1/meminfo").write_text("Node 1 MemTotal: 1 kB\n" * 60000)
+    (root.root / "sys/devices/system/node/node1/meminfo").write_text(
+        "Node 1 MemTotal: 1 kB\n" * 60000
+    )
     collection = make_collection(root)
     await collection.run_once()
     got = samples(collection.exposition.text)
@@ -120,7 +130,9 @@ async def test_counter_reset_gives_no_ratio(fake_root):
     root.write()
     await collection.run_once()
     got = samples(collection.exposition.text)
-    assert got[series("numaguard_numa_node_remote_alloc_ratio", numa_node="0")] == pytest.approx(0.25)
+    assert got[series("numaguard_numa_node_remote_alloc_ratio", numa_node="0")] == pytest.approx(
+        0.25
+    )
 
 
 async def test_pod_that_vanishes_is_dropped_without_error(fake_root):
@@ -163,7 +175,9 @@ FILES = [
 ]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     which=st.integers(0, len(FILES) + 3),
     content=st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode)),
@@ -181,10 +195,10 @@ async def test_any_content_in_any_file_never_breaks_the_cycle(tmp_path_factory, 
     await collection.run_once()
     await collection.run_once()
     got = samples(collection.exposition.text)
-    failed = sum(
-        v for k, v in got.items() if k[0] == "numaguard_collector_errors_total"
-    )
-    health = [got[series("numaguard_collector_success", collector=c)]
-              for c in ("host_numa", "pod_placement")]
+    failed = sum(v for k, v in got.items() if k[0] == "numaguard_collector_errors_total")
+    health = [
+        got[series("numaguard_collector_success", collector=c)]
+        for c in ("host_numa", "pod_placement")
+    ]
     # either the content happened to be valid, or it was counted and flagged
     assert (failed == 0 and health == [1, 1]) or (failed > 0 and 0 in health)

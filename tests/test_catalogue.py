@@ -14,11 +14,33 @@ from tests.conftest import make_collection, metadata_of
 
 ALLOWED_LABELS = {
     # SPEC §4
-    "numa_node", "socket", "l3_domain", "gpu", "gpu_uuid", "mig_uuid", "gi_id", "ci_id",
-    "mig_profile", "namespace", "pod", "container", "pod_uid", "container_id", "resource",
+    "numa_node",
+    "socket",
+    "l3_domain",
+    "gpu",
+    "gpu_uuid",
+    "mig_uuid",
+    "gi_id",
+    "ci_id",
+    "mig_profile",
+    "namespace",
+    "pod",
+    "container",
+    "pod_uid",
+    "container_id",
+    "resource",
     # bounded enumerations and identifiers of our own
-    "target_numa_node", "cpulist", "kind", "reason", "stall", "qos_class", "runtime",
-    "exclusive_cpus", "collector", "version", "python_version",
+    "target_numa_node",
+    "cpulist",
+    "kind",
+    "reason",
+    "stall",
+    "qos_class",
+    "runtime",
+    "exclusive_cpus",
+    "collector",
+    "version",
+    "python_version",
 }
 
 
@@ -58,4 +80,11 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
 
 def test_metrics_doc_is_generated_from_the_catalogue():
     doc = Path(__file__).parent.parent / "docs" / "metrics.md"
-    assert doc.read_text() == catalogue.markdown(), "run: python -m exporter.catalogue > docs/metrics.md"
+    assert doc.read_text() == catalogue.markdown(), "run: make docs"
+
+
+def test_readme_configuration_block_is_the_current_help():
+    from exporter import docs
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert docs.readme_with_help(readme) == readme, "run: make docs"

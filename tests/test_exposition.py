@@ -33,7 +33,9 @@ def as_client_families(families: list[c.Family]):
         spec = fam.spec
         labels = [c.NODE_LABEL, *spec.labels]
         if spec.kind == "counter":
-            metric = CounterMetricFamily(spec.name.removesuffix("_total"), spec.help, labels=labels, unit=spec.unit)
+            metric = CounterMetricFamily(
+                spec.name.removesuffix("_total"), spec.help, labels=labels, unit=spec.unit
+            )
         else:
             metric = GaugeMetricFamily(spec.name, spec.help, labels=labels, unit=spec.unit)
         for text, value in fam.samples:
@@ -63,8 +65,12 @@ def _unescape(value: str) -> str:
 def parsed(families_iter):
     out = {}
     for fam in families_iter:
-        out[fam.name] = (fam.documentation, fam.type, fam.unit,
-                         sorted((s.name, tuple(sorted(s.labels.items())), s.value) for s in fam.samples))
+        out[fam.name] = (
+            fam.documentation,
+            fam.type,
+            fam.unit,
+            sorted((s.name, tuple(sorted(s.labels.items())), s.value) for s in fam.samples),
+        )
     return out
 
 

@@ -18,7 +18,11 @@ HEALTH = {name for name, spec in CATALOGUE.items() if spec.group == "health"}
 
 
 def without_health(got: dict) -> dict:
-    return {k: v for k, v in got.items() if not any(k[0].startswith(h.removesuffix("_total")) for h in HEALTH)}
+    return {
+        k: v
+        for k, v in got.items()
+        if not any(k[0].startswith(h.removesuffix("_total")) for h in HEALTH)
+    }
 
 
 def assert_samples(got: dict, want: dict) -> None:
@@ -57,14 +61,20 @@ def host_numa(nodes, distance, numastat, remote, balancing=None, locality=None) 
     return out
 
 
-def container(ids, qos, runtime, exclusive, cpus, memory, remote, spanned,
-              throttling=(0, 0, 0.0), psi=None) -> dict:
+def container(
+    ids, qos, runtime, exclusive, cpus, memory, remote, spanned, throttling=(0, 0, 0.0), psi=None
+) -> dict:
     """ids: (namespace, pod, container, pod_uid, container_id)."""
     ns, pod, name, uid, cid = ids
     labels = dict(namespace=ns, pod=pod, container=name, pod_uid=uid, container_id=cid)
     out = {
-        series("numaguard_container_info", **labels, qos_class=qos, runtime=runtime,
-               exclusive_cpus="true" if exclusive else "false"): 1,
+        series(
+            "numaguard_container_info",
+            **labels,
+            qos_class=qos,
+            runtime=runtime,
+            exclusive_cpus="true" if exclusive else "false",
+        ): 1,
         series("numaguard_container_memory_remote_ratio", **labels): remote,
         series("numaguard_container_numa_nodes_spanned", **labels): spanned,
         series("numaguard_container_cpu_periods_total", **labels): throttling[0],
@@ -130,11 +140,20 @@ async def test_two_socket_cgroup_v2_systemd(fake_root):
         h.pod("web").containers[0].throttling = (400, 40, 1.25)
 
     got = await two_cycles(fake_root, host, advance)
-    node1_stat = {**NUMASTAT0, "numa_hit": 50, "numa_miss": 5, "numa_foreign": 7, "interleave_hit": 3}
+    node1_stat = {
+        **NUMASTAT0,
+        "numa_hit": 50,
+        "numa_miss": 5,
+        "numa_foreign": 7,
+        "interleave_hit": 3,
+    }
     want = host_numa(
         nodes=[("0-15", {0: 16}, 128 * GIB, 100 * GIB), ("16-31", {1: 16}, 128 * GIB, 90 * GIB)],
         distance=[[10, 21], [21, 10]],
-        numastat=[{**NUMASTAT0, "numa_hit": 1000, "local_node": 900, "other_node": 100}, node1_stat],
+        numastat=[
+            {**NUMASTAT0, "numa_hit": 1000, "local_node": 900, "other_node": 100},
+            node1_stat,
+        ],
         remote=[0.1, None],  # node 1 allocated nothing locally or remotely: no ratio
         balancing={"hint_faults": 200, "hint_faults_local": 150, "pages_migrated": 7},
         locality=0.75,
@@ -143,30 +162,77 @@ async def test_two_socket_cgroup_v2_systemd(fake_root):
     aligned, split, web = (host.pod(n) for n in ("trainer-aligned", "trainer-split", "web"))
     want |= container(
         ("ml", "trainer-aligned", "main", aligned.uid, cid["trainer-aligned", "main"]),
-        "guaranteed", "containerd", True, cpus=[4, 0], memory=[8 * GIB, 256 * MIB],
-        remote=256 / (8 * 1024 + 256), spanned=1, throttling=(1000, 10, 0.5),
+        "guaranteed",
+        "containerd",
+        True,
+        cpus=[4, 0],
+        memory=[8 * GIB, 256 * MIB],
+        remote=256 / (8 * 1024 + 256),
+        spanned=1,
+        throttling=(1000, 10, 0.5),
         psi={"cpu": (1.5, 0.5), "memory": (0.25, 0.125), "io": (2.0, 1.0)},
     )
-    want |= pod(("ml", "trainer-aligned", aligned.uid), [4, 0], [8 * GIB, 256 * MIB],
-                256 / (8 * 1024 + 256), 1, cpu_span=0, memory_remote=0)
+    want |= pod(
+        ("ml", "trainer-aligned", aligned.uid),
+        [4, 0],
+        [8 * GIB, 256 * MIB],
+        256 / (8 * 1024 + 256),
+        1,
+        cpu_span=0,
+        memory_remote=0,
+    )
     want |= container(
         ("ml", "trainer-split", "main", split.uid, cid["trainer-split", "main"]),
-        "guaranteed", "containerd", True, cpus=[2, 2], memory=[4 * GIB, 4 * GIB],
-        remote=0.0, spanned=2, psi=ZERO_PSI,
+        "guaranteed",
+        "containerd",
+        True,
+        cpus=[2, 2],
+        memory=[4 * GIB, 4 * GIB],
+        remote=0.0,
+        spanned=2,
+        psi=ZERO_PSI,
     )
-    want |= pod(("ml", "trainer-split", split.uid), [2, 2], [4 * GIB, 4 * GIB], 0.0, 2,
-                cpu_span=1, memory_remote=0)
+    want |= pod(
+        ("ml", "trainer-split", split.uid),
+        [2, 2],
+        [4 * GIB, 4 * GIB],
+        0.0,
+        2,
+        cpu_span=1,
+        memory_remote=0,
+    )
     want |= container(
-        ("default", "web", "app", web.uid, cid["web", "app"]), "burstable", "containerd", False,
-        cpus=[10, 14], memory=[200 * MIB, 100 * MIB], remote=0.0, spanned=2,
-        throttling=(400, 40, 1.25), psi=ZERO_PSI,
+        ("default", "web", "app", web.uid, cid["web", "app"]),
+        "burstable",
+        "containerd",
+        False,
+        cpus=[10, 14],
+        memory=[200 * MIB, 100 * MIB],
+        remote=0.0,
+        spanned=2,
+        throttling=(400, 40, 1.25),
+        psi=ZERO_PSI,
     )
     want |= container(
-        ("default", "web", "sidecar", web.uid, cid["web", "sidecar"]), "burstable", "containerd",
-        False, cpus=[10, 14], memory=[20 * MIB, 0], remote=0.0, spanned=2, psi=ZERO_PSI,
+        ("default", "web", "sidecar", web.uid, cid["web", "sidecar"]),
+        "burstable",
+        "containerd",
+        False,
+        cpus=[10, 14],
+        memory=[20 * MIB, 0],
+        remote=0.0,
+        spanned=2,
+        psi=ZERO_PSI,
     )
-    want |= pod(("default", "web", web.uid), [10, 14], [220 * MIB, 100 * MIB], 0.0, 2,
-                cpu_span=0, memory_remote=0)
+    want |= pod(
+        ("default", "web", web.uid),
+        [10, 14],
+        [220 * MIB, 100 * MIB],
+        0.0,
+        2,
+        cpu_span=0,
+        memory_remote=0,
+    )
     assert_samples(got, want)
     assert got[series("numaguard_collector_success", collector="pod_placement")] == 1
     assert got[series("numaguard_collector_success", collector="host_numa")] == 1
@@ -182,35 +248,81 @@ async def test_four_node_cgroup_v1_cgroupfs(fake_root):
 
     got = await two_cycles(fake_root, host, advance)
     want = host_numa(
-        nodes=[("0-7", {0: 8}, 32 * GIB, 20 * GIB), ("8-15", {0: 8}, 32 * GIB, 21 * GIB),
-               ("16-23", {1: 8}, 32 * GIB, 22 * GIB), ("24-31", {1: 8}, 32 * GIB, 23 * GIB)],
+        nodes=[
+            ("0-7", {0: 8}, 32 * GIB, 20 * GIB),
+            ("8-15", {0: 8}, 32 * GIB, 21 * GIB),
+            ("16-23", {1: 8}, 32 * GIB, 22 * GIB),
+            ("24-31", {1: 8}, 32 * GIB, 23 * GIB),
+        ],
         distance=[[10, 12, 20, 20], [12, 10, 20, 20], [20, 20, 10, 12], [20, 20, 12, 10]],
-        numastat=[NUMASTAT0, NUMASTAT0,
-                  {**NUMASTAT0, "local_node": 30, "other_node": 10, "numa_hit": 40},
-                  {**NUMASTAT0, "local_node": 5, "numa_hit": 5}],
+        numastat=[
+            NUMASTAT0,
+            NUMASTAT0,
+            {**NUMASTAT0, "local_node": 30, "other_node": 10, "numa_hit": 40},
+            {**NUMASTAT0, "local_node": 5, "numa_hit": 5},
+        ],
         remote=[None, None, 0.25, 0.0],
     )  # no NUMA-balancing counters on this kernel: no balancing series at all
     db, batch, logger = (host.pod(n) for n in ("db", "batch", "logger"))
     cid = {(p.name, c.name): host.container_id(p, c) for p in host.pods for c in p.containers}
     want |= container(
-        ("data", "db", "postgres", db.uid, cid["db", "postgres"]), "guaranteed", "", True,
-        cpus=[0, 4, 0, 0], memory=[0, 2 * GIB, 1 * GIB, 0], remote=1 / 3, spanned=1,
+        ("data", "db", "postgres", db.uid, cid["db", "postgres"]),
+        "guaranteed",
+        "",
+        True,
+        cpus=[0, 4, 0, 0],
+        memory=[0, 2 * GIB, 1 * GIB, 0],
+        remote=1 / 3,
+        spanned=1,
         throttling=(500, 50, 2.25),
     )
-    want |= pod(("data", "db", db.uid), [0, 4, 0, 0], [0, 2 * GIB, 1 * GIB, 0], 1 / 3, 1,
-                cpu_span=0, memory_remote=1)
-    want |= container(
-        ("data", "batch", "worker", batch.uid, cid["batch", "worker"]), "guaranteed", "", True,
-        cpus=[2, 2, 0, 0], memory=[512 * MIB, 512 * MIB, 0, 0], remote=0.0, spanned=2,
+    want |= pod(
+        ("data", "db", db.uid),
+        [0, 4, 0, 0],
+        [0, 2 * GIB, 1 * GIB, 0],
+        1 / 3,
+        1,
+        cpu_span=0,
+        memory_remote=1,
     )
-    want |= pod(("data", "batch", batch.uid), [2, 2, 0, 0], [512 * MIB, 512 * MIB, 0, 0], 0.0, 2,
-                cpu_span=1, memory_remote=0)
     want |= container(
-        ("kube-system", "logger", "fluent", logger.uid, cid["logger", "fluent"]), "besteffort", "",
-        False, cpus=[6, 2, 8, 8], memory=[0, 0, 0, 64 * MIB], remote=0.0, spanned=4,
+        ("data", "batch", "worker", batch.uid, cid["batch", "worker"]),
+        "guaranteed",
+        "",
+        True,
+        cpus=[2, 2, 0, 0],
+        memory=[512 * MIB, 512 * MIB, 0, 0],
+        remote=0.0,
+        spanned=2,
     )
-    want |= pod(("kube-system", "logger", logger.uid), [6, 2, 8, 8], [0, 0, 0, 64 * MIB], 0.0, 4,
-                cpu_span=0, memory_remote=0)
+    want |= pod(
+        ("data", "batch", batch.uid),
+        [2, 2, 0, 0],
+        [512 * MIB, 512 * MIB, 0, 0],
+        0.0,
+        2,
+        cpu_span=1,
+        memory_remote=0,
+    )
+    want |= container(
+        ("kube-system", "logger", "fluent", logger.uid, cid["logger", "fluent"]),
+        "besteffort",
+        "",
+        False,
+        cpus=[6, 2, 8, 8],
+        memory=[0, 0, 0, 64 * MIB],
+        remote=0.0,
+        spanned=4,
+    )
+    want |= pod(
+        ("kube-system", "logger", logger.uid),
+        [6, 2, 8, 8],
+        [0, 0, 0, 64 * MIB],
+        0.0,
+        4,
+        cpu_span=0,
+        memory_remote=0,
+    )
     assert_samples(got, want)
 
 
@@ -227,16 +339,43 @@ async def test_pod_memory_mostly_on_far_node(fake_root):
     cache, web = host.pod("cache"), host.pod("web")
     cid = {(p.name, c.name): host.container_id(p, c) for p in host.pods for c in p.containers}
     want |= container(
-        ("cache", "cache", "redis", cache.uid, cid["cache", "redis"]), "guaranteed",
-        "containerd", True, cpus=[2, 0], memory=[1 * GIB, 4 * GIB], remote=0.8, spanned=1,
+        ("cache", "cache", "redis", cache.uid, cid["cache", "redis"]),
+        "guaranteed",
+        "containerd",
+        True,
+        cpus=[2, 0],
+        memory=[1 * GIB, 4 * GIB],
+        remote=0.8,
+        spanned=1,
         psi=ZERO_PSI,
     )
-    want |= pod(("cache", "cache", cache.uid), [2, 0], [1 * GIB, 4 * GIB], 0.8, 1,
-                cpu_span=0, memory_remote=1)
-    want |= container(
-        ("default", "web", "app", web.uid, cid["web", "app"]), "burstable", "containerd", False,
-        cpus=[14, 16], memory=[100 * MIB, 100 * MIB], remote=0.0, spanned=2, psi=ZERO_PSI,
+    want |= pod(
+        ("cache", "cache", cache.uid),
+        [2, 0],
+        [1 * GIB, 4 * GIB],
+        0.8,
+        1,
+        cpu_span=0,
+        memory_remote=1,
     )
-    want |= pod(("default", "web", web.uid), [14, 16], [100 * MIB, 100 * MIB], 0.0, 2,
-                cpu_span=0, memory_remote=0)
+    want |= container(
+        ("default", "web", "app", web.uid, cid["web", "app"]),
+        "burstable",
+        "containerd",
+        False,
+        cpus=[14, 16],
+        memory=[100 * MIB, 100 * MIB],
+        remote=0.0,
+        spanned=2,
+        psi=ZERO_PSI,
+    )
+    want |= pod(
+        ("default", "web", web.uid),
+        [14, 16],
+        [100 * MIB, 100 * MIB],
+        0.0,
+        2,
+        cpu_span=0,
+        memory_remote=0,
+    )
     assert_samples(got, want)

@@ -26,10 +26,23 @@ async def exporter(fake_root, tmp_path):
         api.put("pods", obj)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--host-root", str(root.root),
-         "--listen", f"127.0.0.1:{port}", "--node-name", "gpu-node-7", "--interval", "1",
-         "--kubeconfig", api.kubeconfig(tmp_path / "kubeconfig")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--host-root",
+            str(root.root),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--node-name",
+            "gpu-node-7",
+            "--interval",
+            "1",
+            "--kubeconfig",
+            api.kubeconfig(tmp_path / "kubeconfig"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         await _wait_http(f"http://127.0.0.1:{port}/readyz")
@@ -52,7 +65,7 @@ async def test_prometheus_scrapes_and_answers_promql(exporter):
         assert result[0]["metric"]["node"] == "gpu-node-7"
         assert result[0]["metric"]["pod_uid"] == root.host.pod("cache").uid
         assert float(result[0]["value"][1]) == pytest.approx(0.8, abs=1e-9)
-        flagged = await prom.query('numaguard_pod_cross_numa == 1')
+        flagged = await prom.query("numaguard_pod_cross_numa == 1")
         assert {(r["metric"]["pod"], r["metric"]["reason"]) for r in flagged} == {
             ("cache", "memory_remote")
         }

@@ -3,6 +3,8 @@ either returns a record or raises ParseError, never anything else."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,36 +70,51 @@ def test_node_files():
     assert parse_distance("10 21 31\n") == (10, 21, 31)
     assert parse_numastat(
         "numa_hit 5\nnuma_miss 0\nnuma_foreign 1\ninterleave_hit 2\nlocal_node 4\nother_node 1\n"
-    ) == {"numa_hit": 5, "numa_miss": 0, "numa_foreign": 1, "interleave_hit": 2,
-          "local_node": 4, "other_node": 1}
+    ) == {
+        "numa_hit": 5,
+        "numa_miss": 0,
+        "numa_foreign": 1,
+        "interleave_hit": 2,
+        "local_node": 4,
+        "other_node": 1,
+    }
     assert parse_single_int("1\n") == 1
     assert parse_single_int("-1\n") == -1  # PCI numa_node: unknown
 
 
 def test_vmstat_balancing_only_when_present():
-    text = "nr_free_pages 12\nnuma_hint_faults 10\nnuma_hint_faults_local 7\nnuma_pages_migrated 2\n"
+    text = (
+        "nr_free_pages 12\nnuma_hint_faults 10\nnuma_hint_faults_local 7\nnuma_pages_migrated 2\n"
+    )
     assert parse_vmstat_balancing(text) == {
-        "numa_hint_faults": 10, "numa_hint_faults_local": 7, "numa_pages_migrated": 2
+        "numa_hint_faults": 10,
+        "numa_hint_faults_local": 7,
+        "numa_pages_migrated": 2,
     }
     assert parse_vmstat_balancing("nr_free_pages 12\nnuma_hit 4\n") == {}
     # lines we do not use may hold anything
-    assert parse_vmstat_balancing("weird line here\nnuma_hint_faults 1\n") == {"numa_hint_faults": 1}
+    assert parse_vmstat_balancing("weird line here\nnuma_hint_faults 1\n") == {
+        "numa_hint_faults": 1
+    }
 
 
 def test_cgroup_files():
     assert parse_numa_stat_v2(NUMA_STAT_V2) == {0: 1048576 + 524288, 1: 4096}
     assert parse_numa_stat_v1(NUMA_STAT_V1, 4096) == {0: 327000 * 4096, 1: 569 * 4096}
-    assert parse_numa_stat_v1("total=3 N0=2 N1=1\nfile=0 N0=0 N1=0\n", 4096) == {
-        0: 8192, 1: 4096
-    }
+    assert parse_numa_stat_v1("total=3 N0=2 N1=1\nfile=0 N0=0 N1=0\n", 4096) == {0: 8192, 1: 4096}
     v2 = "usage_usec 10\nnr_periods 100\nnr_throttled 7\nthrottled_usec 2500000\nnr_bursts 0\n"
     assert parse_cpu_throttling(v2) == CpuThrottling(100, 7, 2.5)
     v1 = "nr_periods 100\nnr_throttled 7\nthrottled_time 1500000000\n"
     assert parse_cpu_throttling(v1) == CpuThrottling(100, 7, 1.5)
     assert parse_cpu_throttling("usage_usec 10\nuser_usec 5\nsystem_usec 5\n") is None
-    psi = "some avg10=0.10 avg60=0.00 avg300=0.00 total=1500000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=250000\n"
+    psi = (
+        "some avg10=0.10 avg60=0.00 avg300=0.00 total=1500000\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=250000\n"
+    )
     assert parse_pressure(psi) == Pressure(1.5, 0.25)
-    assert parse_pressure("some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n") == Pressure(7e-6, None)
+    assert parse_pressure("some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n") == Pressure(
+        7e-6, None
+    )
 
 
 @pytest.mark.parametrize(
@@ -126,13 +143,28 @@ def test_garbage_is_a_parse_error(reader, text):
 
 
 READERS = [
-    parse_id_list, parse_single_int, parse_key_values, parse_distance, parse_node_meminfo,
-    parse_numastat, parse_vmstat_balancing, parse_numa_stat_v2,
-    lambda t: parse_numa_stat_v1(t, 4096), parse_cpu_throttling, parse_pressure,
+    parse_id_list,
+    parse_single_int,
+    parse_key_values,
+    parse_distance,
+    parse_node_meminfo,
+    parse_numastat,
+    parse_vmstat_balancing,
+    parse_numa_stat_v2,
+    lambda t: parse_numa_stat_v1(t, 4096),
+    parse_cpu_throttling,
+    parse_pressure,
 ]
 VALID = [
-    "0-3,8", "1", "a 1\nb 2\n", "10 21", NODE_MEMINFO,
-    "local_node 4\nother_node 1\n", "numa_hint_faults 3\n", NUMA_STAT_V2, NUMA_STAT_V1,
+    "0-3,8",
+    "1",
+    "a 1\nb 2\n",
+    "10 21",
+    NODE_MEMINFO,
+    "local_node 4\nother_node 1\n",
+    "numa_hint_faults 3\n",
+    NUMA_STAT_V2,
+    NUMA_STAT_V1,
     "nr_periods 1\nnr_throttled 0\nthrottled_usec 0\n",
     "some avg10=0.00 avg60=0.00 avg300=0.00 total=1\n",
 ]
@@ -143,7 +175,7 @@ def _mangled(valid: str):
     return st.one_of(
         st.integers(0, len(valid)).map(lambda n: valid[:n]),
         st.tuples(st.integers(0, len(valid)), st.text(max_size=20)).map(
-            lambda t: valid[: t[0]] + t[1] + valid[t[0]:]
+            lambda t: valid[: t[0]] + t[1] + valid[t[0] :]
         ),
         st.integers(1, 2000).map(lambda n: valid * n),
     )
@@ -155,10 +187,8 @@ def _mangled(valid: str):
 def test_readers_never_raise_anything_but_parse_error(index, data):
     reader, valid = READERS[index], VALID[index]
     text = data.draw(st.one_of(st.text(), _mangled(valid), st.just(""), st.just("9" * 5000)))
-    try:
+    with contextlib.suppress(ParseError):
         reader(text)
-    except ParseError:
-        pass
 
 
 @pytest.mark.parametrize("index", range(len(READERS)))

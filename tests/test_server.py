@@ -69,8 +69,10 @@ async def test_hung_collector_never_blocks_metrics(fake_root):
     assert took < 0.5
     got = samples(body)
     assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 0
-    assert got[series("numaguard_collector_errors_total", collector=POD_PLACEMENT,
-                      reason="timeout")] >= 2
+    assert (
+        got[series("numaguard_collector_errors_total", collector=POD_PLACEMENT, reason="timeout")]
+        >= 2
+    )
     assert got[series("numaguard_collector_success", collector=HOST_NUMA)] == 1
     assert got[series("numaguard_numa_node_memory_total_bytes", numa_node="1")] > 0
     # the stuck read was not started again while it was still running
@@ -88,12 +90,16 @@ async def test_formats_and_compression(fake_root):
         plain = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
         assert plain.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = await plain.read()
-        om = await client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        om = await client.get(
+            "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
         assert om.headers["Content-Type"].startswith("application/openmetrics-text")
         om_text = await om.text()
         assert om_text.endswith("# EOF\n")
         assert "# UNIT numaguard_numa_node_memory_total_bytes bytes" in om_text
-        gz = await client.get("/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
+        gz = await client.get(
+            "/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False
+        )
         assert gz.headers["Content-Encoding"] == "gzip"
         assert gzip.decompress(await gz.read()) == text
         assert (await client.get("/healthz")).status == 200
@@ -121,13 +127,29 @@ async def test_cli_serves_and_stops_cleanly_on_sigterm(fake_root):
     root = fake_root(presets.two_socket())
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--host-root", str(root.root),
-         "--listen", f"127.0.0.1:{port}", "--node-name", "n1", "--interval", "0.5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "NODE_NAME": "ignored"},
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--host-root",
+            str(root.root),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--node-name",
+            "n1",
+            "--interval",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "NODE_NAME": "ignored"},
     )
     try:
         await _wait_http(f"http://127.0.0.1:{port}/readyz")
-        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as r:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/metrics") as r,
+        ):
             body = await r.text()
         assert 'numaguard_numa_node_info{node="n1",numa_node="0",cpulist="0-15"} 1' in body
         proc.send_signal(signal.SIGTERM)
@@ -146,8 +168,16 @@ def test_help_explains_every_flag():
     out = subprocess.run(
         [sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for flag in ("--host-root", "--listen", "--node-name", "--interval", "--log-format",
-                 "--kubeconfig", "--collector-timeout", "--memory-remote-threshold"):
+    for flag in (
+        "--host-root",
+        "--listen",
+        "--node-name",
+        "--interval",
+        "--log-format",
+        "--kubeconfig",
+        "--collector-timeout",
+        "--memory-remote-threshold",
+    ):
         assert flag in out
 
 
@@ -157,6 +187,8 @@ def test_bad_flags_fail_with_a_clear_message(tmp_path):
         (["--host-root", str(tmp_path / "nope")], "is not a directory"),
         (["--interval", "-1"], "must be positive"),
     ):
-        run = subprocess.run([sys.executable, "-m", "exporter", *args], capture_output=True, text=True)
+        run = subprocess.run(
+            [sys.executable, "-m", "exporter", *args], capture_output=True, text=True
+        )
         assert run.returncode == 2
         assert message in run.stderr

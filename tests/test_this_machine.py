@@ -36,7 +36,10 @@ def meminfo_bytes(node: int, key: str) -> int:
 
 
 def numastat(node: int) -> dict[str, int]:
-    return {k: int(v) for k, v in (line.split() for line in read(f"{NODE_DIR}/node{node}/numastat").splitlines())}
+    return {
+        k: int(v)
+        for k, v in (line.split() for line in read(f"{NODE_DIR}/node{node}/numastat").splitlines())
+    }
 
 
 async def test_default_flags_match_sysfs():
@@ -47,7 +50,9 @@ async def test_default_flags_match_sysfs():
     env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBERNETES_SERVICE_HOST")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     try:
         await _wait_http(f"http://127.0.0.1:{port}/readyz")
@@ -72,7 +77,11 @@ async def test_default_flags_match_sysfs():
         numa = str(n)
         cpulist = read(f"{NODE_DIR}/node{n}/cpulist").strip()
         assert value("numaguard_numa_node_info", numa_node=numa, cpulist=cpulist) == 1
-        cpus = [c for c in glob.glob("/sys/devices/system/cpu/cpu[0-9]*") if os.path.exists(f"{c}/topology/physical_package_id")]
+        cpus = [
+            c
+            for c in glob.glob("/sys/devices/system/cpu/cpu[0-9]*")
+            if os.path.exists(f"{c}/topology/physical_package_id")
+        ]
         on_node = [c for c in cpus if os.path.exists(f"{NODE_DIR}/node{n}/{os.path.basename(c)}")]
         sockets = {}
         for c in on_node:
@@ -82,8 +91,12 @@ async def test_default_flags_match_sysfs():
             assert value("numaguard_numa_node_cpus", numa_node=numa, socket=sock) == count
         distances = read(f"{NODE_DIR}/node{n}/distance").split()
         for target, d in zip(nodes, distances, strict=True):
-            assert value("numaguard_numa_node_distance", numa_node=numa, target_numa_node=str(target)) == int(d)
-        assert value("numaguard_numa_node_memory_total_bytes", numa_node=numa) == meminfo_bytes(n, "MemTotal")
+            assert value(
+                "numaguard_numa_node_distance", numa_node=numa, target_numa_node=str(target)
+            ) == int(d)
+        assert value("numaguard_numa_node_memory_total_bytes", numa_node=numa) == meminfo_bytes(
+            n, "MemTotal"
+        )
         # free memory moves all the time: same value within 2% of the node, read just after
         exported_free = value("numaguard_numa_node_memory_free_bytes", numa_node=numa)
         assert abs(exported_free - free_now[n]) < 0.02 * meminfo_bytes(n, "MemTotal")
@@ -92,9 +105,14 @@ async def test_default_flags_match_sysfs():
             assert before[n][kind] <= exported <= after[n][kind]
     vmstat = dict(line.split() for line in read("/proc/vmstat").splitlines())
     if "numa_hint_faults" in vmstat:
-        assert value("numaguard_numa_balancing_hint_faults_total") <= int(vmstat["numa_hint_faults"])
+        assert value("numaguard_numa_balancing_hint_faults_total") <= int(
+            vmstat["numa_hint_faults"]
+        )
     assert value("numaguard_collector_success", collector="host_numa") == 1
     # no kubepods here: the pod collector runs, finds nothing, and is healthy
     assert value("numaguard_collector_success", collector="pod_placement") == 1
-    assert not [k for k in got if k[0].startswith("numaguard_pod_")
-                and k[0] != "numaguard_pod_metadata_synced"]
+    assert not [
+        k
+        for k in got
+        if k[0].startswith("numaguard_pod_") and k[0] != "numaguard_pod_metadata_synced"
+    ]

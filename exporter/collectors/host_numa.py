@@ -9,8 +9,12 @@ from exporter.readers import format_id_list
 
 def families(snap: NodeSnapshot) -> list[c.Family]:
     node = snap.node_name
-    info, cpus, distance = (m.family(node) for m in (c.NUMA_NODE_INFO, c.NUMA_NODE_CPUS, c.NUMA_NODE_DISTANCE))
-    total, free, used = (m.family(node) for m in (c.NUMA_MEMORY_TOTAL, c.NUMA_MEMORY_FREE, c.NUMA_MEMORY_USED))
+    info, cpus, distance = (
+        m.family(node) for m in (c.NUMA_NODE_INFO, c.NUMA_NODE_CPUS, c.NUMA_NODE_DISTANCE)
+    )
+    total, free, used = (
+        m.family(node) for m in (c.NUMA_MEMORY_TOTAL, c.NUMA_MEMORY_FREE, c.NUMA_MEMORY_USED)
+    )
     pages, remote = c.NUMA_ALLOC_PAGES.family(node), c.NUMA_REMOTE_ALLOC.family(node)
     for n in snap.numa_nodes:
         numa = str(n.id)

@@ -11,7 +11,11 @@ _SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "pod_placement"
 
 def families(snap: NodeSnapshot) -> list[c.Family]:
     f = {spec.name: spec.family(snap.node_name) for spec in _SPECS}
-    info, cpus, memory = f[c.CONTAINER_INFO.name], f[c.CONTAINER_CPUS.name], f[c.CONTAINER_MEMORY.name]
+    info, cpus, memory = (
+        f[c.CONTAINER_INFO.name],
+        f[c.CONTAINER_CPUS.name],
+        f[c.CONTAINER_MEMORY.name],
+    )
     remote, spanned = f[c.CONTAINER_REMOTE_MEMORY.name], f[c.CONTAINER_NODES_SPANNED.name]
     periods, throttled = f[c.CONTAINER_PERIODS.name], f[c.CONTAINER_THROTTLED_PERIODS.name]
     throttled_s = f[c.CONTAINER_THROTTLED_SECONDS.name]
@@ -26,8 +30,9 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
             labels = c.LabelPrefix(
                 c.CONTAINER, (pod.namespace, pod.name, ctr.name, pod.uid, ctr.container_id)
             )
-            info.add_under(labels, 1, ctr.qos_class, ctr.runtime,
-                           "true" if ctr.exclusive_cpus else "false")
+            info.add_under(
+                labels, 1, ctr.qos_class, ctr.runtime, "true" if ctr.exclusive_cpus else "false"
+            )
             for numa, count in (ctr.cpus_by_node or {}).items():
                 cpus.add_under(labels, count, str(numa))
             for numa, size in (ctr.memory_by_node or {}).items():

@@ -84,9 +84,7 @@ def parse_pressure(text: str) -> Pressure:
     return Pressure(totals["some"], totals.get("full"))
 
 
-_THROTTLE_KEYS = frozenset(
-    {"nr_periods", "nr_throttled", "throttled_usec", "throttled_time"}
-)
+_THROTTLE_KEYS = frozenset({"nr_periods", "nr_throttled", "throttled_usec", "throttled_time"})
 
 
 def _numa_rows(row: re.Pattern, text: str) -> dict[str, str]:

@@ -77,9 +77,7 @@ class CgroupSource:
                     continue
                 containers.append(ContainerReading(pod_uid, container_id, runtime, qos, *reading))
         shared = self._shared_pool(layout, containers, issues)
-        return PodsReading(
-            layout.version, layout.driver, tuple(containers), shared, issues
-        )
+        return PodsReading(layout.version, layout.driver, tuple(containers), shared, issues)
 
     # -- discovery ---------------------------------------------------------------
 

@@ -74,7 +74,9 @@ class PodMetadataWatch:
             except Exception as err:
                 # Names stay as last seen while we resync; they only fill labels.
                 log.warning(
-                    "pod metadata watch failed; retrying in %.0fs: %s", backoff, err,
+                    "pod metadata watch failed; retrying in %.0fs: %s",
+                    backoff,
+                    err,
                     extra={"reason": type(err).__name__},
                 )
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))

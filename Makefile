@@ -1,0 +1,45 @@
+# numaguard: `make demo` runs it on a simulated node, `make test` runs every test.
+# Both set up what they need first: a virtualenv in .venv and, for the tests, the
+# Debian packages of the real parts they use (prometheus, for prometheus and promtool).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test bench lint docs system-deps clean
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python3 -m venv failed: installing Debian's python3-venv"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq python3-venv >/dev/null && $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+system-deps:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  echo "installing Debian package prometheus (Prometheus and promtool, used by the tests)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	fi
+
+demo: $(VENV)/.installed
+	$(PY) -m simulator.demo
+
+test: $(VENV)/.installed system-deps
+	$(PY) -m pytest
+	$(VENV)/bin/ruff check .
+
+bench: $(VENV)/.installed
+	$(PY) bench/cycle.py
+
+docs: $(VENV)/.installed
+	$(PY) -m exporter.docs
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
