@@ -11,6 +11,7 @@ import sys
 from exporter import __version__, logs
 from exporter.model import Thresholds
 from exporter.server import Settings, serve
+from exporter.sources.kube import KubeconfigError
 
 DEFAULT_PORT = 9847
 
@@ -124,9 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(err))
     if not os.path.isdir(args.host_root):
         p.error(f"--host-root {args.host_root!r} is not a directory")
+    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
+        p.error(f"--kubeconfig {args.kubeconfig!r} is not a file")
     logs.setup(args.log_format, args.log_level)
     try:
         asyncio.run(serve(settings))
+    except KubeconfigError as err:
+        print(f"numaguard-exporter: cannot talk to the API server with {err}", file=sys.stderr)
+        return 2
     except OSError as err:
         print(f"numaguard-exporter: cannot serve on {args.listen}: {err}", file=sys.stderr)
         return 1

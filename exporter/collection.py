@@ -106,6 +106,11 @@ class Collection:
         health = self.health[name]
         started = time.monotonic()
         future = self._in_flight.get(name)
+        if future is not None and future.done():
+            # a read that outlived its cycle finished since: its answer is stale
+            if not future.cancelled():
+                future.exception()  # retrieved, so asyncio does not warn about it
+            future = None
         if future is None:
             # A thread cannot be cancelled: a read that timed out keeps running, and
             # we wait for it instead of piling up another.

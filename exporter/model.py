@@ -202,9 +202,10 @@ def _pods(
         if meta and meta.containers:
             # The API server lists the pod's real containers; the rest is the sandbox.
             raw = [c for c in raw if c.container_id in meta.containers]
+            if not raw:
+                continue  # only its sandbox is left: nothing of the pod's own to show
         containers = tuple(_container(c, meta, placer, reading.shared_pool) for c in raw)
-        qos = raw[0].qos_class if raw else ""
-        pods.append(_pod(uid, qos, meta, containers, placer, thresholds))
+        pods.append(_pod(uid, raw[0].qos_class, meta, containers, placer, thresholds))
     return tuple(sorted(pods, key=lambda p: p.uid))
 
 

@@ -22,14 +22,22 @@ def in_cluster() -> bool:
     return "KUBERNETES_SERVICE_HOST" in os.environ
 
 
+class KubeconfigError(Exception):
+    """The kubeconfig or in-cluster credentials cannot be used."""
+
+
 async def api_client(kubeconfig: str | None) -> client.ApiClient | None:
     """An API client from ``kubeconfig``, or the in-cluster service account, or None."""
-    if kubeconfig:
-        return await config.new_client_from_config(config_file=kubeconfig)
-    if in_cluster():
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
-        return client.ApiClient(configuration)
+    try:
+        if kubeconfig:
+            return await config.new_client_from_config(config_file=kubeconfig)
+        if in_cluster():
+            configuration = client.Configuration()
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+    except Exception as err:  # YAML, missing keys, unreadable token: all mean the same
+        where = kubeconfig or "the in-cluster service account"
+        raise KubeconfigError(f"{where}: {err}") from None
     return None
 
 
