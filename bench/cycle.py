@@ -22,6 +22,7 @@ from exporter.sources.cgroups import CgroupSource
 from exporter.sources.host import HostSource
 from simulator import presets
 from simulator.host import FakeHostRoot
+from simulator.processes import exporter_process, get
 
 TARGET_CPU_MS = 50.0
 TARGET_RATIO = 3.0
@@ -56,6 +57,16 @@ def read_only(paths: list[str]) -> None:
             os.close(fd)
 
 
+async def exporter_rss_mib(host_root: str) -> float:
+    """RSS of a real exporter process serving the reference node, after a few cycles."""
+    args = ("--host-root", host_root, "--interval", "0.5", "--log-level", "warning")
+    async with exporter_process(*args) as (url, proc):
+        for _ in range(4):
+            await get(f"{url}/metrics")
+            await asyncio.sleep(0.5)
+        return psutil.Process(proc.pid).memory_info().rss / (1 << 20)
+
+
 def cpu_ms(fn, repeats: int) -> list[float]:
     out = []
     for _ in range(repeats):
@@ -84,7 +95,7 @@ def main() -> None:
         baseline = cpu_ms(lambda: read_only(paths), args.cycles)
         loop.close()
         snap = collection.snapshot
-        rss_mib = psutil.Process().memory_info().rss / (1 << 20)
+        rss_mib = asyncio.run(exporter_rss_mib(tmp))
 
     ours_ms, base_ms, render_ms = (statistics.median(x) for x in (ours, baseline, render))
     ratio = ours_ms / base_ms
@@ -111,7 +122,7 @@ def main() -> None:
         f"{'met' if overhead <= 0.5 else 'NOT met'}"
     )
     print(
-        f"{'RSS after the run, MiB':<44}{rss_mib:>12.1f}{'':>20}  <= 80: "
+        f"{'exporter process RSS, MiB':<44}{rss_mib:>12.1f}{'':>20}  <= 80: "
         f"{'met' if rss_mib <= 80 else 'NOT met'}"
     )
 

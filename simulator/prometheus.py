@@ -13,6 +13,8 @@ from pathlib import Path
 
 import aiohttp
 
+from simulator.processes import wait_ok
+
 
 class PrometheusMissing(RuntimeError):
     pass
@@ -78,19 +80,11 @@ class PrometheusServer:
             stdout=subprocess.DEVNULL,
             stderr=self._log,
         )
-        deadline = time.monotonic() + timeout
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                if self._proc.poll() is not None:
-                    raise RuntimeError(f"prometheus exited: {self.log()}")
-                try:
-                    async with session.get(f"{self.url}/-/ready") as r:
-                        if r.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.2)
-        raise RuntimeError(f"prometheus not ready after {timeout}s: {self.log()}")
+        await wait_ok(
+            f"{self.url}/-/ready",
+            timeout,
+            died=lambda: self.log() if self._proc.poll() is not None else None,
+        )
 
     def log(self) -> str:
         return (Path(self._dir.name) / "prometheus.log").read_text()[-2000:] if self._dir else ""

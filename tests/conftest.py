@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 
 import pytest
@@ -58,12 +57,6 @@ def make_collection(
         thresholds=thresholds,
         timeout_seconds=timeout,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -5,16 +5,13 @@ finds nothing to say about the exposition."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
-import aiohttp
 import pytest
 
 from simulator import presets
 from simulator.kubeapi import FakeApiServer, pod_objects
+from simulator.processes import exporter_process, free_port, get
 from simulator.prometheus import PrometheusServer, binary
-from tests.conftest import free_port
-from tests.test_server import _wait_http
 
 
 @pytest.fixture
@@ -24,32 +21,20 @@ async def exporter(fake_root, tmp_path):
     await api.start()
     for obj in pod_objects(root.host, "gpu-node-7"):
         api.put("pods", obj)
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "exporter",
-            "--host-root",
-            str(root.root),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--node-name",
-            "gpu-node-7",
-            "--interval",
-            "1",
-            "--kubeconfig",
-            api.kubeconfig(tmp_path / "kubeconfig"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    args = (
+        "--host-root",
+        str(root.root),
+        "--node-name",
+        "gpu-node-7",
+        "--interval",
+        "1",
+        "--kubeconfig",
+        api.kubeconfig(tmp_path / "kubeconfig"),
     )
     try:
-        await _wait_http(f"http://127.0.0.1:{port}/readyz")
-        yield f"127.0.0.1:{port}", root
+        async with exporter_process(*args) as (url, _):
+            yield url.removeprefix("http://"), root
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
         await api.stop()
 
 
@@ -73,8 +58,7 @@ async def test_prometheus_scrapes_and_answers_promql(exporter):
 
 async def test_promtool_check_metrics_is_silent(exporter):
     target, _ = exporter
-    async with aiohttp.ClientSession() as s, s.get(f"http://{target}/metrics") as r:
-        body = await r.read()
+    body = await get(f"http://{target}/metrics")
     check = subprocess.run(
         [binary("promtool"), "check", "metrics"], input=body, capture_output=True
     )

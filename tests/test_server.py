@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 
-import aiohttp
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
@@ -20,7 +19,8 @@ from exporter.server import Exporter, Settings
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.host import HostSource
 from simulator import presets
-from tests.conftest import NODE, free_port, samples, series
+from simulator.processes import exporter_process, get
+from tests.conftest import NODE, samples, series
 
 
 class HangingSource:
@@ -110,57 +110,15 @@ async def test_formats_and_compression(fake_root):
         assert (await client.get("/readyz")).status == 200
 
 
-def _wait_http(url: str, timeout: float = 15.0) -> None:
-    async def poll():
-        deadline = time.monotonic() + timeout
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                try:
-                    async with session.get(url) as r:
-                        if r.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-        raise AssertionError(f"{url} not ready")
-
-    return poll()
-
-
 async def test_cli_serves_and_stops_cleanly_on_sigterm(fake_root):
     root = fake_root(presets.two_socket())
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "exporter",
-            "--host-root",
-            str(root.root),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--node-name",
-            "n1",
-            "--interval",
-            "0.5",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "NODE_NAME": "ignored"},
-    )
-    try:
-        await _wait_http(f"http://127.0.0.1:{port}/readyz")
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{port}/metrics") as r,
-        ):
-            body = await r.text()
+    env = {**os.environ, "NODE_NAME": "ignored"}
+    args = ("--host-root", str(root.root), "--node-name", "n1", "--interval", "0.5")
+    async with exporter_process(*args, env=env) as (url, proc):
+        body = (await get(f"{url}/metrics")).decode()
         assert 'numaguard_numa_node_info{node="n1",numa_node="0",cpulist="0-15"} 1' in body
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     stderr = proc.stderr.read().decode()
     assert code == 0, stderr
     lines = [json.loads(line) for line in stderr.splitlines()]

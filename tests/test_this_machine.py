@@ -7,13 +7,9 @@ import glob
 import os
 import re
 import socket
-import subprocess
-import sys
 
-import aiohttp
-
-from tests.conftest import free_port, samples
-from tests.test_server import _wait_http
+from simulator.processes import exporter_process, get
+from tests.conftest import samples
 
 NODE_DIR = "/sys/devices/system/node"
 
@@ -43,26 +39,14 @@ def numastat(node: int) -> dict[str, int]:
 
 
 async def test_default_flags_match_sysfs():
-    port = free_port()
     # The first cycle runs at start-up and the next one only after 15 s, so the scrape
     # shows counters read between these two readings.
     before = {n: numastat(n) for n in sys_nodes()}
     env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBERNETES_SERVICE_HOST")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    try:
-        await _wait_http(f"http://127.0.0.1:{port}/readyz")
-        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
-            got = samples(await r.read())
+    async with exporter_process(env=env) as (url, _):
+        got = samples(await get(f"{url}/metrics"))
         after = {n: numastat(n) for n in sys_nodes()}
         free_now = {n: meminfo_bytes(n, "MemFree") for n in sys_nodes()}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
     node_name = socket.gethostname()
 

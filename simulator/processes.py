@@ -1,0 +1,71 @@
+"""Starting real processes on loopback (the exporter, Prometheus) and waiting for them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_ok(url: str, timeout: float = 30.0, died: Callable[[], str | None] = lambda: None):
+    """Poll ``url`` until it answers 200. ``died`` returns why the process is gone, if it is."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            reason = died()
+            if reason is not None:
+                raise RuntimeError(f"{url}: the process exited: {reason}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(url) as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout}s")
+
+
+@contextlib.asynccontextmanager
+async def exporter_process(
+    *args: str, env: dict | None = None
+) -> AsyncIterator[tuple[str, subprocess.Popen]]:
+    """``python -m exporter ARGS`` on a free loopback port, once ready.
+
+    Yields (base URL, process); stops it with SIGTERM on the way out.
+    """
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+    def died() -> str | None:
+        if proc.poll() is None:
+            return None
+        return f"code {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
+
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ok(f"{url}/readyz", died=died)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+async def get(url: str) -> bytes:
+    async with aiohttp.ClientSession() as session, session.get(url) as r:
+        return await r.read()
