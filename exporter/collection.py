@@ -89,17 +89,23 @@ class Collection:
         names = list(self.sources)
         readings = await asyncio.gather(*(self._read(name) for name in names))
         by_name = dict(zip(names, readings, strict=True))
-        self.snapshot = build_snapshot(
+        # Off the event loop too: tens of milliseconds of CPU would stall scrapes.
+        self.snapshot, self.exposition = await asyncio.to_thread(
+            self._snapshot_and_render, by_name, self.metadata()
+        )
+        return self.snapshot
+
+    def _snapshot_and_render(self, readings: dict, metadata) -> tuple[NodeSnapshot, Exposition]:
+        snap = build_snapshot(
             self.node_name,
             time.time(),
-            by_name.get(HOST_NUMA),
-            by_name.get(POD_PLACEMENT),
-            self.metadata(),
+            readings.get(HOST_NUMA),
+            readings.get(POD_PLACEMENT),
+            metadata,
             self.snapshot,
             self.thresholds,
         )
-        self.exposition = self.render(self.snapshot)
-        return self.snapshot
+        return snap, self.render(snap)
 
     async def _read(self, name: str):
         """Run one source off the event loop; None when it failed or timed out."""
@@ -139,10 +145,9 @@ class Collection:
     def _problem(self, collector: str, issue: Issue) -> None:
         self.health[collector].errors[issue.reason] += 1
         key = (collector, issue.reason, issue.path)
-        if key in self._logged:
+        if key in self._logged or len(self._logged) >= _MAX_LOGGED_PROBLEMS:
             return
-        if len(self._logged) < _MAX_LOGGED_PROBLEMS:
-            self._logged.add(key)
+        self._logged.add(key)
         log.warning(
             "collector %s: %s %s %s",
             collector,

@@ -96,8 +96,6 @@ class NodeSnapshot:
     numa_nodes: tuple[NumaNodeState, ...]
     balancing: Mapping[str, int]
     hint_fault_locality: float | None
-    cgroup_version: int
-    cgroup_driver: str
     pods: tuple[PodState, ...]
     pod_metadata_synced: bool
 
@@ -134,8 +132,6 @@ def build_snapshot(
         numa_nodes=numa_nodes,
         balancing=balancing,
         hint_fault_locality=locality,
-        cgroup_version=pods.cgroup_version if pods else 0,
-        cgroup_driver=pods.cgroup_driver if pods else "",
         pods=pod_states,
         pod_metadata_synced=metadata is not None,
     )

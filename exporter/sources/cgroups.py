@@ -44,8 +44,6 @@ class ContainerReading:
 
 @dataclass(frozen=True, slots=True)
 class PodsReading:
-    cgroup_version: int  # 0 when no kubepods hierarchy was found
-    cgroup_driver: str  # systemd | cgroupfs | ""
     containers: tuple[ContainerReading, ...]
     shared_pool: frozenset[int] | None  # CPUs of the shared pool, when known
     issues: list[Issue] = field(default_factory=list)
@@ -68,7 +66,7 @@ class CgroupSource:
         issues: list[Issue] = []
         layout = self._layout()
         if layout is None:
-            return PodsReading(0, "", (), None, issues)
+            return PodsReading((), None, issues)  # no kubepods here: not a node, or no pods
         containers: list[ContainerReading] = []
         for qos, pod_uid, pod_rel in self._pods(layout):
             for runtime, container_id, rel in self._containers(layout, pod_rel):
@@ -77,7 +75,7 @@ class CgroupSource:
                     continue
                 containers.append(ContainerReading(pod_uid, container_id, runtime, qos, *reading))
         shared = self._shared_pool(layout, containers, issues)
-        return PodsReading(layout.version, layout.driver, tuple(containers), shared, issues)
+        return PodsReading(tuple(containers), shared, issues)
 
     # -- discovery ---------------------------------------------------------------
 
@@ -137,17 +135,14 @@ class CgroupSource:
                 mine.extend(i for i in psi if i.reason != "missing")
             container_dir = d
         else:
-            cpuset = f"{layout.roots.get('cpuset', '')}/{rel}"
-            cpus = read_parsed(mine, f"{cpuset}/cpuset.effective_cpus", parse_id_list)
-            memory = read_parsed(
-                mine,
-                f"{layout.roots.get('memory', '')}/{rel}/memory.numa_stat",
-                parse_numa_stat_v1,
-                self.page_size,
-            )
-            throttling = read_parsed(
-                mine, f"{layout.roots.get('cpu', '')}/{rel}/cpu.stat", parse_cpu_throttling
-            )
+            # v1: a controller the host does not mount leaves its values unknown
+            def v1(controller: str, name: str, reader, *args):
+                root = layout.roots.get(controller)
+                return read_parsed(mine, f"{root}/{rel}/{name}", reader, *args) if root else None
+
+            cpus = v1("cpuset", "cpuset.effective_cpus", parse_id_list)
+            memory = v1("memory", "memory.numa_stat", parse_numa_stat_v1, self.page_size)
+            throttling = v1("cpu", "cpu.stat", parse_cpu_throttling)
             container_dir = f"{self._discovery_root(layout)}/{rel}"
         if mine and not os.path.isdir(container_dir):
             return None  # the container went away while we read it: not an error
