@@ -21,7 +21,8 @@ from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.host import HostSource
 from simulator import presets
-from simulator.host import FakeHostRoot
+from simulator.host import FakeHost, FakeHostRoot
+from simulator.kubeapi import FakeApiServer, pod_objects
 from simulator.processes import exporter_process, get
 
 TARGET_CPU_MS = 50.0
@@ -57,14 +58,33 @@ def read_only(paths: list[str]) -> None:
             os.close(fd)
 
 
-async def exporter_rss_mib(host_root: str) -> float:
-    """RSS of a real exporter process serving the reference node, after a few cycles."""
-    args = ("--host-root", host_root, "--interval", "0.5", "--log-level", "warning")
-    async with exporter_process(*args) as (url, proc):
-        for _ in range(4):
-            await get(f"{url}/metrics")
-            await asyncio.sleep(0.5)
-        return psutil.Process(proc.pid).memory_info().rss / (1 << 20)
+async def exporter_rss_mib(host: FakeHost, host_root: str) -> float:
+    """RSS of a real exporter process serving the reference node, with pod names from a
+    (fake) API server as in a cluster, after a few cycles."""
+    api = FakeApiServer()
+    await api.start()
+    for obj in pod_objects(host, "reference"):
+        api.put("pods", obj)
+    args = (
+        "--host-root",
+        host_root,
+        "--interval",
+        "0.5",
+        "--log-level",
+        "warning",
+        "--node-name",
+        "reference",
+        "--kubeconfig",
+        api.kubeconfig(f"{host_root}/kubeconfig"),
+    )
+    try:
+        async with exporter_process(*args) as (url, proc):
+            for _ in range(6):
+                await get(f"{url}/metrics")
+                await asyncio.sleep(0.5)
+            return psutil.Process(proc.pid).memory_info().rss / (1 << 20)
+    finally:
+        await api.stop()
 
 
 def cpu_ms(fn, repeats: int) -> list[float]:
@@ -95,7 +115,7 @@ def main() -> None:
         baseline = cpu_ms(lambda: read_only(paths), args.cycles)
         loop.close()
         snap = collection.snapshot
-        rss_mib = asyncio.run(exporter_rss_mib(tmp))
+        rss_mib = asyncio.run(exporter_rss_mib(host, tmp))
 
     ours_ms, base_ms, render_ms = (statistics.median(x) for x in (ours, baseline, render))
     ratio = ours_ms / base_ms

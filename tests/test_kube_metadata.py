@@ -65,6 +65,11 @@ async def test_names_come_from_a_node_scoped_list_and_watch(cluster):
     await eventually(lambda: new["metadata"]["uid"] in watch.current())
     server.delete("pods", "ml", "trainer-aligned")
     await eventually(lambda: aligned.uid not in watch.current())
+    # changes came through the watch: one listing, no relist
+    lists = [
+        r for r in server.requests if r.startswith("GET /api/v1/pods") and "watch=true" not in r
+    ]
+    assert len(lists) == 1, server.requests
 
 
 async def test_dropped_watch_resumes_and_410_relists(cluster):

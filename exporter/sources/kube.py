@@ -9,6 +9,7 @@ import os
 import random
 from collections.abc import Mapping
 
+import aiohttp
 from kubernetes.aio import client, config, watch
 
 from exporter.model import PodMeta
@@ -16,6 +17,13 @@ from exporter.model import PodMeta
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300  # the server ends each watch after this; we resume from its version
+REQUEST_TIMEOUT_SECONDS = 30.0
+_QUERY_NAMES = {
+    "watch": "watch",
+    "resource_version": "resourceVersion",
+    "timeout_seconds": "timeoutSeconds",
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+}
 
 
 def in_cluster() -> bool:
@@ -41,28 +49,23 @@ async def api_client(kubeconfig: str | None) -> client.ApiClient | None:
     return None
 
 
-def pod_meta(pod) -> tuple[str, PodMeta]:
-    """A V1Pod -> (uid, PodMeta) with container id (without runtime prefix) -> name."""
+def pod_meta(pod: dict) -> tuple[str, PodMeta]:
+    """A pod object -> (uid, PodMeta) with container id (without runtime prefix) -> name."""
     containers: dict[str, str] = {}
-    status = pod.status
-    if status is not None:
-        for statuses in (
-            status.container_statuses,
-            status.init_container_statuses,
-            status.ephemeral_container_statuses,
-        ):
-            for s in statuses or ():
-                if s.container_id:
-                    containers[s.container_id.rpartition("://")[2]] = s.name
-    meta = pod.metadata
-    return meta.uid, PodMeta(meta.namespace, meta.name, containers)
+    status = pod.get("status") or {}
+    for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+        for s in status.get(key) or ():
+            if s.get("containerID"):
+                containers[s["containerID"].rpartition("://")[2]] = s["name"]
+    meta = pod["metadata"]
+    return meta["uid"], PodMeta(meta["namespace"], meta["name"], containers)
 
 
 class PodMetadataWatch:
     """List, then watch, pods with ``spec.nodeName=<node>``; resync on any failure."""
 
     def __init__(self, api: client.ApiClient, node_name: str) -> None:
-        self.core = client.CoreV1Api(api)
+        self.api = api
         self.selector = f"spec.nodeName={node_name}"
         self._pods: dict[str, PodMeta] | None = None
 
@@ -90,18 +93,43 @@ class PodMetadataWatch:
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
                 backoff = min(backoff * 2, 60.0)
 
+    async def get_pods(self, **query) -> aiohttp.ClientResponse:
+        """GET this node's pods, with the client's own credentials and TLS.
+
+        The generated CoreV1Api and its models cost ~25 MiB of RSS to build for this
+        one call, so the request is made at the client's lower level and the answer
+        read as plain JSON. Keyword names are those of the generated API (the watch
+        helper passes them).
+        """
+        query.pop("_preload_content", None)
+        params = [("fieldSelector", self.selector)]
+        params += [(_QUERY_NAMES[k], v) for k, v in query.items()]
+        timeout = query.get("timeout_seconds", 0) + REQUEST_TIMEOUT_SECONDS
+        method, url, headers, _, _ = await self.api.param_serialize(
+            "GET", "/api/v1/pods", query_params=params, auth_settings=["BearerToken"]
+        )
+        answer = await self.api.call_api(
+            method, url, header_params=headers, _request_timeout=timeout
+        )
+        return answer.response
+
     async def _list(self) -> str:
-        listing = await self.core.list_pod_for_all_namespaces(field_selector=self.selector)
-        self._pods = dict(pod_meta(p) for p in listing.items)
-        return listing.metadata.resource_version
+        response = await self.get_pods()
+        try:
+            if response.status != 200:
+                raise RuntimeError(f"listing pods: HTTP {response.status}")
+            listing = await response.json()
+        finally:
+            response.release()
+        self._pods = dict(pod_meta(p) for p in listing["items"])
+        return listing["metadata"]["resourceVersion"]
 
     async def _watch(self, version: str) -> None:
         """Follow changes until the watch breaks (the caller then relists)."""
         while True:
-            w = watch.Watch()
+            w = watch.Watch(return_type="object")  # events carry plain dicts
             stream = w.stream(
-                self.core.list_pod_for_all_namespaces,
-                field_selector=self.selector,
+                self.get_pods,
                 resource_version=version,
                 timeout_seconds=WATCH_SECONDS,
                 allow_watch_bookmarks=True,
