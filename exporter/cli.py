@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import os
 import socket
 import sys
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kubeconfig and not os.path.isfile(args.kubeconfig):
         p.error(f"--kubeconfig {args.kubeconfig!r} is not a file")
     logs.setup(args.log_format, args.log_level)
+    _one_malloc_arena()
     try:
         asyncio.run(serve(settings))
     except KubeconfigError as err:
@@ -137,6 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"numaguard-exporter: cannot serve on {args.listen}: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _one_malloc_arena() -> None:
+    """glibc gives each thread that allocates an arena of its own; under the GIL our few
+    worker threads never allocate at once, and the extra arenas only hold on to freed
+    memory (~5 MiB of RSS). Same as MALLOC_ARENA_MAX=1; a no-op without glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, 1)
+
+
+_M_ARENA_MAX = -8  # from glibc's malloc.h
 
 
 def _positive(value: str) -> float:
