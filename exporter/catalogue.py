@@ -343,6 +343,191 @@ POD_CROSS_NUMA = _m(
 )
 
 
+# -- memory traffic and LLC (resctrl) ----------------------------------------------
+RESCTRL_AVAILABLE = _m(
+    "resctrl_available",
+    "gauge",
+    "1 when resctrl L3 monitoring is mounted and in use (mode manage or read-only).",
+    (),
+    "resctrl",
+)
+RESCTRL_MODE = _m(
+    "resctrl_mode_info",
+    "gauge",
+    "The resctrl mode in effect (manage, read-only, off, unavailable); value 1.",
+    ("mode",),
+    "resctrl",
+)
+RESCTRL_RMIDS = _m(
+    "resctrl_rmids",
+    "gauge",
+    "Monitoring IDs (RMIDs) by state: used (the default group, control groups and "
+    "monitoring groups, ours or not) and free.",
+    ("state",),
+    "resctrl",
+)
+RESCTRL_UNMONITORED = _m(
+    "resctrl_unmonitored_pods",
+    "gauge",
+    "Pods left without a monitoring group (RMIDs exhausted); their traffic is not zero, "
+    "it is unknown.",
+    (),
+    "resctrl",
+)
+RESCTRL_EXHAUSTIONS = _m(
+    "resctrl_rmid_exhaustions_total",
+    "counter",
+    "Monitoring groups the kernel refused to create for want of RMIDs.",
+    (),
+    "resctrl",
+)
+RESCTRL_UNREADABLE = _m(
+    "resctrl_unreadable_values_total",
+    "counter",
+    "Monitoring values the kernel would not give, by reason (unavailable, error, "
+    "unassigned); they are left out, never shown as numbers.",
+    ("reason",),
+    "resctrl",
+)
+L3_INFO = _m(
+    "l3_domain_info",
+    "gauge",
+    "An L3 cache domain with its socket, NUMA nodes (comma-separated) and CPUs; value 1.",
+    ("l3_domain", "socket", "numa_node", "cpulist"),
+    "resctrl",
+)
+L3_CAPACITY = _m(
+    "l3_llc_capacity_bytes",
+    "gauge",
+    "Size of the L3 cache domain.",
+    ("l3_domain",),
+    "resctrl",
+)
+L3_OCCUPANCY = _m(
+    "l3_llc_occupancy_bytes",
+    "gauge",
+    "L3 cache in use in the domain.",
+    ("l3_domain",),
+    "resctrl",
+)
+L3_TRAFFIC = _m(
+    "l3_memory_traffic_bytes_total",
+    "counter",
+    "Memory traffic from the domain's CPUs (MBM total).",
+    ("l3_domain",),
+    "resctrl",
+)
+L3_TRAFFIC_LOCAL = _m(
+    "l3_memory_traffic_local_bytes_total",
+    "counter",
+    "Memory traffic from the domain's CPUs to their local memory (MBM local).",
+    ("l3_domain",),
+    "resctrl",
+)
+L3_BANDWIDTH = _m(
+    "l3_memory_bandwidth_bytes_per_second",
+    "gauge",
+    "Memory bandwidth of the domain over the last interval. Absent when a counter reset.",
+    ("l3_domain",),
+    "resctrl",
+)
+L3_REMOTE = _m(
+    "l3_remote_traffic_ratio",
+    "gauge",
+    "Share of the domain's memory traffic over the last interval that went to remote "
+    "memory: 1 - Δlocal/Δtotal.",
+    ("l3_domain",),
+    "resctrl",
+)
+NUMA_TRAFFIC = _m(
+    "numa_node_memory_traffic_bytes_total",
+    "counter",
+    "Memory traffic from the NUMA node's CPUs (Sub-NUMA monitoring, or the L3 domains "
+    "wholly inside the node).",
+    ("numa_node",),
+    "resctrl",
+)
+NUMA_TRAFFIC_LOCAL = _m(
+    "numa_node_memory_traffic_local_bytes_total",
+    "counter",
+    "Memory traffic from the NUMA node's CPUs to local memory.",
+    ("numa_node",),
+    "resctrl",
+)
+NUMA_BANDWIDTH = _m(
+    "numa_node_memory_bandwidth_bytes_per_second",
+    "gauge",
+    "Memory bandwidth of the NUMA node's CPUs over the last interval.",
+    ("numa_node",),
+    "resctrl",
+)
+NUMA_REMOTE_TRAFFIC = _m(
+    "numa_node_remote_traffic_ratio",
+    "gauge",
+    "Share of the NUMA node's memory traffic over the last interval that was remote.",
+    ("numa_node",),
+    "resctrl",
+)
+NUMA_OCCUPANCY = _m(
+    "numa_node_llc_occupancy_bytes",
+    "gauge",
+    "L3 cache held by the NUMA node's tasks.",
+    ("numa_node",),
+    "resctrl",
+)
+POD_MONITORED = _m(
+    "pod_resctrl_monitored",
+    "gauge",
+    "1 when the pod has a resctrl monitoring group; 0 when RMIDs ran out before it got one.",
+    POD,
+    "resctrl",
+)
+POD_TRAFFIC = _m(
+    "pod_memory_traffic_bytes_total",
+    "counter",
+    "Memory traffic of the pod's tasks, per L3 domain (restarts from 0 when its "
+    "monitoring group is recreated).",
+    (*POD, "l3_domain"),
+    "resctrl",
+)
+POD_TRAFFIC_LOCAL = _m(
+    "pod_memory_traffic_local_bytes_total",
+    "counter",
+    "Memory traffic of the pod's tasks to local memory, per L3 domain.",
+    (*POD, "l3_domain"),
+    "resctrl",
+)
+POD_BANDWIDTH = _m(
+    "pod_memory_bandwidth_bytes_per_second",
+    "gauge",
+    "Memory bandwidth of the pod over the last interval, all domains. Absent when its "
+    "counters reset.",
+    POD,
+    "resctrl",
+)
+POD_REMOTE_TRAFFIC = _m(
+    "pod_remote_traffic_ratio",
+    "gauge",
+    "Share of the pod's memory traffic over the last interval that was remote.",
+    POD,
+    "resctrl",
+)
+POD_OCCUPANCY = _m(
+    "pod_llc_occupancy_bytes",
+    "gauge",
+    "L3 cache held by the pod's tasks, per L3 domain.",
+    (*POD, "l3_domain"),
+    "resctrl",
+)
+POD_LLC_SHARE = _m(
+    "pod_llc_share_ratio",
+    "gauge",
+    "The pod's LLC occupancy as a share of the domain's capacity.",
+    (*POD, "l3_domain"),
+    "resctrl",
+)
+
+
 def markdown() -> str:
     """The catalogue as a Markdown reference (docs/metrics.md is generated from this)."""
     lines = [

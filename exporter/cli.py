@@ -14,6 +14,7 @@ from exporter import __version__, logs
 from exporter.model import Thresholds
 from exporter.server import Settings, serve
 from exporter.sources.kube import KubeconfigError
+from exporter.sources.resctrl import MODES
 
 DEFAULT_PORT = 9847
 
@@ -85,6 +86,15 @@ def parser() -> argparse.ArgumentParser:
         help="pods with less memory than this are never flagged memory_remote",
     )
     p.add_argument(
+        "--resctrl-mode",
+        choices=MODES,
+        default="auto",
+        help="memory traffic and LLC per pod through resctrl (sys/fs/resctrl under the host "
+        "root): manage creates one monitoring group per pod and keeps its tasks current; "
+        "read-only reads existing groups; auto is manage when the tree is writable, else "
+        "read-only",
+    )
+    p.add_argument(
         "--log-format",
         choices=("json", "text"),
         default="json",
@@ -108,6 +118,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         collector_timeout_seconds=args.collector_timeout,
         kubeconfig=args.kubeconfig,
         thresholds=Thresholds(args.memory_remote_threshold, args.memory_remote_min_bytes),
+        resctrl_mode=args.resctrl_mode,
     )
 
 

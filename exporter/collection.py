@@ -16,25 +16,27 @@ from typing import Any, Protocol
 
 from exporter import __version__
 from exporter import catalogue as c
-from exporter.collectors import host_numa, pods
+from exporter.collectors import host_numa, pods, resctrl
 from exporter.exposition import render
 from exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
 from exporter.sources import READ_FAILURES, Issue
 
 log = logging.getLogger(__name__)
 
-ERROR_REASONS = (*READ_FAILURES, "timeout", "internal")
+# "write": the kernel refused a resctrl group change or task move
+ERROR_REASONS = (*READ_FAILURES, "write", "timeout", "internal")
 
 # Collector names, as the "collector" label shows them.
 HOST_NUMA = "host_numa"
 POD_PLACEMENT = "pod_placement"
+RESCTRL = "resctrl"  # runs after pod_placement: it needs this cycle's pods
 
 # Distinct (collector, reason, path) problems we log once each; beyond this, just count.
 _MAX_LOGGED_PROBLEMS = 10_000
 
 
 class Source(Protocol):
-    def read(self) -> Any: ...
+    def read(self, *inputs: Any) -> Any: ...
 
 
 @dataclass
@@ -73,12 +75,14 @@ class Collection:
         metadata: Callable[[], Mapping[str, PodMeta] | None] = lambda: None,
         thresholds: Thresholds = Thresholds(),
         timeout_seconds: float = 10.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.node_name = node_name
         self.sources = dict(sources)
         self.metadata = metadata
         self.thresholds = thresholds
         self.timeout = timeout_seconds
+        self.clock = clock  # snapshot timestamps, the base of every rate
         self.health = {name: Health() for name in self.sources}
         self.snapshot: NodeSnapshot | None = None
         self.exposition: Exposition | None = None
@@ -86,9 +90,11 @@ class Collection:
         self._logged: set[tuple[str, str, str]] = set()
 
     async def run_once(self) -> NodeSnapshot:
-        names = list(self.sources)
+        names = [n for n in self.sources if n != RESCTRL]
         readings = await asyncio.gather(*(self._read(name) for name in names))
         by_name = dict(zip(names, readings, strict=True))
+        if RESCTRL in self.sources:
+            by_name[RESCTRL] = await self._read(RESCTRL, by_name.get(POD_PLACEMENT))
         # Off the event loop too: tens of milliseconds of CPU would stall scrapes.
         self.snapshot, self.exposition = await asyncio.to_thread(
             self._snapshot_and_render, by_name, self.metadata()
@@ -98,16 +104,17 @@ class Collection:
     def _snapshot_and_render(self, readings: dict, metadata) -> tuple[NodeSnapshot, Exposition]:
         snap = build_snapshot(
             self.node_name,
-            time.time(),
+            self.clock(),
             readings.get(HOST_NUMA),
             readings.get(POD_PLACEMENT),
             metadata,
             self.snapshot,
             self.thresholds,
+            readings.get(RESCTRL),
         )
         return snap, self.render(snap)
 
-    async def _read(self, name: str):
+    async def _read(self, name: str, *inputs):
         """Run one source off the event loop; None when it failed or timed out."""
         health = self.health[name]
         started = time.monotonic()
@@ -120,7 +127,7 @@ class Collection:
         if future is None:
             # A thread cannot be cancelled: a read that timed out keeps running, and
             # we wait for it instead of piling up another.
-            future = asyncio.ensure_future(asyncio.to_thread(self.sources[name].read))
+            future = asyncio.ensure_future(asyncio.to_thread(self.sources[name].read, *inputs))
             self._in_flight[name] = future
         reading = None
         try:
@@ -158,7 +165,12 @@ class Collection:
         )
 
     def render(self, snap: NodeSnapshot) -> Exposition:
-        families = [*host_numa.families(snap), *pods.families(snap), *self._self_families(snap)]
+        families = [
+            *host_numa.families(snap),
+            *pods.families(snap),
+            *resctrl.families(snap),
+            *self._self_families(snap),
+        ]
         return Exposition(*render(families))
 
     def _self_families(self, snap: NodeSnapshot) -> list[c.Family]:

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from exporter.readers.cgroup import CpuThrottling, Pressure
 from exporter.readers.numa import NodeMeminfo
 from exporter.sources.cgroups import ContainerReading, PodsReading
-from exporter.sources.host import HostReading
+from exporter.sources.host import HostReading, L3Domain
+from exporter.sources.resctrl import ResctrlReading
+from exporter.traffic import ResctrlState, build_resctrl
 
 MIB = 1 << 20
 
@@ -40,6 +42,7 @@ class Topology:
     socket_of_cpu: Mapping[int, int]
     # distance[a][b]; rows whose length does not match the node list are left out
     distance: Mapping[int, Mapping[int, int]]
+    l3_domains: Mapping[int, L3Domain]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,7 @@ class NodeSnapshot:
     hint_fault_locality: float | None
     pods: tuple[PodState, ...]
     pod_metadata_synced: bool
+    resctrl: ResctrlState | None
 
 
 def build_snapshot(
@@ -108,6 +112,7 @@ def build_snapshot(
     metadata: Mapping[str, PodMeta] | None,
     previous: NodeSnapshot | None,
     thresholds: Thresholds,
+    resctrl: ResctrlReading | None = None,
 ) -> NodeSnapshot:
     """Combine this cycle's readings; a reading that failed (None) contributes nothing.
 
@@ -125,6 +130,16 @@ def build_snapshot(
             previous.balancing, balancing, "numa_hint_faults_local", ("numa_hint_faults",)
         )
     pod_states = _pods(pods, topology, metadata or {}, thresholds) if pods else ()
+    traffic = None
+    if resctrl is not None:
+        traffic = build_resctrl(
+            resctrl,
+            topology.l3_domains if topology else {},
+            topology.node_of_cpu if topology else {},
+            topology.socket_of_cpu if topology else {},
+            previous.resctrl if previous else None,
+            timestamp - previous.timestamp if previous else None,
+        )
     return NodeSnapshot(
         node_name=node_name,
         timestamp=timestamp,
@@ -134,6 +149,7 @@ def build_snapshot(
         hint_fault_locality=locality,
         pods=pod_states,
         pod_metadata_synced=metadata is not None,
+        resctrl=traffic,
     )
 
 
@@ -146,7 +162,7 @@ def build_topology(host: HostReading) -> Topology:
         for n in host.nodes
         if n.distances is not None and len(n.distances) == len(nodes)
     }
-    return Topology(nodes, cpus_of_node, node_of_cpu, host.socket_of_cpu, distance)
+    return Topology(nodes, cpus_of_node, node_of_cpu, host.socket_of_cpu, distance, host.l3_domains)
 
 
 def _numa_node(reading, host: HostReading, previous: NumaNodeState | None) -> NumaNodeState:

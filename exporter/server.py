@@ -11,12 +11,13 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
+from exporter.collection import HOST_NUMA, POD_PLACEMENT, RESCTRL, Collection
 from exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from exporter.model import Thresholds
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.host import HostSource
 from exporter.sources.kube import PodMetadataWatch, api_client
+from exporter.sources.resctrl import ResctrlOps, ResctrlSource
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ class Settings:
     collector_timeout_seconds: float = 10.0
     kubeconfig: str | None = None
     thresholds: Thresholds = Thresholds()
+    resctrl_mode: str = "auto"
+    resctrl_ops: ResctrlOps | None = None  # the simulator acts as the kernel through this
 
 
 class Exporter:
@@ -114,6 +117,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         {
             HOST_NUMA: HostSource(settings.host_root),
             POD_PLACEMENT: CgroupSource(settings.host_root),
+            RESCTRL: ResctrlSource(settings.host_root, settings.resctrl_mode, settings.resctrl_ops),
         },
         metadata=metadata,
         thresholds=settings.thresholds,

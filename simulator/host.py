@@ -30,6 +30,7 @@ class FakeContainer:
     # resource (cpu/memory/io) -> (some seconds, full seconds)
     pressure: dict[str, tuple[float, float]] = field(default_factory=dict)
     id: str = ""  # 64 hex digits; derived from pod uid and name when empty
+    tids: list[int] | None = None  # its threads; derived from its id when None
 
 
 @dataclass
@@ -77,6 +78,9 @@ class FakeHost:
     )
     psi: bool = True  # cgroup v2 only
     page_size: int = 4096
+    # L3 caches as (CPU list, size); None: one per socket over all the socket's CPUs
+    l3: list[tuple[str, int]] | None = None
+    l3_size_bytes: int = 64 * MIB  # size of the default ones
 
     @property
     def all_cpus(self) -> frozenset[int]:
@@ -89,6 +93,20 @@ class FakeHost:
 
     def container_id(self, pod: FakePod, container: FakeContainer) -> str:
         return container.id or hashlib.sha256(f"{pod.uid}/{container.name}".encode()).hexdigest()
+
+    def tids(self, pod: FakePod, container: FakeContainer) -> list[int]:
+        if container.tids is not None:
+            return container.tids
+        first = 1000 + int(self.container_id(pod, container)[:6], 16) % 3_000_000
+        return [first, first + 1, first + 2]
+
+    def l3_caches(self) -> list[tuple[frozenset[int], int]]:
+        if self.l3 is not None:
+            return [(parse_id_list(cpus), size) for cpus, size in self.l3]
+        sockets: dict[int, set[int]] = {}
+        for node in self.nodes:
+            sockets.setdefault(node.socket, set()).update(parse_id_list(node.cpus))
+        return [(frozenset(cpus), self.l3_size_bytes) for _, cpus in sorted(sockets.items())]
 
     def pod(self, name: str) -> FakePod:
         return next(p for p in self.pods if p.name == name)
@@ -136,6 +154,19 @@ class FakeHostRoot:
         for node in self.host.nodes:
             for cpu in parse_id_list(node.cpus):
                 _put(base / f"cpu{cpu}/topology/physical_package_id", str(node.socket))
+        for cache_id, (cpus, size) in enumerate(self.host.l3_caches()):
+            for cpu in cpus:
+                # a private L2 (which the exporter must pass over) and the shared L3
+                for index, level, size_k, cache, shared in (
+                    (2, 2, 2048, cpu, str(cpu)),
+                    (3, 3, size // 1024, cache_id, format_id_list(cpus)),
+                ):
+                    d = base / f"cpu{cpu}/cache/index{index}"
+                    _put(d / "level", str(level))
+                    _put(d / "type", "Unified")
+                    _put(d / "size", f"{size_k}K")
+                    _put(d / "id", str(cache))
+                    _put(d / "shared_cpu_list", shared)
 
     def _write_vmstat(self) -> None:
         lines = ["nr_free_pages 123456", "nr_zone_inactive_anon 4242"]
@@ -184,6 +215,8 @@ class FakeHostRoot:
         mems = ctr.mems if ctr.mems is not None else self._all_mems()
         if controller in ("", "cpuset"):
             self._cpuset(d, controller, ctr.cpus, mems)
+        tids = "\n".join(map(str, self.host.tids(self._pod_of(ctr), ctr)))
+        _put(d / ("cgroup.threads" if controller == "" else "tasks"), tids)
         if controller in ("", "memory"):
             _put(d / "memory.numa_stat", self._numa_stat(ctr))
         if controller in ("", "cpu,cpuacct"):
@@ -208,6 +241,9 @@ class FakeHostRoot:
                     f"some avg10=0.00 avg60=0.00 avg300=0.00 total={round(some * 1e6)}\n"
                     f"full avg10=0.00 avg60=0.00 avg300=0.00 total={round(full * 1e6)}\n",
                 )
+
+    def _pod_of(self, ctr: FakeContainer) -> FakePod:
+        return next(p for p in self.host.pods if ctr in p.containers)
 
     def _cpuset(self, d: Path, controller: str, cpus: str, mems: str) -> None:
         if controller == "":

@@ -7,11 +7,13 @@ from collections.abc import Mapping
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
+from exporter.collection import HOST_NUMA, POD_PLACEMENT, RESCTRL, Collection
 from exporter.model import PodMeta, Thresholds
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.host import HostSource
+from exporter.sources.resctrl import ResctrlSource
 from simulator.host import FakeHost, FakeHostRoot
+from simulator.resctrl import FakeResctrl
 
 NODE = "test-node"
 
@@ -46,16 +48,23 @@ def make_collection(
     metadata: Mapping[str, PodMeta] | None = None,
     thresholds: Thresholds = Thresholds(),
     timeout: float = 10.0,
+    resctrl: FakeResctrl | None = None,
+    resctrl_mode: str = "auto",
+    clock=None,
 ) -> Collection:
+    sources = {
+        HOST_NUMA: HostSource(str(root.root)),
+        POD_PLACEMENT: CgroupSource(str(root.root), page_size=root.host.page_size),
+    }
+    if resctrl is not None:
+        sources[RESCTRL] = ResctrlSource(str(root.root), resctrl_mode, resctrl)
     return Collection(
         NODE,
-        {
-            HOST_NUMA: HostSource(str(root.root)),
-            POD_PLACEMENT: CgroupSource(str(root.root), page_size=root.host.page_size),
-        },
+        sources,
         metadata=lambda: metadata,
         thresholds=thresholds,
         timeout_seconds=timeout,
+        **({"clock": clock} if clock else {}),
     )
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from exporter.sources import ReadFailure, read_text
 from simulator import presets
 from simulator.host import FakeHostRoot
+from simulator.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of, samples, series
 
 
@@ -202,3 +203,47 @@ async def test_any_content_in_any_file_never_breaks_the_cycle(tmp_path_factory, 
     ]
     # either the content happened to be valid, or it was counted and flagged
     assert (failed == 0 and health == [1, 1]) or (failed > 0 and 0 in health)
+
+
+RESCTRL_FILES = [
+    "sys/fs/resctrl/info/L3_MON/num_rmids",
+    "sys/fs/resctrl/info/L3_MON/mon_features",
+    "sys/fs/resctrl/mon_data/mon_L3_00/mbm_total_bytes",
+    "sys/fs/resctrl/mon_data/mon_L3_01/llc_occupancy",
+    "sys/devices/system/cpu/cpu0/cache/index3/size",
+    "sys/devices/system/cpu/cpu16/cache/index3/shared_cpu_list",
+]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    which=st.integers(0, len(RESCTRL_FILES) + 1),
+    content=st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode)),
+)
+async def test_any_content_in_resctrl_files_never_breaks_the_cycle(
+    tmp_path_factory, which, content
+):
+    host = presets.two_socket()
+    root = FakeHostRoot(tmp_path_factory.mktemp("host"), host).write()
+    kernel = FakeResctrl(root.root, host).write()
+    collection = make_collection(root, metadata=metadata_of(host), resctrl=kernel)
+    await collection.run_once()  # groups exist now
+    if which < len(RESCTRL_FILES):
+        target = root.root / RESCTRL_FILES[which]
+    elif which == len(RESCTRL_FILES):
+        group = kernel.base / "mon_groups" / kernel.group_names()[0]
+        target = group / "mon_data/mon_L3_00/mbm_local_bytes"
+    else:
+        target = container_dir(root, "web") / "cgroup.threads"
+    target.write_bytes(content)
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert got[series("numaguard_resctrl_available")] in (0, 1)
+    errors_now = sum(v for k, v in got.items() if k[0] == "numaguard_collector_errors_total")
+    health = [
+        got[series("numaguard_collector_success", collector=c)]
+        for c in ("host_numa", "pod_placement", "resctrl")
+    ]
+    assert (errors_now == 0 and health == [1, 1, 1]) or (errors_now > 0 and 0 in health)

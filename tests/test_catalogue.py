@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter import catalogue
 from exporter.catalogue import CATALOGUE
 from simulator import presets
+from simulator.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of
 
 ALLOWED_LABELS = {
@@ -41,6 +42,8 @@ ALLOWED_LABELS = {
     "collector",
     "version",
     "python_version",
+    "mode",
+    "state",
 }
 
 
@@ -58,13 +61,18 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
     for preset in (presets.two_socket, presets.four_node_v1):
         host = preset()
         root = fake_root(host)
-        collection = make_collection(root, metadata=metadata_of(host))
+        kernel = FakeResctrl(root.root, host, num_rmids=len(host.pods)).write()
+        collection = make_collection(root, metadata=metadata_of(host), resctrl=kernel)
         await collection.run_once()
         for node in host.nodes:
             node.numastat.update(local_node=10, other_node=1)
         if host.balancing is not None:
             host.balancing.update(numa_hint_faults=4, numa_hint_faults_local=3)
+        for pod in host.pods:
+            kernel.add_traffic(pod.uid, 0, total=100, local=60)
+            kernel.set_occupancy(pod.uid, 0, 4096)
         root.write()
+        kernel.write()
         await collection.run_once()
         for family in text_string_to_metric_families(collection.exposition.text.decode()):
             name = family.name + ("_total" if family.type == "counter" else "")

@@ -58,6 +58,9 @@ def host_numa(nodes, distance, numastat, remote, balancing=None, locality=None) 
         out[series(f"numaguard_numa_balancing_{key}_total")] = value
     if locality is not None:
         out[series("numaguard_numa_balancing_hint_fault_locality_ratio")] = locality
+    # these nodes have no resctrl: it says so, and nothing else of it is shown
+    out[series("numaguard_resctrl_available")] = 0
+    out[series("numaguard_resctrl_mode_info", mode="unavailable")] = 1
     return out
 
 

@@ -40,6 +40,7 @@ class ContainerReading:
     memory_by_node: dict[int, int] | None  # bytes
     throttling: CpuThrottling | None
     pressure: dict[str, Pressure]  # by resource; empty where PSI is absent
+    tasks_file: str  # the cgroup file listing its thread ids (read by the resctrl source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +135,7 @@ class CgroupSource:
                 # A kernel without PSI has no pressure files: that is not an error.
                 mine.extend(i for i in psi if i.reason != "missing")
             container_dir = d
+            tasks_file = f"{d}/cgroup.threads"
         else:
             # v1: a controller the host does not mount leaves its values unknown
             def v1(controller: str, name: str, reader, *args):
@@ -144,10 +146,11 @@ class CgroupSource:
             memory = v1("memory", "memory.numa_stat", parse_numa_stat_v1, self.page_size)
             throttling = v1("cpu", "cpu.stat", parse_cpu_throttling)
             container_dir = f"{self._discovery_root(layout)}/{rel}"
+            tasks_file = f"{container_dir}/tasks"
         if mine and not os.path.isdir(container_dir):
             return None  # the container went away while we read it: not an error
         issues.extend(mine)
-        return cpus, memory, throttling, pressure
+        return cpus, memory, throttling, pressure, tasks_file
 
     def _shared_pool(
         self, layout: _Layout, containers: list[ContainerReading], issues: list[Issue]

@@ -14,6 +14,7 @@ from exporter.readers.numa import (
     parse_numastat,
     parse_vmstat_balancing,
 )
+from exporter.readers.resctrl import parse_cache_size
 from exporter.sources import Issue, read_parsed
 
 _NODE_DIR = re.compile(r"node(\d+)")
@@ -29,9 +30,19 @@ class NumaNodeReading:
 
 
 @dataclass(frozen=True, slots=True)
+class L3Domain:
+    """One L3 cache instance: resctrl names its monitoring directory mon_L3_<id>."""
+
+    id: int
+    cpus: frozenset[int]
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class HostReading:
     nodes: tuple[NumaNodeReading, ...]
     socket_of_cpu: dict[int, int]
+    l3_domains: dict[int, L3Domain]
     balancing: dict[str, int]  # vmstat NUMA-balancing counters; empty when absent
     issues: list[Issue] = field(default_factory=list)
 
@@ -43,22 +54,27 @@ class HostSource:
         self.root = host_root
         self._node_dir = os.path.join(host_root, "sys/devices/system/node")
         self._cpu_dir = os.path.join(host_root, "sys/devices/system/cpu")
-        # CPU -> socket only changes with CPU hotplug: re-read when the online set changes.
-        self._sockets_for: frozenset[int] | None = None
+        # CPU -> socket and L3 cache only change with CPU hotplug: re-read when the
+        # online set changes.
+        self._cpus_read_for: frozenset[int] | None = None
         self._socket_of_cpu: dict[int, int] = {}
+        self._l3_domains: dict[int, L3Domain] = {}
 
     def read(self) -> HostReading:
         issues: list[Issue] = []
         nodes = tuple(self._read_node(n, issues) for n in self._node_ids(issues))
         online = read_parsed(issues, f"{self._cpu_dir}/online", parse_id_list)
-        if online is not None and online != self._sockets_for:
+        if online is not None and online != self._cpus_read_for:
             before = len(issues)
             self._socket_of_cpu = self._read_sockets(online, issues)
+            self._l3_domains = self._read_l3(online, issues)
             # Cache only a complete answer, so a failed read is retried next cycle.
-            self._sockets_for = online if len(issues) == before else None
+            self._cpus_read_for = online if len(issues) == before else None
         vmstat = os.path.join(self.root, "proc/vmstat")
         balancing = read_parsed(issues, vmstat, parse_vmstat_balancing) or {}
-        return HostReading(nodes, dict(self._socket_of_cpu), balancing, issues)
+        return HostReading(
+            nodes, dict(self._socket_of_cpu), dict(self._l3_domains), balancing, issues
+        )
 
     def _node_ids(self, issues: list[Issue]) -> list[int]:
         online = read_parsed(issues, f"{self._node_dir}/online", parse_id_list)
@@ -88,3 +104,36 @@ class HostSource:
             if socket is not None:
                 sockets[cpu] = socket
         return sockets
+
+    def _read_l3(self, cpus: frozenset[int], issues: list[Issue]) -> dict[int, L3Domain]:
+        """L3 caches from cpuN/cache/indexM; one CPU per cache is enough to read."""
+        domains: dict[int, L3Domain] = {}
+        covered: set[int] = set()
+        for cpu in sorted(cpus):
+            if cpu in covered:
+                continue
+            index = self._l3_index(cpu)
+            if index is None:
+                continue  # no L3 (or no cache info): nothing to monitor per cache
+            cache_id = read_parsed(issues, f"{index}/id", parse_single_int)
+            shared = read_parsed(issues, f"{index}/shared_cpu_list", parse_id_list)
+            size = read_parsed(issues, f"{index}/size", parse_cache_size)
+            if cache_id is None or shared is None or size is None:
+                continue
+            domains[cache_id] = L3Domain(cache_id, shared, size)
+            covered |= shared
+        return domains
+
+    def _l3_index(self, cpu: int) -> str | None:
+        base = f"{self._cpu_dir}/cpu{cpu}/cache"
+        for index in sorted(_subdirs(base), reverse=True):  # L3 is usually the last
+            if read_parsed([], f"{base}/{index}/level", parse_single_int) == 3:
+                return f"{base}/{index}"
+        return None
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(path) if n.startswith("index")]
+    except OSError:
+        return []

@@ -1,0 +1,97 @@
+"""Memory-traffic and LLC metrics from resctrl: per L3 domain, NUMA node and pod."""
+
+from __future__ import annotations
+
+from exporter import catalogue as c
+from exporter.model import NodeSnapshot
+from exporter.readers import format_id_list
+from exporter.traffic import Traffic
+
+_SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "resctrl"]
+
+
+def families(snap: NodeSnapshot) -> list[c.Family]:
+    f = {spec.name: spec.family(snap.node_name) for spec in _SPECS}
+
+    def add(spec: c.MetricSpec, value: float | None, *labels) -> None:
+        if value is not None:
+            f[spec.name].add(value, *labels)
+
+    state = snap.resctrl
+    mode = state.mode if state else "unavailable"
+    add(c.RESCTRL_AVAILABLE, int(bool(state and state.available)))
+    add(c.RESCTRL_MODE, 1, mode)
+    if state is None or not state.available:
+        return list(f.values())
+
+    if state.num_rmids is not None and state.rmids_used is not None:
+        add(c.RESCTRL_RMIDS, state.rmids_used, "used")
+        add(c.RESCTRL_RMIDS, max(0, state.num_rmids - state.rmids_used), "free")
+    add(c.RESCTRL_UNMONITORED, len(state.unmonitored))
+    add(c.RESCTRL_EXHAUSTIONS, state.rmid_exhaustions_total)
+    for reason in ("unavailable", "error", "unassigned"):
+        add(c.RESCTRL_UNREADABLE, state.unreadable_total.get(reason, 0), reason)
+
+    for d in state.domains:
+        domain = str(d.id)
+        add(
+            c.L3_INFO,
+            1,
+            domain,
+            ",".join(map(str, d.sockets)),
+            ",".join(map(str, d.numa_nodes)),
+            format_id_list(d.cpus),
+        )
+        add(c.L3_CAPACITY, d.capacity_bytes, domain)
+        _traffic(
+            add,
+            d.traffic,
+            domain,
+            c.L3_TRAFFIC,
+            c.L3_TRAFFIC_LOCAL,
+            c.L3_OCCUPANCY,
+            c.L3_BANDWIDTH,
+            c.L3_REMOTE,
+        )
+    for node, t in state.numa_nodes.items():
+        _traffic(
+            add,
+            t,
+            str(node),
+            c.NUMA_TRAFFIC,
+            c.NUMA_TRAFFIC_LOCAL,
+            c.NUMA_OCCUPANCY,
+            c.NUMA_BANDWIDTH,
+            c.NUMA_REMOTE_TRAFFIC,
+        )
+
+    for pod in snap.pods:
+        labels = c.LabelPrefix(c.POD, (pod.namespace, pod.name, pod.uid))
+        traffic = state.pods.get(pod.uid)
+        if traffic is None:
+            if pod.uid in state.unmonitored:
+                f[c.POD_MONITORED.name].add_under(labels, 0)
+            continue
+        f[c.POD_MONITORED.name].add_under(labels, 1)
+        for d, t in traffic.domains.items():
+            for spec, value in (
+                (c.POD_TRAFFIC, t.total_bytes),
+                (c.POD_TRAFFIC_LOCAL, t.local_bytes),
+                (c.POD_OCCUPANCY, t.occupancy_bytes),
+                (c.POD_LLC_SHARE, traffic.llc_share.get(d)),
+            ):
+                if value is not None:
+                    f[spec.name].add_under(labels, value, str(d))
+        if traffic.bytes_per_second is not None:
+            f[c.POD_BANDWIDTH.name].add_under(labels, traffic.bytes_per_second)
+        if traffic.remote_ratio is not None:
+            f[c.POD_REMOTE_TRAFFIC.name].add_under(labels, traffic.remote_ratio)
+    return list(f.values())
+
+
+def _traffic(add, t: Traffic, label: str, total, local, occupancy, bandwidth, remote) -> None:
+    add(total, t.total_bytes, label)
+    add(local, t.local_bytes, label)
+    add(occupancy, t.occupancy_bytes, label)
+    add(bandwidth, t.bytes_per_second, label)
+    add(remote, t.remote_ratio, label)

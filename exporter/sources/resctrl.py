@@ -1,0 +1,303 @@
+"""resctrl source: memory bandwidth (MBM) and LLC occupancy (CMT) per L3 cache domain,
+per Sub-NUMA node, and per pod through one monitoring group per pod.
+
+In ``manage`` mode the source owns the groups named ``numaguard-<pod uid>`` under
+``mon_groups/``: it creates them (GPU pods first, then Guaranteed ones, while RMIDs
+last), keeps their tasks in step with the pods' cgroups, reuses them after a restart
+and removes those of pods that are gone. In ``read-only`` mode it only reads the groups
+it finds. Writes go through ``ResctrlOps`` so the simulator can act as the kernel.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from exporter.readers import parse_single_int
+from exporter.readers.resctrl import (
+    Unreadable,
+    parse_mon_value,
+    parse_tids,
+    parse_word_list,
+)
+from exporter.sources import Issue, read_parsed
+from exporter.sources.cgroups import PodsReading
+
+GROUP_PREFIX = "numaguard-"
+MODES = ("auto", "manage", "read-only", "off")
+EVENTS = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
+_DOMAIN_DIR = re.compile(r"mon_L3_(\d+)")
+_SUB_DIR = re.compile(r"mon_sub_L3_(\d+)")
+# resctrl's own directories at its root; any other directory is a CTRL_MON group
+_NOT_GROUPS = frozenset({"info", "mon_groups", "mon_data"})
+
+MonValues = dict[str, "int | Unreadable"]  # event name -> value
+
+
+class ResctrlOps:
+    """The writes a managed resctrl tree needs, done on the real kernel files."""
+
+    def mkdir(self, path: str) -> None:
+        os.mkdir(path)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
+    def move_task(self, tasks_file: str, tid: int) -> None:
+        # One id per write: older kernels take no lists.
+        fd = os.open(tasks_file, os.O_WRONLY)
+        try:
+            os.write(fd, str(tid).encode())
+        finally:
+            os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class PodGroup:
+    """A pod's monitoring group and what it read this cycle, per L3 domain."""
+
+    uid: str
+    domains: dict[int, MonValues]
+
+
+@dataclass(frozen=True, slots=True)
+class ResctrlReading:
+    mode: str  # the mode in effect: manage | read-only | off | unavailable
+    features: frozenset[str] = frozenset()
+    num_rmids: int | None = None
+    rmids_used: int | None = None
+    # whole-node values per L3 domain, and per NUMA node under Sub-NUMA Clustering
+    domains: dict[int, MonValues] = field(default_factory=dict)
+    snc_nodes: dict[int, MonValues] = field(default_factory=dict)
+    pods: dict[str, PodGroup] = field(default_factory=dict)
+    unmonitored: frozenset[str] = frozenset()  # pod uids left without a group
+    # cumulative since start: values the kernel would not give, by reason, and
+    # group creations refused for want of RMIDs
+    unreadable_total: dict[str, int] = field(default_factory=dict)
+    rmid_exhaustions_total: int = 0
+    issues: list[Issue] = field(default_factory=list)
+
+    @property
+    def available(self) -> bool:
+        return self.mode in ("manage", "read-only")
+
+
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    uid: str
+    priority: int  # lower goes first when RMIDs are short
+    tasks_files: tuple[str, ...]
+
+
+class ResctrlSource:
+    def __init__(self, host_root: str, mode: str = "auto", ops: ResctrlOps | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"resctrl mode must be one of {MODES}, got {mode!r}")
+        self.root = os.path.join(host_root, "sys/fs/resctrl")
+        self.mode = mode
+        self.ops = ops or ResctrlOps()
+        self._unreadable: Counter[str] = Counter()
+        self._exhaustions = 0
+
+    def read(self, pods: PodsReading | None = None) -> ResctrlReading:
+        issues: list[Issue] = []
+        mode = self._mode()
+        if mode in ("off", "unavailable"):
+            return ResctrlReading(mode)
+        features = read_parsed(issues, f"{self.root}/info/L3_MON/mon_features", parse_word_list)
+        num_rmids = read_parsed(issues, f"{self.root}/info/L3_MON/num_rmids", parse_single_int)
+        features = (features or frozenset()) & frozenset(EVENTS)
+        domain_ids = _ids(self.root + "/mon_data", _DOMAIN_DIR)
+
+        groups, unmonitored = self._groups(mode, pods, issues)
+        ctrl_groups = [f"{self.root}/{n}" for n in _subdirs(self.root) if n not in _NOT_GROUPS]
+        node_dirs = [self.root, *ctrl_groups]  # all tasks of the node, between them
+        domains = {
+            d: _sum(
+                [self._values(f"{g}/mon_data/mon_L3_{d:02d}", features, issues) for g in node_dirs]
+            )
+            for d in domain_ids
+        }
+        snc: dict[int, MonValues] = {}
+        for d in domain_ids:
+            for node in _ids(f"{self.root}/mon_data/mon_L3_{d:02d}", _SUB_DIR):
+                snc[node] = _sum(
+                    [
+                        self._values(
+                            f"{g}/mon_data/mon_L3_{d:02d}/mon_sub_L3_{node:02d}", features, issues
+                        )
+                        for g in node_dirs
+                    ]
+                )
+        pod_groups = {
+            uid: PodGroup(
+                uid,
+                {
+                    d: self._values(f"{path}/mon_data/mon_L3_{d:02d}", features, issues)
+                    for d in domain_ids
+                },
+            )
+            for uid, path in groups.items()
+        }
+        used = 1 + len(ctrl_groups) + sum(len(_subdirs(f"{g}/mon_groups")) for g in node_dirs)
+        return ResctrlReading(
+            mode=mode,
+            features=features,
+            num_rmids=num_rmids,
+            rmids_used=used,
+            domains=domains,
+            snc_nodes=snc,
+            pods=pod_groups,
+            unmonitored=unmonitored,
+            unreadable_total=dict(self._unreadable),
+            rmid_exhaustions_total=self._exhaustions,
+            issues=issues,
+        )
+
+    def _mode(self) -> str:
+        if self.mode == "off":
+            return "off"
+        if not os.path.isdir(f"{self.root}/info/L3_MON"):
+            return "unavailable"  # not mounted, or no L3 monitoring on this CPU
+        if self.mode == "auto":
+            return "manage" if os.access(f"{self.root}/mon_groups", os.W_OK) else "read-only"
+        return self.mode
+
+    # -- groups ------------------------------------------------------------------
+
+    def _groups(
+        self, mode: str, pods: PodsReading | None, issues: list[Issue]
+    ) -> tuple[dict[str, str], frozenset[str]]:
+        """Pod uid -> group directory for the pods monitored this cycle, and the uids
+        of pods left unmonitored."""
+        base = f"{self.root}/mon_groups"
+        ours = {
+            name[len(GROUP_PREFIX) :]: f"{base}/{name}"
+            for name in _subdirs(base)
+            if name.startswith(GROUP_PREFIX)
+        }
+        wanted = _pods(pods) if pods is not None else None
+        if mode == "read-only" or wanted is None:
+            # Without this cycle's pods we cannot tell who is gone: touch nothing.
+            known = set(ours) if wanted is None else {p.uid for p in wanted}
+            monitored = {uid: path for uid, path in ours.items() if uid in known}
+            return monitored, frozenset(known - set(monitored))
+        by_uid = {p.uid: p for p in wanted}
+        for uid in set(ours) - set(by_uid):  # the pod is gone
+            self._write(issues, self.ops.rmdir, ours.pop(uid))
+        ordered = sorted(wanted, key=lambda p: (p.priority, p.uid))
+        exhausted = False
+        for pod in ordered:
+            if pod.uid in ours or exhausted:
+                continue
+            path = f"{base}/{GROUP_PREFIX}{pod.uid}"
+            try:
+                self.ops.mkdir(path)
+                ours[pod.uid] = path
+            except FileExistsError:
+                ours[pod.uid] = path
+            except OSError as err:
+                if err.errno != errno.ENOSPC:
+                    issues.append(Issue("write", path, err.strerror or ""))
+                    continue
+                self._exhaustions += 1
+                exhausted = True
+                self._preempt_for(pod, ordered, ours, issues)
+        for uid, path in ours.items():
+            self._assign_tasks(path, by_uid[uid].tasks_files, issues)
+        return ours, frozenset(by_uid) - set(ours)
+
+    def _preempt_for(self, pod: _Pod, ordered: list[_Pod], ours: dict[str, str], issues) -> None:
+        """RMIDs ran out before ``pod`` got one: free the group of the least important
+        monitored pod ranked below it. Its RMID may sit in limbo a while, so ``pod``
+        gets it on a later cycle; one group a cycle, so nothing thrashes."""
+        for victim in reversed(ordered):
+            if victim.priority <= pod.priority:
+                return
+            if victim.uid in ours:
+                if self._write(issues, self.ops.rmdir, ours[victim.uid]):
+                    del ours[victim.uid]
+                return
+
+    def _assign_tasks(self, group: str, tasks_files: Iterable[str], issues: list[Issue]) -> None:
+        """Move the pod's threads that are not in its group yet (threads come and go;
+        new ones mostly inherit the group from the thread that made them)."""
+        inside = read_parsed(issues, f"{group}/tasks", parse_tids)
+        if inside is None:
+            return
+        for tasks_file in tasks_files:
+            problems: list[Issue] = []
+            tids = read_parsed(problems, tasks_file, parse_tids)
+            # a container that just ended is no problem; an unreadable list is
+            issues.extend(p for p in problems if p.reason != "missing")
+            for tid in sorted((tids or frozenset()) - inside):
+                try:
+                    self.ops.move_task(f"{group}/tasks", tid)
+                except ProcessLookupError:
+                    pass  # the thread exited meanwhile
+                except OSError as err:
+                    issues.append(Issue("write", f"{group}/tasks", f"task {tid}: {err.strerror}"))
+                    return  # e.g. the pod's tasks sit in another control group
+
+    def _write(self, issues: list[Issue], op, path: str) -> bool:
+        try:
+            op(path)
+        except FileNotFoundError:
+            return True  # gone already
+        except OSError as err:
+            issues.append(Issue("write", path, err.strerror or ""))
+            return False
+        return True
+
+    # -- values ------------------------------------------------------------------
+
+    def _values(self, directory: str, features: frozenset[str], issues: list[Issue]) -> MonValues:
+        values: MonValues = {}
+        for event in features:
+            value = read_parsed(issues, f"{directory}/{event}", parse_mon_value)
+            if isinstance(value, Unreadable):
+                self._unreadable[value.reason] += 1
+            if value is not None:
+                values[event] = value
+        return values
+
+
+def _pods(reading: PodsReading) -> list[_Pod]:
+    tasks: dict[str, list[str]] = {}
+    qos: dict[str, str] = {}
+    for c in reading.containers:
+        tasks.setdefault(c.pod_uid, []).append(c.tasks_file)
+        qos[c.pod_uid] = c.qos_class
+    # Pods holding GPUs come first once the exporter knows them; then Guaranteed pods.
+    return [
+        _Pod(uid, 0 if qos[uid] == "guaranteed" else 1, tuple(files))
+        for uid, files in tasks.items()
+    ]
+
+
+def _sum(parts: list[MonValues]) -> MonValues:
+    """Add the groups that make up the node; a value unreadable in one is unreadable."""
+    out: MonValues = {}
+    for event in EVENTS:
+        values = [p.get(event) for p in parts]
+        if values[0] is None or any(v is None for v in values):
+            continue
+        bad = next((v for v in values if isinstance(v, Unreadable)), None)
+        out[event] = bad if bad is not None else sum(values)
+    return out
+
+
+def _ids(path: str, pattern: re.Pattern) -> list[int]:
+    return sorted(int(m[1]) for n in _subdirs(path) if (m := pattern.fullmatch(n)))
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as it:
+            return [e.name for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []

@@ -1,0 +1,209 @@
+"""A fake resctrl filesystem that behaves like the kernel for the parts numaguard uses.
+
+It writes ``info/``, ``mon_data/`` and ``mon_groups/`` under a fake host root, and it is
+the ``ResctrlOps`` the exporter writes through: ``mkdir`` of a monitoring group gets an
+RMID and a populated ``mon_data`` (or ENOSPC when none is left), ``rmdir`` frees it and
+returns its tasks to the default group, and writing a task id moves that task (ESRCH
+for a task that does not exist). Traffic is added per pod or to the rest of the node
+and lands where the kernel would count it: in the group holding the pod's tasks, and
+always in the default group's totals, which sum every group of the node.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter.sources.resctrl import GROUP_PREFIX, ResctrlOps
+from simulator.host import FakeHost
+
+EVENTS = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
+
+
+@dataclass
+class _Counters:
+    total: int = 0
+    local: int = 0
+    occupancy: int = 0
+
+
+@dataclass
+class _Group:
+    tasks: set[int] = field(default_factory=set)
+    # (L3 domain, Sub-NUMA node or None) -> counters of this group's own tasks
+    counters: dict[tuple[int, int | None], _Counters] = field(default_factory=dict)
+
+
+class FakeResctrl(ResctrlOps):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        host: FakeHost,
+        num_rmids: int = 256,
+        events: tuple[str, ...] = EVENTS,
+        snc: dict[int, list[int]] | None = None,
+    ) -> None:
+        """``snc``: L3 domain -> its NUMA nodes, when Sub-NUMA Clustering is on."""
+        self.base = Path(root) / "sys/fs/resctrl"
+        self.host = host
+        self.num_rmids = num_rmids
+        self.events = events
+        self.snc = snc or {}
+        self.domains = list(range(len(host.l3_caches())))
+        self.default = _Group()
+        self.groups: dict[str, _Group] = {}  # monitoring groups under mon_groups/
+        # (group name or None for the default group, domain, node, event) -> word
+        self.unreadable: dict[tuple[str | None, int, int | None, str], str] = {}
+        self.last_cmd_status = "ok"
+
+    # -- the kernel's side of the exporter's writes --------------------------------
+
+    def mkdir(self, path: str) -> None:
+        name = self._group_name(path)
+        if name in self.groups:
+            raise FileExistsError(errno.EEXIST, "File exists", path)
+        if 1 + len(self.groups) >= self.num_rmids:
+            self.last_cmd_status = "Out of RMIDs"
+            self.write()
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        self.groups[name] = _Group()
+        self.last_cmd_status = "ok"
+        self.write()
+
+    def rmdir(self, path: str) -> None:
+        name = self._group_name(path)
+        if name not in self.groups:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        self.default.tasks |= self.groups.pop(name).tasks
+        self.write()
+
+    def move_task(self, tasks_file: str, tid: int) -> None:
+        name = self._group_name(os.path.dirname(tasks_file))
+        if name not in self.groups:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", tasks_file)
+        if tid not in self.live_tids():
+            raise ProcessLookupError(errno.ESRCH, "No such process", tasks_file)
+        for group in (self.default, *self.groups.values()):
+            group.tasks.discard(tid)
+        self.groups[name].tasks.add(tid)
+        self.write()
+
+    # -- what tests do to the node ---------------------------------------------------
+
+    def add_traffic(
+        self,
+        pod_uid: str | None,
+        domain: int,
+        total: int,
+        local: int,
+        node: int | None = None,
+    ) -> None:
+        """Memory traffic of a pod (None: the rest of the node) from one L3 domain; under
+        SNC, ``node`` says which Sub-NUMA node of the domain it came from."""
+        c = self._counters(self._group_of(pod_uid), domain, node)
+        c.total += total
+        c.local += local
+
+    def set_occupancy(self, pod_uid: str | None, domain: int, size: int, node: int | None = None):
+        self._counters(self._group_of(pod_uid), domain, node).occupancy = size
+
+    def remove_behind_the_exporters_back(self, pod_uid: str) -> None:
+        self.rmdir(str(self.base / "mon_groups" / f"{GROUP_PREFIX}{pod_uid}"))
+
+    def live_tids(self) -> set[int]:
+        return {t for p in self.host.pods for c in p.containers for t in self.host.tids(p, c)}
+
+    def group_names(self) -> list[str]:
+        return sorted(self.groups)
+
+    # -- files -----------------------------------------------------------------------
+
+    def write(self) -> FakeResctrl:
+        info = self.base / "info"
+        _put(info / "L3_MON/num_rmids", str(self.num_rmids))
+        _put(info / "L3_MON/mon_features", "\n".join(self.events))
+        _put(info / "L3_MON/max_threshold_occupancy", "1048576")
+        _put(info / "last_cmd_status", self.last_cmd_status)
+        grouped = set().union(*(g.tasks for g in self.groups.values())) if self.groups else set()
+        default_tasks = (self.live_tids() - grouped) | self.default.tasks - grouped
+        _put(self.base / "tasks", "\n".join(map(str, sorted(default_tasks))))
+        self._write_mon_data(self.base / "mon_data", None, self._node_sums())
+        mon_groups = self.base / "mon_groups"
+        mon_groups.mkdir(parents=True, exist_ok=True)
+        for entry in mon_groups.iterdir():
+            if entry.name not in self.groups:
+                shutil.rmtree(entry)
+        for name, group in self.groups.items():
+            d = mon_groups / name
+            _put(d / "tasks", "\n".join(map(str, sorted(group.tasks))))
+            _put(d / "cpus_list", "")
+            self._write_mon_data(d / "mon_data", name, group.counters)
+        return self
+
+    def _write_mon_data(self, d: Path, group: str | None, counters) -> None:
+        for domain in self.domains:
+            top = d / f"mon_L3_{domain:02d}"
+            nodes = self.snc.get(domain)
+            if nodes:
+                parts = {n: counters.get((domain, n), _Counters()) for n in nodes}
+                summed = _Counters(
+                    sum(c.total for c in parts.values()),
+                    sum(c.local for c in parts.values()),
+                    sum(c.occupancy for c in parts.values()),
+                )
+                for n, c in parts.items():
+                    self._write_events(top / f"mon_sub_L3_{n:02d}", group, domain, n, c)
+            else:
+                summed = counters.get((domain, None), _Counters())
+            self._write_events(top, group, domain, None, summed)
+
+    def _write_events(self, d: Path, group, domain, node, c: _Counters) -> None:
+        values = {
+            "llc_occupancy": c.occupancy,
+            "mbm_total_bytes": c.total,
+            "mbm_local_bytes": c.local,
+        }
+        for event in self.events:
+            word = self.unreadable.get((group, domain, node, event))
+            _put(d / event, word if word is not None else str(values[event]))
+
+    def _node_sums(self) -> dict[tuple[int, int | None], _Counters]:
+        """The default group counts every task of the node, its groups' included."""
+        sums: dict[tuple[int, int | None], _Counters] = {}
+        for group in (self.default, *self.groups.values()):
+            for key, c in group.counters.items():
+                s = sums.setdefault(key, _Counters())
+                s.total += c.total
+                s.local += c.local
+                s.occupancy += c.occupancy
+        return sums
+
+    def _group_of(self, pod_uid: str | None) -> _Group:
+        """Where a pod's traffic is counted: its group once its tasks are in it."""
+        if pod_uid is None:
+            return self.default
+        group = self.groups.get(f"{GROUP_PREFIX}{pod_uid}")
+        pod = next((p for p in self.host.pods if p.uid == pod_uid), None)
+        tids = {t for c in pod.containers for t in self.host.tids(pod, c)} if pod else set()
+        if group is not None and group.tasks & tids:
+            return group
+        return self.default
+
+    def _counters(self, group: _Group, domain: int, node: int | None) -> _Counters:
+        if domain in self.snc and node is None:
+            node = self.snc[domain][0]
+        return group.counters.setdefault((domain, node), _Counters())
+
+    def _group_name(self, path: str) -> str:
+        p = Path(path)
+        if p.parent != self.base / "mon_groups":
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        return p.name
+
+
+def _put(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n" if text and not text.endswith("\n") else text)
