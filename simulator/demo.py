@@ -16,8 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter import logs
 from exporter.server import Settings, serve
 from simulator import presets
-from simulator.host import GIB, FakeContainer, FakeHostRoot, FakePod
+from simulator.host import GIB, MIB, FakeContainer, FakeHostRoot, FakePod
 from simulator.kubeapi import FakeApiServer, pod_objects
+from simulator.resctrl import FakeResctrl
 
 NODE = "demo-gpu-node-1"
 
@@ -40,8 +41,23 @@ def demo_host():
     return host
 
 
-def advance(host, tick: int) -> None:
-    """One interval of life on the node: allocations, some of them remote."""
+# pod -> (GiB moved per interval from L3 domain 0, 1; share of it local)
+TRAFFIC = {
+    "trainer-aligned": ((40, 0), 0.95),
+    "trainer-split": ((12, 12), 0.5),
+    "redis-cache": ((8, 0), 0.2),
+    "web": ((1, 1), 0.9),
+}
+
+
+def advance(host, kernel: FakeResctrl, tick: int) -> None:
+    """One interval of life on the node: allocations and memory traffic, some remote."""
+    for pod, (per_domain, local) in TRAFFIC.items():
+        for domain, gib in enumerate(per_domain):
+            total = int(gib * GIB * (1 + 0.1 * (tick % 3)))
+            kernel.add_traffic(host.pod(pod).uid, domain, total, int(total * local))
+    kernel.set_occupancy(host.pod("trainer-aligned").uid, 0, 40 * MIB)
+    kernel.set_occupancy(host.pod("redis-cache").uid, 0, 20 * MIB)
     n0, n1 = host.nodes
     n0.numastat.update(
         numa_hit=n0.numastat["numa_hit"] + 9000,
@@ -69,15 +85,25 @@ async def live_view(url: str) -> str:
                 )
             elif s.name == "numaguard_pod_memory_remote_ratio":
                 rows.setdefault((s.labels["namespace"], pod), {})["remote"] = s.value
+            elif s.name == "numaguard_pod_remote_traffic_ratio":
+                rows.setdefault((s.labels["namespace"], pod), {})["traffic"] = s.value
+            elif s.name == "numaguard_pod_memory_bandwidth_bytes_per_second":
+                rows.setdefault((s.labels["namespace"], pod), {})["bw"] = s.value / GIB
             elif s.name == "numaguard_numa_node_remote_alloc_ratio":
                 rows.setdefault(("node", f"numa{s.labels['numa_node']}"), {})["alloc"] = s.value
-    lines = [f"{'pod / NUMA node':<28}{'remote memory':>14}  verdict"]
+    lines = [
+        f"{'pod / NUMA node':<24}{'remote memory':>14}{'GiB/s':>8}{'remote traffic':>16}  verdict"
+    ]
     for (ns, name), row in sorted(rows.items()):
         if ns == "node":
-            lines.append(f"{name:<28}{row['alloc']:>13.1%}  (remote allocations last interval)")
+            lines.append(f"{name:<24}{row['alloc']:>13.1%}  (remote allocations last interval)")
         else:
             flags = ", ".join(row.get("flags", [])) or "aligned"
-            lines.append(f"{ns + '/' + name:<28}{row.get('remote', 0):>13.1%}  {flags}")
+            bw = f"{row['bw']:.1f}" if "bw" in row else "-"
+            traffic = f"{row['traffic']:.0%}" if "traffic" in row else "-"
+            lines.append(
+                f"{ns + '/' + name:<24}{row.get('remote', 0):>13.1%}{bw:>8}{traffic:>16}  {flags}"
+            )
     return "\n".join(lines)
 
 
@@ -85,6 +111,7 @@ async def main(seconds: float, port: int, interval: float) -> None:
     host = demo_host()
     with tempfile.TemporaryDirectory(prefix="numaguard-demo-") as tmp:
         root = FakeHostRoot(f"{tmp}/host", host).write()
+        kernel = FakeResctrl(root.root, host).write()
         api = FakeApiServer()
         await api.start()
         for obj in pod_objects(host, NODE):
@@ -96,6 +123,7 @@ async def main(seconds: float, port: int, interval: float) -> None:
             node_name=NODE,
             interval_seconds=interval,
             kubeconfig=api.kubeconfig(f"{tmp}/kubeconfig"),
+            resctrl_ops=kernel,
         )
         stop = asyncio.Event()
         server = asyncio.create_task(serve(settings, stop))
@@ -109,8 +137,9 @@ async def main(seconds: float, port: int, interval: float) -> None:
         try:
             while time.monotonic() < deadline and not stop.is_set() and not server.done():
                 await asyncio.sleep(interval)
-                advance(host, tick)
+                advance(host, kernel, tick)
                 root.write()
+                kernel.write()
                 tick += 1
                 with contextlib.suppress(aiohttp.ClientError):
                     print(

@@ -81,6 +81,7 @@ class FakeHost:
     # L3 caches as (CPU list, size); None: one per socket over all the socket's CPUs
     l3: list[tuple[str, int]] | None = None
     l3_size_bytes: int = 64 * MIB  # size of the default ones
+    _tids: dict[str, list[int]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def all_cpus(self) -> frozenset[int]:
@@ -95,10 +96,17 @@ class FakeHost:
         return container.id or hashlib.sha256(f"{pod.uid}/{container.name}".encode()).hexdigest()
 
     def tids(self, pod: FakePod, container: FakeContainer) -> list[int]:
+        """The container's thread ids: three, unique on the host, stable per container."""
         if container.tids is not None:
             return container.tids
-        first = 1000 + int(self.container_id(pod, container)[:6], 16) % 3_000_000
-        return [first, first + 1, first + 2]
+        key = self.container_id(pod, container)
+        if key not in self._tids:
+            first = 1000 + int(key[:6], 16) % 3_000_000 // 4 * 4
+            taken = {t for ids in self._tids.values() for t in ids}
+            while first in taken:
+                first += 4
+            self._tids[key] = [first, first + 1, first + 2]
+        return self._tids[key]
 
     def l3_caches(self) -> list[tuple[frozenset[int], int]]:
         if self.l3 is not None:
@@ -207,15 +215,15 @@ class FakeHostRoot:
                 for ctr in pod.containers:
                     d = pod_dir / self._container_dir(pod, ctr)
                     wanted.add(d)
-                    self._container_files(controller, d, ctr)
+                    self._container_files(controller, d, pod, ctr)
             self._prune(kubepods, wanted)
 
-    def _container_files(self, controller: str, d: Path, ctr: FakeContainer) -> None:
+    def _container_files(self, controller: str, d: Path, pod: FakePod, ctr: FakeContainer) -> None:
         h = self.host
         mems = ctr.mems if ctr.mems is not None else self._all_mems()
         if controller in ("", "cpuset"):
             self._cpuset(d, controller, ctr.cpus, mems)
-        tids = "\n".join(map(str, self.host.tids(self._pod_of(ctr), ctr)))
+        tids = "\n".join(map(str, self.host.tids(pod, ctr)))
         _put(d / ("cgroup.threads" if controller == "" else "tasks"), tids)
         if controller in ("", "memory"):
             _put(d / "memory.numa_stat", self._numa_stat(ctr))
@@ -241,9 +249,6 @@ class FakeHostRoot:
                     f"some avg10=0.00 avg60=0.00 avg300=0.00 total={round(some * 1e6)}\n"
                     f"full avg10=0.00 avg60=0.00 avg300=0.00 total={round(full * 1e6)}\n",
                 )
-
-    def _pod_of(self, ctr: FakeContainer) -> FakePod:
-        return next(p for p in self.host.pods if ctr in p.containers)
 
     def _cpuset(self, d: Path, controller: str, cpus: str, mems: str) -> None:
         if controller == "":

@@ -66,19 +66,21 @@ class FakeResctrl(ResctrlOps):
         if name in self.groups:
             raise FileExistsError(errno.EEXIST, "File exists", path)
         if 1 + len(self.groups) >= self.num_rmids:
-            self.last_cmd_status = "Out of RMIDs"
-            self.write()
+            self._status("Out of RMIDs")
             raise OSError(errno.ENOSPC, "No space left on device", path)
         self.groups[name] = _Group()
-        self.last_cmd_status = "ok"
-        self.write()
+        self._status("ok")
+        self._write_group(name)
 
     def rmdir(self, path: str) -> None:
         name = self._group_name(path)
         if name not in self.groups:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
         self.default.tasks |= self.groups.pop(name).tasks
-        self.write()
+        shutil.rmtree(self.base / "mon_groups" / name, ignore_errors=True)
+        self._write_default_tasks()
+        # its counts leave the default group's sums with it
+        self._write_mon_data(self.base / "mon_data", None, self._node_sums())
 
     def move_task(self, tasks_file: str, tid: int) -> None:
         name = self._group_name(os.path.dirname(tasks_file))
@@ -86,10 +88,13 @@ class FakeResctrl(ResctrlOps):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", tasks_file)
         if tid not in self.live_tids():
             raise ProcessLookupError(errno.ESRCH, "No such process", tasks_file)
-        for group in (self.default, *self.groups.values()):
-            group.tasks.discard(tid)
+        for other, group in self.groups.items():
+            if tid in group.tasks and other != name:
+                group.tasks.discard(tid)
+                self._write_group(other)
+        self.default.tasks.discard(tid)
         self.groups[name].tasks.add(tid)
-        self.write()
+        _put(self.base / "mon_groups" / name / "tasks", _lines(self.groups[name].tasks))
 
     # -- what tests do to the node ---------------------------------------------------
 
@@ -122,26 +127,37 @@ class FakeResctrl(ResctrlOps):
     # -- files -----------------------------------------------------------------------
 
     def write(self) -> FakeResctrl:
+        """Write the whole tree: after tests changed counters or words."""
         info = self.base / "info"
         _put(info / "L3_MON/num_rmids", str(self.num_rmids))
         _put(info / "L3_MON/mon_features", "\n".join(self.events))
         _put(info / "L3_MON/max_threshold_occupancy", "1048576")
-        _put(info / "last_cmd_status", self.last_cmd_status)
-        grouped = set().union(*(g.tasks for g in self.groups.values())) if self.groups else set()
-        default_tasks = (self.live_tids() - grouped) | self.default.tasks - grouped
-        _put(self.base / "tasks", "\n".join(map(str, sorted(default_tasks))))
+        self._status(self.last_cmd_status)
+        self._write_default_tasks()
         self._write_mon_data(self.base / "mon_data", None, self._node_sums())
         mon_groups = self.base / "mon_groups"
         mon_groups.mkdir(parents=True, exist_ok=True)
         for entry in mon_groups.iterdir():
             if entry.name not in self.groups:
                 shutil.rmtree(entry)
-        for name, group in self.groups.items():
-            d = mon_groups / name
-            _put(d / "tasks", "\n".join(map(str, sorted(group.tasks))))
-            _put(d / "cpus_list", "")
-            self._write_mon_data(d / "mon_data", name, group.counters)
+        for name in self.groups:
+            self._write_group(name)
         return self
+
+    def _write_group(self, name: str) -> None:
+        group = self.groups[name]
+        d = self.base / "mon_groups" / name
+        _put(d / "tasks", _lines(group.tasks))
+        _put(d / "cpus_list", "")
+        self._write_mon_data(d / "mon_data", name, group.counters)
+
+    def _write_default_tasks(self) -> None:
+        grouped = set().union(*(g.tasks for g in self.groups.values()))
+        _put(self.base / "tasks", _lines((self.live_tids() | self.default.tasks) - grouped))
+
+    def _status(self, text: str) -> None:
+        self.last_cmd_status = text
+        _put(self.base / "info/last_cmd_status", text)
 
     def _write_mon_data(self, d: Path, group: str | None, counters) -> None:
         for domain in self.domains:
@@ -202,6 +218,10 @@ class FakeResctrl(ResctrlOps):
         if p.parent != self.base / "mon_groups":
             raise PermissionError(errno.EPERM, "Operation not permitted", path)
         return p.name
+
+
+def _lines(ids) -> str:
+    return "\n".join(map(str, sorted(ids)))
 
 
 def _put(path: Path, text: str) -> None:
