@@ -6,6 +6,7 @@ only (a test checks it). Every series also carries ``node``, added by ``family``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 PREFIX = "numaguard_"
@@ -44,20 +45,24 @@ class LabelPrefix:
 class Family:
     """The samples of one catalogue metric for one node, filled by a collector.
 
-    Label text is rendered as samples are added; the exposition only joins it.
+    Each sample is rendered to its exposition line as it is added (the same line serves
+    the text format and OpenMetrics); the exposition only joins them.
     """
 
-    __slots__ = ("_suffixes", "node", "samples", "spec")
+    __slots__ = ("_head", "_suffixes", "lines", "node", "spec")
 
     def __init__(self, spec: MetricSpec, node: str) -> None:
         self.spec = spec
         self.node = node
-        self.samples: list[tuple[str, float]] = []
+        self.lines: list[str] = []
+        self._head = f'{spec.name}{{{NODE_LABEL}="{escape_label_value(node)}"'
         self._suffixes: dict[str, str] = {}  # last label's value -> its rendered pair
 
     def add(self, value: float, *values: str) -> None:
         """Label values in the spec's order."""
-        self.samples.append((_pairs(self.spec.labels, values), value))
+        self.lines.append(
+            f"{self._head}{_pairs(self.spec.labels, values)}}} {format_value(value)}\n"
+        )
 
     def add_under(self, prefix: LabelPrefix, value: float, *values: str) -> None:
         """Label values after the leading ones that ``prefix`` holds rendered."""
@@ -68,7 +73,18 @@ class Family:
                 suffix = self._suffixes[values[0]] = _pairs(names, values)
         else:
             suffix = _pairs(names, values)
-        self.samples.append((prefix.text + suffix, value))
+        self.lines.append(f"{self._head}{prefix.text}{suffix}}} {format_value(value)}\n")
+
+
+def format_value(value: float) -> str:
+    """A sample value as both exposition formats write it."""
+    if type(value) is int:
+        return str(value)
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
 
 
 def escape_label_value(value: str) -> str:

@@ -267,15 +267,31 @@ class FakeHostRoot:
             # bytes; anon + file is the container's memory, the rest is detail
             file = {n: size[n] // 4 for n in nodes}
             anon = {n: size[n] - file[n] for n in nodes}
+            zero = dict.fromkeys(nodes, 0)
             rows = {
                 "anon": anon,
                 "file": file,
                 "kernel_stack": dict.fromkeys(nodes, 16384),
                 "pagetables": dict.fromkeys(nodes, 8192),
-                "shmem": dict.fromkeys(nodes, 0),
+                "sec_pagetables": zero,
+                "shmem": zero,
                 "file_mapped": file,
-                "file_dirty": dict.fromkeys(nodes, 0),
-                "unevictable": dict.fromkeys(nodes, 0),
+                "file_dirty": zero,
+                "file_writeback": zero,
+                "swapcached": zero,
+                "anon_thp": zero,
+                "file_thp": zero,
+                "shmem_thp": zero,
+                "unevictable": zero,
+                "slab_reclaimable": dict.fromkeys(nodes, 4096),
+                "slab_unreclaimable": dict.fromkeys(nodes, 4096),
+                "workingset_refault_anon": zero,
+                "workingset_refault_file": zero,
+                "workingset_activate_anon": zero,
+                "workingset_activate_file": zero,
+                "workingset_restore_anon": zero,
+                "workingset_restore_file": zero,
+                "workingset_nodereclaim": zero,
             }
             return "".join(
                 f"{k} " + " ".join(f"N{n}={v[n]}" for n in nodes) + "\n" for k, v in rows.items()

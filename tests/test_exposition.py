@@ -38,9 +38,11 @@ def as_client_families(families: list[c.Family]):
             )
         else:
             metric = GaugeMetricFamily(spec.name, spec.help, labels=labels, unit=spec.unit)
-        for text, value in fam.samples:
-            values = [fam.node] + [_unescape(v) for v in _values(text)]
-            metric.add_metric(values, value)
+        head = f'{spec.name}{{node="{fam.node}"'
+        for line in fam.lines:
+            labels, _, value = line[len(head) :].rstrip("\n").rpartition("} ")
+            values = [fam.node] + [_unescape(v) for v in _values(labels)]
+            metric.add_metric(values, float(value))
         out.append(metric)
     return out
 

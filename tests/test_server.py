@@ -139,6 +139,7 @@ def test_help_explains_every_flag():
         "--kubeconfig",
         "--collector-timeout",
         "--memory-remote-threshold",
+        "--resctrl-mode",
     ):
         assert flag in out
 

@@ -10,10 +10,7 @@ from exporter.readers import MAX_ID, ParseError, _count
 # Regular expressions do the per-value work in C: these files are read ~1,000 times a
 # cycle on a busy node.
 _PER_NODE = re.compile(r"N(\d{1,5})=(\d{1,20})")
-_NUMA_ROW_V2 = re.compile(r"^(anon|file)((?: N\d{1,5}=\d{1,20})*) *$", re.MULTILINE)
-_NUMA_ROW_V1 = re.compile(
-    r"^(hierarchical_total|total)=\d{1,20}((?: N\d{1,5}=\d{1,20})*) *$", re.MULTILINE
-)
+_PER_NODE_ROW = re.compile(r"(?: N\d{1,5}=\d{1,20})*")
 _PSI_LINE = re.compile(
     r"(some|full) avg10=\d+\.\d+ avg60=\d+\.\d+ avg300=\d+\.\d+ total=(\d{1,20})"
 )
@@ -34,19 +31,20 @@ class Pressure:
 
 def parse_numa_stat_v2(text: str) -> dict[int, int]:
     """cgroup v2 ``memory.numa_stat`` (bytes): anon + file per NUMA node."""
-    rows = _numa_rows(_NUMA_ROW_V2, text)
-    if "anon" not in rows or "file" not in rows:
-        raise ParseError("memory.numa_stat lacks a well-formed anon or file row")
-    return _per_node(rows["anon"], rows["file"])
+    anon, file = _numa_row(text, "anon "), _numa_row(text, "file ")
+    if anon is None or file is None:
+        raise ParseError("memory.numa_stat lacks anon or file")
+    return _per_node(anon, file)
 
 
 def parse_numa_stat_v1(text: str, page_size: int) -> dict[int, int]:
     """cgroup v1 ``memory.numa_stat`` (pages): the hierarchical total per node, in bytes."""
-    rows = _numa_rows(_NUMA_ROW_V1, text)
-    pages = rows.get("hierarchical_total", rows.get("total"))
-    if pages is None:
-        raise ParseError("memory.numa_stat lacks a well-formed total row")
-    return {node: count * page_size for node, count in _per_node(pages).items()}
+    row = _numa_row(text, "hierarchical_total=") or _numa_row(text, "total=")
+    if row is None:
+        raise ParseError("memory.numa_stat lacks total")
+    total, _, row = row.strip().partition(" ")
+    _count(total)
+    return {node: count * page_size for node, count in _per_node(row).items()}
 
 
 def parse_cpu_throttling(text: str) -> CpuThrottling | None:
@@ -87,15 +85,27 @@ def parse_pressure(text: str) -> Pressure:
 _THROTTLE_KEYS = frozenset({"nr_periods", "nr_throttled", "throttled_usec", "throttled_time"})
 
 
-def _numa_rows(row: re.Pattern, text: str) -> dict[str, str]:
-    """The rows we use (the kernel writes a score of others), key -> per-node text."""
-    return {m[1]: m[2] for m in row.finditer(text)}
+def _numa_row(text: str, key: str) -> str | None:
+    """What follows ``key`` on its row, found by plain search: the kernel writes a score
+    of rows we do not use, and scanning them all with a pattern costs twice as much."""
+    if text.startswith(key):
+        start = len(key)
+    else:
+        at = text.find("\n" + key)
+        if at < 0:
+            return None
+        start = at + 1 + len(key)
+    end = text.find("\n", start)
+    return (text[start:end] if end >= 0 else text[start:]).rstrip(" ")
 
 
 def _per_node(*rows: str) -> dict[int, int]:
     """Sum rows of `` N0=<n> N1=<n>`` per node."""
     out: dict[int, int] = {}
     for row in rows:
+        row = row.strip()
+        if row and not _PER_NODE_ROW.fullmatch(" " + row):
+            raise ParseError(f"bad per-node values {row[:60]!r}")
         for node, value in _PER_NODE.findall(row):
             n = int(node)
             if n >= MAX_ID:
