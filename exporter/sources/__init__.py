@@ -80,3 +80,12 @@ def read_parsed(issues: list[Issue], path: str, reader: Callable[..., T], *args)
     except ParseError as err:
         issues.append(Issue("parse", path, str(err)))
     return None
+
+
+def subdirs(path: str) -> list[str]:
+    """Names of the directories in ``path`` (not following links); none if unreadable."""
+    try:
+        with os.scandir(path) as it:
+            return [e.name for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []

@@ -19,7 +19,7 @@ from exporter.readers.cgroup import (
     parse_numa_stat_v2,
     parse_pressure,
 )
-from exporter.sources import Issue, read_parsed
+from exporter.sources import Issue, read_parsed, subdirs
 
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 PRESSURE_RESOURCES = ("cpu", "memory", "io")
@@ -105,14 +105,14 @@ class CgroupSource:
         root = self._discovery_root(layout)
         for qos in QOS_CLASSES:
             qos_rel = _QOS_DIR[layout.driver][qos]
-            for name in _subdirs(os.path.join(root, qos_rel)):
+            for name in subdirs(os.path.join(root, qos_rel)):
                 uid = _pod_uid(layout.driver, name)
                 if uid:
                     yield qos, uid, os.path.join(qos_rel, name)
 
     def _containers(self, layout: _Layout, pod_rel: str):
         """Yield (runtime, container id, container dir relative to kubepods)."""
-        for name in _subdirs(os.path.join(self._discovery_root(layout), pod_rel)):
+        for name in subdirs(os.path.join(self._discovery_root(layout), pod_rel)):
             m = _CONTAINER.fullmatch(name)
             if m:
                 yield _RUNTIME.get(m[1] or "", ""), m[2], f"{pod_rel}/{name}"
@@ -197,7 +197,7 @@ def _driver_at(hierarchy: str) -> str:
 
 def _v1_controller_dir(root: str, controller: str) -> str | None:
     """v1 mounts a controller alone or co-mounted (``cpu,cpuacct``); find its directory."""
-    for name in _subdirs(root):
+    for name in subdirs(root):
         if controller in name.split(","):
             return os.path.join(root, name)
     return None
@@ -209,11 +209,3 @@ def _pod_uid(driver: str, name: str) -> str | None:
         return m[1].replace("_", "-") if m else None
     m = _CGROUPFS_POD.fullmatch(name)
     return m[1] if m else None
-
-
-def _subdirs(path: str) -> list[str]:
-    try:
-        with os.scandir(path) as it:
-            return [e.name for e in it if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []

@@ -24,7 +24,7 @@ from exporter.readers.resctrl import (
     parse_tids,
     parse_word_list,
 )
-from exporter.sources import Issue, read_parsed
+from exporter.sources import Issue, read_parsed, subdirs
 from exporter.sources.cgroups import PodsReading
 
 GROUP_PREFIX = "numaguard-"
@@ -114,7 +114,7 @@ class ResctrlSource:
         domain_ids = _ids(self.root + "/mon_data", _DOMAIN_DIR)
 
         groups, unmonitored = self._groups(mode, pods, issues)
-        ctrl_groups = [f"{self.root}/{n}" for n in _subdirs(self.root) if n not in _NOT_GROUPS]
+        ctrl_groups = [f"{self.root}/{n}" for n in subdirs(self.root) if n not in _NOT_GROUPS]
         node_dirs = [self.root, *ctrl_groups]  # all tasks of the node, between them
         domains = {
             d: _sum(
@@ -143,7 +143,7 @@ class ResctrlSource:
             )
             for uid, path in groups.items()
         }
-        used = 1 + len(ctrl_groups) + sum(len(_subdirs(f"{g}/mon_groups")) for g in node_dirs)
+        used = 1 + len(ctrl_groups) + sum(len(subdirs(f"{g}/mon_groups")) for g in node_dirs)
         return ResctrlReading(
             mode=mode,
             features=features,
@@ -177,7 +177,7 @@ class ResctrlSource:
         base = f"{self.root}/mon_groups"
         ours = {
             name[len(GROUP_PREFIX) :]: f"{base}/{name}"
-            for name in _subdirs(base)
+            for name in subdirs(base)
             if name.startswith(GROUP_PREFIX)
         }
         wanted = _pods(pods) if pods is not None else None
@@ -292,12 +292,4 @@ def _sum(parts: list[MonValues]) -> MonValues:
 
 
 def _ids(path: str, pattern: re.Pattern) -> list[int]:
-    return sorted(int(m[1]) for n in _subdirs(path) if (m := pattern.fullmatch(n)))
-
-
-def _subdirs(path: str) -> list[str]:
-    try:
-        with os.scandir(path) as it:
-            return [e.name for e in it if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
+    return sorted(int(m[1]) for n in subdirs(path) if (m := pattern.fullmatch(n)))
