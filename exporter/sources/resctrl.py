@@ -67,7 +67,6 @@ class PodGroup:
 @dataclass(frozen=True, slots=True)
 class ResctrlReading:
     mode: str  # the mode in effect: manage | read-only | off | unavailable
-    features: frozenset[str] = frozenset()
     num_rmids: int | None = None
     rmids_used: int | None = None
     # whole-node values per L3 domain, and per NUMA node under Sub-NUMA Clustering
@@ -80,10 +79,6 @@ class ResctrlReading:
     unreadable_total: dict[str, int] = field(default_factory=dict)
     rmid_exhaustions_total: int = 0
     issues: list[Issue] = field(default_factory=list)
-
-    @property
-    def available(self) -> bool:
-        return self.mode in ("manage", "read-only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +141,6 @@ class ResctrlSource:
         used = 1 + len(ctrl_groups) + sum(len(subdirs(f"{g}/mon_groups")) for g in node_dirs)
         return ResctrlReading(
             mode=mode,
-            features=features,
             num_rmids=num_rmids,
             rmids_used=used,
             domains=domains,
