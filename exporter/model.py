@@ -37,7 +37,6 @@ class PodMeta:
 @dataclass(frozen=True, slots=True)
 class Topology:
     nodes: tuple[int, ...]
-    cpus_of_node: Mapping[int, frozenset[int]]
     node_of_cpu: Mapping[int, int]
     socket_of_cpu: Mapping[int, int]
     # distance[a][b]; rows whose length does not match the node list are left out
@@ -57,7 +56,6 @@ class NumaNodeState:
 
 @dataclass(frozen=True, slots=True)
 class ContainerState:
-    pod_uid: str
     container_id: str
     name: str  # "" without API metadata
     runtime: str
@@ -81,7 +79,6 @@ class PodState:
     uid: str
     namespace: str
     name: str
-    qos_class: str
     containers: tuple[ContainerState, ...]
     cpus_by_node: Mapping[int, int] | None
     memory_by_node: Mapping[int, int] | None
@@ -162,7 +159,7 @@ def build_topology(host: HostReading) -> Topology:
         for n in host.nodes
         if n.distances is not None and len(n.distances) == len(nodes)
     }
-    return Topology(nodes, cpus_of_node, node_of_cpu, host.socket_of_cpu, distance, host.l3_domains)
+    return Topology(nodes, node_of_cpu, host.socket_of_cpu, distance, host.l3_domains)
 
 
 def _numa_node(reading, host: HostReading, previous: NumaNodeState | None) -> NumaNodeState:
@@ -217,7 +214,7 @@ def _pods(
             if not raw:
                 continue  # only its sandbox is left: nothing of the pod's own to show
         containers = tuple(_container(c, meta, placer, reading.shared_pool) for c in raw)
-        pods.append(_pod(uid, raw[0].qos_class, meta, containers, placer, thresholds))
+        pods.append(_pod(uid, meta, containers, placer, thresholds))
     return tuple(sorted(pods, key=lambda p: p.uid))
 
 
@@ -241,7 +238,6 @@ def _container(
     remote = _remote_bytes(memory, cpu_nodes)
     total = sum(memory.values()) if memory is not None else None
     return ContainerState(
-        pod_uid=c.pod_uid,
         container_id=c.container_id,
         name=meta.containers.get(c.container_id, "") if meta else "",
         runtime=c.runtime,
@@ -261,7 +257,6 @@ def _container(
 
 def _pod(
     uid: str,
-    qos: str,
     meta: PodMeta | None,
     containers: tuple[ContainerState, ...],
     placer: _CpuPlacer,
@@ -293,7 +288,6 @@ def _pod(
         uid=uid,
         namespace=meta.namespace if meta else "",
         name=meta.name if meta else "",
-        qos_class=qos,
         containers=containers,
         cpus_by_node=cpus_by_node,
         memory_by_node=memory,

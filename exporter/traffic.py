@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporter.readers.resctrl import Unreadable
+from exporter.readers.resctrl import MonValues, Unreadable, sum_mon_values
 from exporter.sources.host import L3Domain
-from exporter.sources.resctrl import MonValues, ResctrlReading
+from exporter.sources.resctrl import ResctrlReading
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,6 @@ class L3State:
 
 @dataclass(frozen=True, slots=True)
 class PodTraffic:
-    uid: str
     domains: Mapping[int, Traffic]  # counters and occupancy per L3 domain
     bytes_per_second: float | None  # over all domains
     remote_ratio: float | None
@@ -86,16 +85,15 @@ def build_resctrl(
     pods = {}
     for uid, group in reading.pods.items():
         before = previous.pods.get(uid) if previous else None
-        ids = sorted(group.domains)
-        per_domain = {d: _traffic([group.domains[d]], [None], None) for d in ids}
+        ids = sorted(group)
+        per_domain = {d: _traffic([group[d]], [None], None) for d in ids}
         overall = _traffic(
-            [group.domains[d] for d in ids],
+            [group[d] for d in ids],
             [before.domains.get(d) if before else None for d in ids],
             seconds,
         )
         capacity = {s.id: s.capacity_bytes for s in domains}
         pods[uid] = PodTraffic(
-            uid=uid,
             domains=per_domain,
             bytes_per_second=overall.bytes_per_second,
             remote_ratio=overall.remote_ratio,
@@ -133,29 +131,24 @@ def _numa(
         for d in domains:
             if len(d.numa_nodes) == 1:
                 parts.setdefault(d.numa_nodes[0], []).append(reading.domains[d.id])
-    out = {}
-    for node, values in sorted(parts.items()):
-        before = previous.numa_nodes.get(node) if previous else None
-        summed = _traffic(values, [None] * len(values), None)
-        out[node] = _traffic(
-            [
-                {
-                    "mbm_total_bytes": summed.total_bytes,
-                    "mbm_local_bytes": summed.local_bytes,
-                    "llc_occupancy": summed.occupancy_bytes,
-                }
-            ],
-            [before],
+    return {
+        node: _traffic(
+            [sum_mon_values(values)],
+            [previous.numa_nodes.get(node) if previous else None],
             seconds,
         )
-    return out
+        for node, values in sorted(parts.items())
+    }
 
 
 def _traffic(now: list[MonValues], before: list[Traffic | None], seconds: float | None) -> Traffic:
     """Sum places' values; rate and ratio from the change since ``before`` (one entry
     per place). A value missing or unreadable anywhere makes the sum unknown; a place
     whose counter went backwards (its group was recreated) leaves the rate unknown."""
-    total = _add(now, "mbm_total_bytes")
+    summed = sum_mon_values(now)
+    total, local, occupancy = (
+        _number(summed.get(e)) for e in ("mbm_total_bytes", "mbm_local_bytes", "llc_occupancy")
+    )
     rate = ratio = None
     if seconds and total is not None and before and all(b is not None for b in before):
         d_total = _delta(now, before, "mbm_total_bytes", "total_bytes")
@@ -165,7 +158,7 @@ def _traffic(now: list[MonValues], before: list[Traffic | None], seconds: float 
             if d_local is not None and d_total:
                 # local can lead total by a read's worth: keep the ratio in 0..1
                 ratio = min(1.0, max(0.0, 1 - d_local / d_total))
-    return Traffic(total, _add(now, "mbm_local_bytes"), _add(now, "llc_occupancy"), rate, ratio)
+    return Traffic(total, local, occupancy, rate, ratio)
 
 
 def _delta(now: list[MonValues], before: list[Traffic], event: str, attr: str) -> int | None:
@@ -178,8 +171,5 @@ def _delta(now: list[MonValues], before: list[Traffic], event: str, attr: str) -
     return change
 
 
-def _add(values: list[MonValues], event: str) -> int | None:
-    parts = [v.get(event) for v in values]
-    if not parts or any(p is None or isinstance(p, Unreadable) for p in parts):
-        return None
-    return sum(parts)
+def _number(value: int | Unreadable | None) -> int | None:
+    return None if value is None or isinstance(value, Unreadable) else value

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from simulator import presets
-from simulator.host import GIB, MIB, FakeContainer, FakeHostRoot, FakePod
+from simulator.host import GIB, MIB, FakeHostRoot
 from simulator.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of, samples, series
 
@@ -366,4 +366,3 @@ async def test_the_kernel_refuses_foreign_moves(tmp_path):
     got = await node.cycle()
     assert got[series("numaguard_collector_errors_total", collector="resctrl", reason="write")] >= 1
     assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "trainer-aligned")] == 1
-    assert FakeContainer and FakePod  # the simulator types stay importable from here

@@ -19,6 +19,23 @@ class Unreadable:
     reason: str  # unavailable | error | unassigned
 
 
+MonValues = dict[str, "int | Unreadable"]  # event name -> value
+EVENTS = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
+
+
+def sum_mon_values(parts: list[MonValues]) -> MonValues:
+    """Add places (groups, domains) event by event. An event missing from one place is
+    left out; one unreadable in any place is unreadable in the sum."""
+    out: MonValues = {}
+    for event in EVENTS:
+        values = [p.get(event) for p in parts]
+        if not values or any(v is None for v in values):
+            continue
+        bad = next((v for v in values if isinstance(v, Unreadable)), None)
+        out[event] = bad if bad is not None else sum(values)
+    return out
+
+
 def parse_mon_value(text: str) -> int | Unreadable:
     """``llc_occupancy``, ``mbm_total_bytes``, ``mbm_local_bytes``: bytes, or a word."""
     text = text.strip()

@@ -15,7 +15,7 @@ from exporter.readers.numa import (
     parse_vmstat_balancing,
 )
 from exporter.readers.resctrl import parse_cache_size
-from exporter.sources import Issue, read_parsed
+from exporter.sources import Issue, read_parsed, subdirs
 
 _NODE_DIR = re.compile(r"node(\d+)")
 
@@ -126,14 +126,8 @@ class HostSource:
 
     def _l3_index(self, cpu: int) -> str | None:
         base = f"{self._cpu_dir}/cpu{cpu}/cache"
-        for index in sorted(_subdirs(base), reverse=True):  # L3 is usually the last
+        indexes = [n for n in subdirs(base) if n.startswith("index")]
+        for index in sorted(indexes, reverse=True):  # L3 is usually the last
             if read_parsed([], f"{base}/{index}/level", parse_single_int) == 3:
                 return f"{base}/{index}"
         return None
-
-
-def _subdirs(path: str) -> list[str]:
-    try:
-        return [n for n in os.listdir(path) if n.startswith("index")]
-    except OSError:
-        return []

@@ -19,23 +19,23 @@ from dataclasses import dataclass, field
 
 from exporter.readers import parse_single_int
 from exporter.readers.resctrl import (
+    EVENTS,
+    MonValues,
     Unreadable,
     parse_mon_value,
     parse_tids,
     parse_word_list,
+    sum_mon_values,
 )
 from exporter.sources import Issue, read_parsed, subdirs
 from exporter.sources.cgroups import PodsReading
 
 GROUP_PREFIX = "numaguard-"
 MODES = ("auto", "manage", "read-only", "off")
-EVENTS = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
 _DOMAIN_DIR = re.compile(r"mon_L3_(\d+)")
 _SUB_DIR = re.compile(r"mon_sub_L3_(\d+)")
 # resctrl's own directories at its root; any other directory is a CTRL_MON group
 _NOT_GROUPS = frozenset({"info", "mon_groups", "mon_data"})
-
-MonValues = dict[str, "int | Unreadable"]  # event name -> value
 
 
 class ResctrlOps:
@@ -57,14 +57,6 @@ class ResctrlOps:
 
 
 @dataclass(frozen=True, slots=True)
-class PodGroup:
-    """A pod's monitoring group and what it read this cycle, per L3 domain."""
-
-    uid: str
-    domains: dict[int, MonValues]
-
-
-@dataclass(frozen=True, slots=True)
 class ResctrlReading:
     mode: str  # the mode in effect: manage | read-only | off | unavailable
     num_rmids: int | None = None
@@ -72,7 +64,8 @@ class ResctrlReading:
     # whole-node values per L3 domain, and per NUMA node under Sub-NUMA Clustering
     domains: dict[int, MonValues] = field(default_factory=dict)
     snc_nodes: dict[int, MonValues] = field(default_factory=dict)
-    pods: dict[str, PodGroup] = field(default_factory=dict)
+    # pod uid -> L3 domain -> what its monitoring group read
+    pods: dict[str, dict[int, MonValues]] = field(default_factory=dict)
     unmonitored: frozenset[str] = frozenset()  # pod uids left without a group
     # cumulative since start: values the kernel would not give, by reason, and
     # group creations refused for want of RMIDs
@@ -112,7 +105,7 @@ class ResctrlSource:
         ctrl_groups = [f"{self.root}/{n}" for n in subdirs(self.root) if n not in _NOT_GROUPS]
         node_dirs = [self.root, *ctrl_groups]  # all tasks of the node, between them
         domains = {
-            d: _sum(
+            d: sum_mon_values(
                 [self._values(f"{g}/mon_data/mon_L3_{d:02d}", features, issues) for g in node_dirs]
             )
             for d in domain_ids
@@ -120,7 +113,7 @@ class ResctrlSource:
         snc: dict[int, MonValues] = {}
         for d in domain_ids:
             for node in _ids(f"{self.root}/mon_data/mon_L3_{d:02d}", _SUB_DIR):
-                snc[node] = _sum(
+                snc[node] = sum_mon_values(
                     [
                         self._values(
                             f"{g}/mon_data/mon_L3_{d:02d}/mon_sub_L3_{node:02d}", features, issues
@@ -129,13 +122,10 @@ class ResctrlSource:
                     ]
                 )
         pod_groups = {
-            uid: PodGroup(
-                uid,
-                {
-                    d: self._values(f"{path}/mon_data/mon_L3_{d:02d}", features, issues)
-                    for d in domain_ids
-                },
-            )
+            uid: {
+                d: self._values(f"{path}/mon_data/mon_L3_{d:02d}", features, issues)
+                for d in domain_ids
+            }
             for uid, path in groups.items()
         }
         used = 1 + len(ctrl_groups) + sum(len(subdirs(f"{g}/mon_groups")) for g in node_dirs)
@@ -271,18 +261,6 @@ def _pods(reading: PodsReading) -> list[_Pod]:
         _Pod(uid, 0 if qos[uid] == "guaranteed" else 1, tuple(files))
         for uid, files in tasks.items()
     ]
-
-
-def _sum(parts: list[MonValues]) -> MonValues:
-    """Add the groups that make up the node; a value unreadable in one is unreadable."""
-    out: MonValues = {}
-    for event in EVENTS:
-        values = [p.get(event) for p in parts]
-        if values[0] is None or any(v is None for v in values):
-            continue
-        bad = next((v for v in values if isinstance(v, Unreadable)), None)
-        out[event] = bad if bad is not None else sum(values)
-    return out
 
 
 def _ids(path: str, pattern: re.Pattern) -> list[int]:
