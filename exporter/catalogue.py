@@ -352,7 +352,8 @@ POD_CROSS_NUMA = _m(
     "pod_cross_numa",
     "gauge",
     "1 when the pod is placed across NUMA nodes for the reason given: cpu_span (exclusive "
-    "CPUs on several nodes), memory_remote (remote memory ratio over the threshold). "
+    "CPUs on several nodes), memory_remote (remote memory ratio over the threshold), "
+    "device_remote (a GPU it holds hangs off a NUMA node none of its CPUs is on). "
     "Absent when the data to decide is missing.",
     (*POD, "reason"),
     "pod_placement",
@@ -541,6 +542,122 @@ POD_LLC_SHARE = _m(
     "The pod's LLC occupancy as a share of the domain's capacity.",
     (*POD, "l3_domain"),
     "resctrl",
+)
+
+
+# -- GPUs and MIG slices ------------------------------------------------------------
+GPU = ("gpu", "gpu_uuid")
+SLICE = (*GPU, "mig_uuid", "mig_profile")
+_KIND = (
+    "kind: sm (share of SMs busy), graphics (time any context was active), sm_occupancy "
+    "(active warps vs the maximum), tensor (time tensor cores were busy), dram_bandwidth "
+    "(DRAM bandwidth used vs the maximum)"
+)
+
+GPU_INFO = _m(
+    "gpu_info",
+    "gauge",
+    "A GPU NVML sees; value 1. numa_node is where its PCIe root hangs (empty: unknown); "
+    "mig_mode is enabled or disabled.",
+    (*GPU, "model", "pci_bus_id", "numa_node", "mig_mode"),
+    "gpu",
+)
+GPU_UP = _m(
+    "gpu_up",
+    "gauge",
+    "1 when the GPU answered NVML this cycle; 0 when it is lost, its calls hung past the "
+    'deadline, or it could not be named (see collector_errors_total{collector="gpu"}).',
+    GPU,
+    "gpu",
+)
+GPU_POWER = _m("gpu_power_watts", "gauge", "Power draw, once per GPU.", GPU, "gpu")
+GPU_TEMPERATURE = _m(
+    "gpu_temperature_celsius", "gauge", "GPU core temperature, once per GPU.", GPU, "gpu"
+)
+GPU_MEMORY_TOTAL = _m("gpu_memory_total_bytes", "gauge", "Frame buffer size.", GPU, "gpu")
+GPU_MEMORY_USED = _m(
+    "gpu_memory_used_bytes", "gauge", "Frame buffer in use (all slices, with MIG on).", GPU, "gpu"
+)
+GPU_UTILIZATION = _m(
+    "gpu_utilization_ratio",
+    "gauge",
+    "Whole-GPU activity over the last interval, 0..1, by " + _KIND + ". Only kinds the GPU "
+    "measures appear (GPM on Hopper and later; graphics from the utilization rates "
+    "otherwise).",
+    (*GPU, "kind"),
+    "gpu",
+)
+GPU_UTILIZATION_SUPPORTED = _m(
+    "gpu_utilization_supported",
+    "gauge",
+    "1 when the GPU can measure this kind of activity, 0 when it cannot: a missing "
+    "utilization is then unknown, not idle.",
+    (*GPU, "kind"),
+    "gpu",
+)
+GPU_PCIE = _m(
+    "gpu_pcie_bytes_per_second",
+    "gauge",
+    "PCIe traffic over the last interval (GPM), direction tx (from the GPU) or rx.",
+    (*GPU, "direction"),
+    "gpu",
+)
+GPU_PROCESSES = _m(
+    "gpu_processes",
+    "gauge",
+    "Compute processes on a GPU with MIG off (with MIG on, see mig_processes).",
+    GPU,
+    "gpu",
+)
+MIG_INFO = _m(
+    "mig_info",
+    "gauge",
+    "A MIG slice; value 1. gi_id and ci_id are its GPU and compute instance; placement "
+    "is its first memory slice and their count, of 8.",
+    (*SLICE, "gi_id", "ci_id", "placement_start", "placement_size"),
+    "gpu",
+)
+MIG_SMS = _m(
+    "mig_multiprocessors",
+    "gauge",
+    "Streaming multiprocessors of the slice, as the driver reports them.",
+    SLICE,
+    "gpu",
+)
+MIG_MEMORY_TOTAL = _m("mig_memory_total_bytes", "gauge", "The slice's memory.", SLICE, "gpu")
+MIG_MEMORY_USED = _m("mig_memory_used_bytes", "gauge", "The slice's memory in use.", SLICE, "gpu")
+MIG_UTILIZATION = _m(
+    "mig_utilization_ratio",
+    "gauge",
+    "The slice's own activity over the last interval, 0..1 of the slice (not of the GPU), "
+    "by " + _KIND + ". From GPM (Hopper and later); absent where unsupported.",
+    (*SLICE, "kind"),
+    "gpu",
+)
+MIG_UTILIZATION_SUPPORTED = _m(
+    "mig_utilization_supported",
+    "gauge",
+    "1 when the slice's activity of this kind can be measured; 0 on GPUs without GPM "
+    "(A100), where NVML has no per-slice utilization.",
+    (*SLICE, "kind"),
+    "gpu",
+)
+MIG_PCIE = _m(
+    "mig_pcie_bytes_per_second",
+    "gauge",
+    "The slice's PCIe traffic over the last interval (GPM), direction tx or rx.",
+    (*SLICE, "direction"),
+    "gpu",
+)
+MIG_PROCESSES = _m("mig_processes", "gauge", "Compute processes on the slice.", SLICE, "gpu")
+GPU_HOLDER = _m(
+    "gpu_holder_info",
+    "gauge",
+    "A pod container using a GPU (mig_uuid empty) or MIG slice; value 1. resource is the "
+    "extended resource it stands for; numa_node is the device's; source says how it was "
+    "found: process (a process of the container runs on the device).",
+    (*GPU, "mig_uuid", "resource", "numa_node", *CONTAINER, "source"),
+    "gpu",
 )
 
 

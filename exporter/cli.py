@@ -12,7 +12,7 @@ import sys
 
 from exporter import __version__, logs
 from exporter.model import Thresholds
-from exporter.server import Settings, serve
+from exporter.server import GpuBackendError, Settings, serve
 from exporter.sources.kube import KubeconfigError
 from exporter.sources.resctrl import MODES
 
@@ -95,6 +95,14 @@ def parser() -> argparse.ArgumentParser:
         "read-only",
     )
     p.add_argument(
+        "--gpu-backend",
+        default="nvml",
+        metavar="nvml|none|fake:PATH",
+        help="where GPU and MIG metrics come from: nvml (the driver's libnvidia-ml; without "
+        "a driver the exporter logs one line and runs without GPU metrics), none, or "
+        "fake:PATH (a simulated GPU node described in a JSON file, for demos and tests)",
+    )
+    p.add_argument(
         "--log-format",
         choices=("json", "text"),
         default="json",
@@ -119,6 +127,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         kubeconfig=args.kubeconfig,
         thresholds=Thresholds(args.memory_remote_threshold, args.memory_remote_min_bytes),
         resctrl_mode=args.resctrl_mode,
+        gpu_backend=args.gpu_backend,
     )
 
 
@@ -146,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(settings))
     except KubeconfigError as err:
         print(f"numaguard-exporter: cannot talk to the API server with {err}", file=sys.stderr)
+        return 2
+    except GpuBackendError as err:
+        print(f"numaguard-exporter: --gpu-backend: {err}", file=sys.stderr)
         return 2
     except OSError as err:
         print(f"numaguard-exporter: cannot serve on {args.listen}: {err}", file=sys.stderr)

@@ -16,20 +16,22 @@ from typing import Any, Protocol
 
 from exporter import __version__
 from exporter import catalogue as c
-from exporter.collectors import host_numa, pods, resctrl
+from exporter.collectors import gpu, host_numa, pods, resctrl
 from exporter.exposition import render
 from exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
 from exporter.sources import READ_FAILURES, Issue
 
 log = logging.getLogger(__name__)
 
-# "write": the kernel refused a resctrl group change or task move
-ERROR_REASONS = (*READ_FAILURES, "write", "timeout", "internal")
+# "write": the kernel refused a resctrl group change or task move; "gpu_lost" and
+# "nvml": a GPU fell off the bus, or NVML answered an error other than not-supported
+ERROR_REASONS = (*READ_FAILURES, "write", "gpu_lost", "nvml", "timeout", "internal")
 
 # Collector names, as the "collector" label shows them.
 HOST_NUMA = "host_numa"
 POD_PLACEMENT = "pod_placement"
 RESCTRL = "resctrl"  # runs after pod_placement: it needs this cycle's pods
+GPU = "gpu"
 
 # Distinct (collector, reason, path) problems we log once each; beyond this, just count.
 _MAX_LOGGED_PROBLEMS = 10_000
@@ -111,6 +113,7 @@ class Collection:
             self.snapshot,
             self.thresholds,
             readings.get(RESCTRL),
+            readings.get(GPU),
         )
         return snap, self.render(snap)
 
@@ -169,6 +172,7 @@ class Collection:
             *host_numa.families(snap),
             *pods.families(snap),
             *resctrl.families(snap),
+            *gpu.families(snap),
             *self._self_families(snap),
         ]
         return Exposition(*render(families))

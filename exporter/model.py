@@ -5,11 +5,12 @@ once, here. Pure: readings (and the previous snapshot, for rates) in, snapshot o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from exporter.readers.cgroup import CpuThrottling, Pressure
 from exporter.readers.numa import NodeMeminfo
 from exporter.sources.cgroups import ContainerReading, PodsReading
+from exporter.sources.gpu import GpuReading, GpuRecord, SliceRecord
 from exporter.sources.host import HostReading, L3Domain
 from exporter.sources.resctrl import ResctrlReading
 from exporter.traffic import ResctrlState, build_resctrl
@@ -89,6 +90,21 @@ class PodState:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceUse:
+    """A pod container on a GPU or MIG slice."""
+
+    gpu: GpuRecord
+    mig: SliceRecord | None
+    resource: str  # the extended resource it stands for: nvidia.com/gpu, nvidia.com/mig-1g.10gb
+    pod_uid: str
+    container_id: str
+    namespace: str  # names are "" without API metadata
+    pod: str
+    container: str
+    source: str  # process
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     node_name: str
     timestamp: float
@@ -99,6 +115,8 @@ class NodeSnapshot:
     pods: tuple[PodState, ...]
     pod_metadata_synced: bool
     resctrl: ResctrlState | None
+    gpus: GpuReading | None = None
+    device_uses: tuple[DeviceUse, ...] = ()
 
 
 def build_snapshot(
@@ -110,6 +128,7 @@ def build_snapshot(
     previous: NodeSnapshot | None,
     thresholds: Thresholds,
     resctrl: ResctrlReading | None = None,
+    gpus: GpuReading | None = None,
 ) -> NodeSnapshot:
     """Combine this cycle's readings; a reading that failed (None) contributes nothing.
 
@@ -137,6 +156,9 @@ def build_snapshot(
             previous.resctrl if previous else None,
             timestamp - previous.timestamp if previous else None,
         )
+    uses = _device_uses(gpus, pod_states) if gpus else ()
+    if uses:
+        pod_states = _with_device_verdicts(pod_states, uses)
     return NodeSnapshot(
         node_name=node_name,
         timestamp=timestamp,
@@ -147,6 +169,8 @@ def build_snapshot(
         pods=pod_states,
         pod_metadata_synced=metadata is not None,
         resctrl=traffic,
+        gpus=gpus,
+        device_uses=uses,
     )
 
 
@@ -295,6 +319,55 @@ def _pod(
         numa_nodes_spanned=len(cpus_by_node) if cpus_by_node is not None else None,
         cross_numa=verdicts,
     )
+
+
+def _device_uses(gpus: GpuReading, pods: tuple[PodState, ...]) -> tuple[DeviceUse, ...]:
+    by_uid = {p.uid: p for p in pods}
+    uses = []
+    for gpu in gpus.gpus:
+        units = [(None, gpu.holders, "nvidia.com/gpu")] + [
+            (s, s.holders, f"nvidia.com/mig-{s.profile}") for s in gpu.slices
+        ]
+        for mig, holders, resource in units:
+            for h in holders:
+                pod = by_uid.get(h.pod_uid)
+                container = (
+                    next((c.name for c in pod.containers if c.container_id == h.container_id), "")
+                    if pod
+                    else ""
+                )
+                uses.append(
+                    DeviceUse(
+                        gpu,
+                        mig,
+                        resource,
+                        h.pod_uid,
+                        h.container_id,
+                        pod.namespace if pod else "",
+                        pod.name if pod else "",
+                        container,
+                        "process",
+                    )
+                )
+    return tuple(uses)
+
+
+def _with_device_verdicts(
+    pods: tuple[PodState, ...], uses: tuple[DeviceUse, ...]
+) -> tuple[PodState, ...]:
+    """device_remote: a device the pod uses hangs off a NUMA node none of its CPUs is on.
+    Decided only when the device's node and the pod's CPUs are both known."""
+    device_nodes: dict[str, list[int | None]] = {}
+    for use in uses:
+        device_nodes.setdefault(use.pod_uid, []).append(use.gpu.numa_node)
+    out = []
+    for pod in pods:
+        nodes = device_nodes.get(pod.uid)
+        if nodes and pod.cpus_by_node is not None and all(n is not None for n in nodes):
+            remote = any(n not in pod.cpus_by_node for n in nodes)
+            pod = replace(pod, cross_numa={**pod.cross_numa, "device_remote": remote})
+        out.append(pod)
+    return tuple(out)
 
 
 class _CpuPlacer:

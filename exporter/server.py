@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from exporter.collection import HOST_NUMA, POD_PLACEMENT, RESCTRL, Collection
+from exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, RESCTRL, Collection
 from exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from exporter.model import Thresholds
 from exporter.sources.cgroups import CgroupSource
+from exporter.sources.gpu import GpuUnavailable, NvmlSource
 from exporter.sources.host import HostSource
 from exporter.sources.kube import PodMetadataWatch, api_client
 from exporter.sources.resctrl import ResctrlOps, ResctrlSource
@@ -34,6 +35,40 @@ class Settings:
     thresholds: Thresholds = Thresholds()
     resctrl_mode: str = "auto"
     resctrl_ops: ResctrlOps | None = None  # the simulator acts as the kernel through this
+    gpu_backend: str = "nvml"  # nvml | none | fake:PATH
+
+
+class GpuBackendError(Exception):
+    """--gpu-backend names something that cannot be used."""
+
+
+def open_gpu_source(settings: Settings) -> NvmlSource | None:
+    """The GPU source for --gpu-backend; None without GPUs. Blocking (NVML init)."""
+    backend = settings.gpu_backend
+    if backend == "none":
+        return None
+    if backend.startswith("fake:"):
+        from simulator.nvml import FakeNvml  # only the simulator needs it
+
+        path = backend.removeprefix("fake:")
+        try:
+            with open(path) as f:
+                FakeNvml.from_description(f.read()).install()
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise GpuBackendError(f"cannot use the fake GPU node in {path}: {err!r}") from None
+    elif backend != "nvml":
+        raise GpuBackendError(f"unknown GPU backend {backend!r}: use nvml, none or fake:PATH")
+    import pynvml
+
+    # half the collector's budget per GPU, so a hung GPU is named before the whole
+    # collector times out
+    source = NvmlSource(pynvml, settings.host_root, settings.collector_timeout_seconds / 2)
+    try:
+        source.start()
+    except GpuUnavailable as err:
+        log.info("no NVIDIA driver (%s): no GPU metrics; --gpu-backend none says so quietly", err)
+        return None
+    return source
 
 
 class Exporter:
@@ -112,13 +147,17 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             "no kubeconfig and not in a cluster: pod series carry only pod_uid and container_id"
         )
 
+    gpus = await asyncio.to_thread(open_gpu_source, settings)
+    sources = {
+        HOST_NUMA: HostSource(settings.host_root),
+        POD_PLACEMENT: CgroupSource(settings.host_root),
+        RESCTRL: ResctrlSource(settings.host_root, settings.resctrl_mode, settings.resctrl_ops),
+    }
+    if gpus is not None:
+        sources[GPU] = gpus
     collection = Collection(
         settings.node_name,
-        {
-            HOST_NUMA: HostSource(settings.host_root),
-            POD_PLACEMENT: CgroupSource(settings.host_root),
-            RESCTRL: ResctrlSource(settings.host_root, settings.resctrl_mode, settings.resctrl_ops),
-        },
+        sources,
         metadata=metadata,
         thresholds=settings.thresholds,
         timeout_seconds=settings.collector_timeout_seconds,
@@ -148,6 +187,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await runner.cleanup()
         if api is not None:
             await api.close()
+        if gpus is not None:
+            await asyncio.to_thread(gpus.close, 1.0)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 

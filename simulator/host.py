@@ -81,6 +81,8 @@ class FakeHost:
     # L3 caches as (CPU list, size); None: one per socket over all the socket's CPUs
     l3: list[tuple[str, int]] | None = None
     l3_size_bytes: int = 64 * MIB  # size of the default ones
+    # PCI devices (sysfs address, 0000:18:00.0) -> NUMA node (-1: the platform does not say)
+    pci_devices: dict[str, int] = field(default_factory=dict)
     _tids: dict[str, list[int]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -108,6 +110,10 @@ class FakeHost:
             self._tids[key] = [first, first + 1, first + 2]
         return self._tids[key]
 
+    def pid(self, pod: FakePod, container: FakeContainer) -> int:
+        """The container's main process: its first thread."""
+        return self.tids(pod, container)[0]
+
     def l3_caches(self) -> list[tuple[frozenset[int], int]]:
         if self.l3 is not None:
             return [(parse_id_list(cpus), size) for cpus, size in self.l3]
@@ -132,6 +138,8 @@ class FakeHostRoot:
         self._write_cpus()
         self._write_vmstat()
         self._write_cgroups()
+        self._write_pci()
+        self._write_procs()
         return self
 
     # -- host ----------------------------------------------------------------------
@@ -153,6 +161,37 @@ class FakeHostRoot:
             _put(d / "distance", " ".join(map(str, row)))
             _put(d / "meminfo", _node_meminfo(i, n))
             _put(d / "numastat", "".join(f"{k} {v}\n" for k, v in n.numastat.items()))
+
+    def _write_pci(self) -> None:
+        for address, node in self.host.pci_devices.items():
+            _put(self.root / f"sys/bus/pci/devices/{address}/numa_node", str(node))
+
+    def _write_procs(self) -> None:
+        """``/proc/<pid>/cgroup`` of each container's main process; exited ones removed."""
+        h = self.host
+        kubepods = "kubepods.slice" if h.cgroup_driver == "systemd" else "kubepods"
+        wanted = set()
+        for pod in h.pods:
+            for ctr in pod.containers:
+                qos = self._qos_dir(pod.qos_class)
+                path = "/" + "/".join(
+                    p
+                    for p in (kubepods, qos, self._pod_dir(pod), self._container_dir(pod, ctr))
+                    if p
+                )
+                if h.cgroup_version == 2:
+                    text = f"0::{path}\n"
+                else:
+                    text = "".join(
+                        f"{i}:{c}:{path}\n"
+                        for i, c in enumerate(("cpuset", "memory", "cpu,cpuacct"), 1)
+                    )
+                pid = h.pid(pod, ctr)
+                wanted.add(str(pid))
+                _put(self.root / f"proc/{pid}/cgroup", text)
+        for d in _dirs(self.root / "proc"):
+            if d.name.isdigit() and d.name not in wanted:
+                shutil.rmtree(d)
 
     def _write_cpus(self) -> None:
         base = self.root / "sys/devices/system/cpu"

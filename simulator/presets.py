@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 
+from exporter.readers.nvml import sysfs_pci_address
 from simulator.host import GIB, MIB, FakeContainer, FakeHost, FakeNumaNode, FakePod
+from simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
 
 
 def pod_uid(name: str) -> str:
@@ -198,3 +202,62 @@ def reference_node() -> FakeHost:
             )
         )
     return FakeHost(nodes=nodes, pods=pods, cgroup_version=2, cgroup_driver="systemd")
+
+
+def gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHost, FakeNvml]:
+    """2 sockets (NUMA node 0: CPUs 0-31, node 1: 32-63), 8 H100-80GB, GPUs 0-3 on node 0
+    and 4-7 on node 1, MIG mixed, pods using them through their processes:
+
+    * trainer (CPUs 0-7, node 0) on GPU 0, MIG off: aligned, busy.
+    * trainer-remote (CPUs 10-15, node 0) on GPU 4 (node 1): device_remote, mostly idle.
+    * infer-a (CPUs 8-9) on GPU 1's 3g.40gb slice; infer-b (CPUs 16-17) on a 1g.10gb.
+    * notebook-0..2 (burstable, shared pool) on GPU 2's 1g.10gb slices, nearly idle.
+    * infer-c (CPUs 32-35, node 1) on GPU 5's 4g.40gb slice.
+    """
+    shared = "18-31,36-63"
+    host = FakeHost(
+        nodes=[
+            FakeNumaNode(
+                "0-31", socket=0, memory_total_bytes=512 * GIB, memory_free_bytes=300 * GIB
+            ),
+            FakeNumaNode(
+                "32-63", socket=1, memory_total_bytes=512 * GIB, memory_free_bytes=400 * GIB
+            ),
+        ],
+    )
+
+    def pod(name: str, cpus: str, memory: dict[int, int], qos: str = "guaranteed") -> FakePod:
+        p = FakePod(name, pod_uid(name), qos, [FakeContainer("main", cpus, memory)], "ml")
+        host.pods.append(p)
+        return p
+
+    nvml = FakeNvml(clock)
+    gpus = [
+        nvml.add_gpu("H100-80GB", 0, None, 60 * GIB, sm=0.9, graphics=0.95, tensor=0.7),
+        nvml.add_gpu("H100-80GB", 0, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]),
+        nvml.add_gpu("H100-80GB", 0, ["1g.10gb"] * 7),
+        nvml.add_gpu("H100-80GB", 0),
+        nvml.add_gpu("H100-80GB", 1, None, 20 * GIB, sm=0.1, graphics=0.15),
+        nvml.add_gpu("H100-80GB", 1, ["4g.40gb", "3g.40gb"]),
+        nvml.add_gpu("H100-80GB", 1),
+        nvml.add_gpu("H100-80GB", 1),
+    ]
+
+    def use(p: FakePod, unit: FakeGpu | FakeSlice, used_bytes: int, **activity: float) -> None:
+        unit.processes.append(Process(host.pid(p, p.containers[0]), used_bytes))
+        if isinstance(unit, FakeSlice):
+            unit.memory_used_bytes = used_bytes
+            unit.activity.set(**activity)
+
+    use(pod("trainer", "0-7", {0: 64 * GIB}), gpus[0], 60 * GIB)
+    use(pod("trainer-remote", "10-15", {0: 32 * GIB}), gpus[4], 20 * GIB)
+    use(pod("infer-a", "8-9", {0: 8 * GIB}), gpus[1].mig[0], 30 * GIB, sm=0.6, graphics=0.7)
+    use(pod("infer-b", "16-17", {0: 4 * GIB}), gpus[1].mig[2], 1 * GIB, sm=0.02, graphics=0.05)
+    for i in range(3):
+        notebook = pod(f"notebook-{i}", shared, {0: 2 * GIB, 1: 1 * GIB}, "burstable")
+        use(notebook, gpus[2].mig[i], 512 * MIB, sm=0.01, graphics=0.02)
+    use(pod("infer-c", "32-35", {1: 8 * GIB}), gpus[5].mig[0], 35 * GIB, sm=0.7, tensor=0.5)
+    pod("web", shared, {0: 200 * MIB, 1: 100 * MIB}, "burstable")
+    for gpu in nvml.gpus:
+        host.pci_devices[sysfs_pci_address(gpu.pci_bus_id)] = gpu.numa_node
+    return host, nvml

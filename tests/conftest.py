@@ -7,9 +7,10 @@ from collections.abc import Mapping
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collection import HOST_NUMA, POD_PLACEMENT, RESCTRL, Collection
+from exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, RESCTRL, Collection
 from exporter.model import PodMeta, Thresholds
 from exporter.sources.cgroups import CgroupSource
+from exporter.sources.gpu import NvmlSource
 from exporter.sources.host import HostSource
 from exporter.sources.resctrl import ResctrlSource
 from simulator.host import FakeHost, FakeHostRoot
@@ -51,6 +52,7 @@ def make_collection(
     resctrl: FakeResctrl | None = None,
     resctrl_mode: str = "auto",
     clock=None,
+    gpus: NvmlSource | None = None,
 ) -> Collection:
     sources = {
         HOST_NUMA: HostSource(str(root.root)),
@@ -58,6 +60,8 @@ def make_collection(
     }
     if resctrl is not None:
         sources[RESCTRL] = ResctrlSource(str(root.root), resctrl_mode, resctrl)
+    if gpus is not None:
+        sources[GPU] = gpus
     return Collection(
         NODE,
         sources,

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pynvml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import catalogue
 from exporter.catalogue import CATALOGUE
+from exporter.sources.gpu import NvmlSource
 from simulator import presets
 from simulator.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of
@@ -44,6 +46,13 @@ ALLOWED_LABELS = {
     "python_version",
     "mode",
     "state",
+    "model",
+    "pci_bus_id",
+    "mig_mode",
+    "placement_start",
+    "placement_size",
+    "direction",
+    "source",
 }
 
 
@@ -74,16 +83,36 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
         root.write()
         kernel.write()
         await collection.run_once()
-        for family in text_string_to_metric_families(collection.exposition.text.decode()):
-            name = family.name + ("_total" if family.type == "counter" else "")
-            assert name in CATALOGUE, name
-            spec = CATALOGUE[name]
-            for sample in family.samples:
-                assert set(sample.labels) == {"node", *spec.labels}, (name, sample.labels)
-            if family.samples:
-                seen.add(name)
+        seen |= _declared_families(collection)
+    # and a GPU node, over two cycles so that utilization has an interval
+    now = [0.0]
+    host, nvml = presets.gpu_node(lambda: now[0])
+    root = fake_root(host)
+    with nvml.installed():
+        gpus = NvmlSource(pynvml, str(root.root), clock=lambda: now[0])
+        gpus.start()
+        collection = make_collection(root, metadata=metadata_of(host), gpus=gpus)
+        await collection.run_once()
+        now[0] += 15
+        await collection.run_once()
+        gpus.close()
+    seen |= _declared_families(collection)
     # every declared metric shows up on at least one of these nodes
     assert seen == set(CATALOGUE)
+
+
+def _declared_families(collection) -> set[str]:
+    """Names of the families with samples; each must be declared with exactly its labels."""
+    seen = set()
+    for family in text_string_to_metric_families(collection.exposition.text.decode()):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert name in CATALOGUE, name
+        spec = CATALOGUE[name]
+        for sample in family.samples:
+            assert set(sample.labels) == {"node", *spec.labels}, (name, sample.labels)
+        if family.samples:
+            seen.add(name)
+    return seen
 
 
 def test_metrics_doc_is_generated_from_the_catalogue():

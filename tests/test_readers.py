@@ -23,6 +23,7 @@ from exporter.readers.cgroup import (
     parse_numa_stat_v1,
     parse_numa_stat_v2,
     parse_pressure,
+    parse_proc_cgroup,
 )
 from exporter.readers.numa import (
     NodeMeminfo,
@@ -31,6 +32,7 @@ from exporter.readers.numa import (
     parse_numastat,
     parse_vmstat_balancing,
 )
+from exporter.readers.nvml import gpm_values, parse_profile_name, sysfs_pci_address
 
 NUMA_STAT_V2 = """anon N0=1048576 N1=4096
 file N0=524288 N1=0
@@ -142,6 +144,75 @@ def test_garbage_is_a_parse_error(reader, text):
         reader(text)
 
 
+UID = "0f4b3a1e-9c2d-4e5f-8a6b-7c8d9e0f1a2b"
+CID = "ab" * 32
+PROC_CGROUP_V2 = (
+    "0::/kubepods.slice/kubepods-burstable.slice/"
+    f"kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n"
+)
+PROC_CGROUP_V1 = (
+    f"12:memory:/kubepods/besteffort/pod{UID}/{CID}\n"
+    f"11:cpuset:/kubepods/besteffort/pod{UID}/{CID}\n"
+    "1:name=systemd:/system.slice/containerd.service\n"
+)
+
+
+def test_proc_cgroup_names_the_pod_container():
+    assert parse_proc_cgroup(PROC_CGROUP_V2) == (UID, CID)
+    assert parse_proc_cgroup(PROC_CGROUP_V1) == (UID, CID)
+    guaranteed = f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope\n"
+    assert parse_proc_cgroup(guaranteed) == (UID, CID)
+    assert parse_proc_cgroup("0::/system.slice/sshd.service\n") is None
+    assert parse_proc_cgroup("0::/\n") is None  # a cgroup namespace hides it: unknown
+    with pytest.raises(ParseError):
+        parse_proc_cgroup("garbage\n")
+
+
+def test_nvml_answers():
+    assert parse_profile_name(b"MIG 1g.10gb") == "1g.10gb"
+    assert parse_profile_name("MIG 1g.10gb+me") == "1g.10gb+me"
+    assert parse_profile_name("MIG 7g.141gb") == "7g.141gb"
+    assert sysfs_pci_address(b"00000000:1B:00.0") == "0000:1b:00.0"
+    assert sysfs_pci_address("0000:c1:00.0") == "0000:c1:00.0"
+    for bad in ("", "MIG", "1g", "MIG 1g.10gb junk"):
+        with pytest.raises(ParseError):
+            parse_profile_name(bad)
+    for bad in ("", "00000000:1B:00", "0:1:2.3", "zzzz:1b:00.0"):
+        with pytest.raises(ParseError):
+            sysfs_pci_address(bad)
+    utilization, supported, pcie = gpm_values(
+        {2: (0, 50.0), 1: (0, 100.0), 3: (3, 0.0), 5: (0, 0.0), 20: (0, 2.0), 21: (3, 0.0)}
+    )
+    assert utilization == {"sm": 0.5, "graphics": 1.0, "tensor": 0.0}
+    assert supported == {
+        "sm": True,
+        "graphics": True,
+        "sm_occupancy": False,
+        "tensor": True,
+        "dram_bandwidth": False,  # not answered at all
+    }
+    assert pcie == {"tx": 2.0 * (1 << 20)}
+    for bad in ({2: (0, 101.0)}, {2: (0, -1.0)}, {2: (0, float("nan"))}, {20: (0, -5.0)}):
+        with pytest.raises(ParseError):
+            gpm_values(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from([1, 2, 3, 5, 10, 20, 21, 99]),
+        st.tuples(st.integers(-1, 999), st.floats(allow_nan=True, allow_infinity=True)),
+    )
+)
+def test_any_gpm_answer_is_a_value_in_range_or_a_parse_error(answers):
+    try:
+        utilization, _, pcie = gpm_values(answers)
+    except ParseError:
+        return
+    assert all(0 <= v <= 1 for v in utilization.values())
+    assert all(0 <= v < float("inf") for v in pcie.values())
+
+
 READERS = [
     parse_id_list,
     parse_single_int,
@@ -154,6 +225,9 @@ READERS = [
     lambda t: parse_numa_stat_v1(t, 4096),
     parse_cpu_throttling,
     parse_pressure,
+    parse_proc_cgroup,
+    parse_profile_name,
+    sysfs_pci_address,
 ]
 VALID = [
     "0-3,8",
@@ -167,6 +241,9 @@ VALID = [
     NUMA_STAT_V1,
     "nr_periods 1\nnr_throttled 0\nthrottled_usec 0\n",
     "some avg10=0.00 avg60=0.00 avg300=0.00 total=1\n",
+    PROC_CGROUP_V2,
+    "MIG 2g.20gb",
+    "00000000:18:00.0",
 ]
 
 

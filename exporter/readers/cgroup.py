@@ -16,6 +16,46 @@ _PSI_LINE = re.compile(
 )
 
 
+# Pod and container cgroup names: systemd driver (``kubepods-burstable-pod<uid>.slice``,
+# ``cri-containerd-<id>.scope``) and cgroupfs driver (``pod<uid>``, ``<id>``).
+_SYSTEMD_POD = re.compile(r"kubepods(?:-(?:burstable|besteffort))?-pod([0-9a-f_]+)\.slice")
+_CGROUPFS_POD = re.compile(r"pod([0-9a-f-]+)")
+_CONTAINER = re.compile(r"(?:(cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?")
+_RUNTIME = {"cri-containerd": "containerd", "crio": "cri-o", "docker": "docker"}
+
+
+def pod_uid_of(name: str) -> str | None:
+    """The pod UID in a pod cgroup's directory name, under either driver."""
+    m = _SYSTEMD_POD.fullmatch(name)
+    if m:
+        return m[1].replace("_", "-")
+    m = _CGROUPFS_POD.fullmatch(name)
+    return m[1] if m else None
+
+
+def container_of(name: str) -> tuple[str, str] | None:
+    """(runtime, container id) from a container cgroup's directory name; runtime is ""
+    when the name does not say (cgroupfs)."""
+    m = _CONTAINER.fullmatch(name)
+    return (_RUNTIME.get(m[1] or "", ""), m[2]) if m else None
+
+
+def parse_proc_cgroup(text: str) -> tuple[str, str] | None:
+    """``/proc/<pid>/cgroup`` -> (pod uid, container id) of the pod container the process
+    runs in; None for a process outside any pod (v1 and v2 lines alike)."""
+    for line in text.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            raise ParseError(f"expected 'id:controllers:path', got {line[:60]!r}")
+        parts = fields[2].split("/")
+        for i, part in enumerate(parts[:-1]):
+            uid = pod_uid_of(part)
+            container = uid and container_of(parts[i + 1])
+            if container:
+                return uid, container[1]
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class CpuThrottling:
     periods: int

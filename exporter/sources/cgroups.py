@@ -7,27 +7,23 @@ cgroupfs drivers, and containerd, CRI-O and docker container cgroups.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
 from exporter.readers import parse_id_list
 from exporter.readers.cgroup import (
     CpuThrottling,
     Pressure,
+    container_of,
     parse_cpu_throttling,
     parse_numa_stat_v1,
     parse_numa_stat_v2,
     parse_pressure,
+    pod_uid_of,
 )
 from exporter.sources import Issue, read_parsed, subdirs
 
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 PRESSURE_RESOURCES = ("cpu", "memory", "io")
-
-_SYSTEMD_POD = re.compile(r"kubepods(?:-(?:burstable|besteffort))?-pod([0-9a-f_]+)\.slice")
-_CGROUPFS_POD = re.compile(r"pod([0-9a-f-]+)")
-_CONTAINER = re.compile(r"(?:(cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?")
-_RUNTIME = {"cri-containerd": "containerd", "crio": "cri-o", "docker": "docker"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,16 +102,16 @@ class CgroupSource:
         for qos in QOS_CLASSES:
             qos_rel = _QOS_DIR[layout.driver][qos]
             for name in subdirs(os.path.join(root, qos_rel)):
-                uid = _pod_uid(layout.driver, name)
+                uid = pod_uid_of(name)
                 if uid:
                     yield qos, uid, os.path.join(qos_rel, name)
 
     def _containers(self, layout: _Layout, pod_rel: str):
         """Yield (runtime, container id, container dir relative to kubepods)."""
         for name in subdirs(os.path.join(self._discovery_root(layout), pod_rel)):
-            m = _CONTAINER.fullmatch(name)
-            if m:
-                yield _RUNTIME.get(m[1] or "", ""), m[2], f"{pod_rel}/{name}"
+            container = container_of(name)
+            if container:
+                yield *container, f"{pod_rel}/{name}"
 
     # -- reading -----------------------------------------------------------------
 
@@ -201,11 +197,3 @@ def _v1_controller_dir(root: str, controller: str) -> str | None:
         if controller in name.split(","):
             return os.path.join(root, name)
     return None
-
-
-def _pod_uid(driver: str, name: str) -> str | None:
-    if driver == "systemd":
-        m = _SYSTEMD_POD.fullmatch(name)
-        return m[1].replace("_", "-") if m else None
-    m = _CGROUPFS_POD.fullmatch(name)
-    return m[1] if m else None

@@ -1,0 +1,84 @@
+"""GPU and MIG slice metrics: identity, memory, power once per GPU, activity per GPU and
+per slice with what each can measure, and which pod container uses which device."""
+
+from __future__ import annotations
+
+from exporter import catalogue as c
+from exporter.model import NodeSnapshot
+from exporter.sources.gpu import Activity
+
+_SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "gpu"]
+
+
+def families(snap: NodeSnapshot) -> list[c.Family]:
+    f = {spec.name: spec.family(snap.node_name) for spec in _SPECS}
+    if snap.gpus is None:
+        return []
+
+    def add(spec: c.MetricSpec, value: float | None, *labels: str) -> None:
+        if value is not None:
+            f[spec.name].add(value, *labels)
+
+    for gpu in snap.gpus.gpus:
+        ids = (str(gpu.index), gpu.uuid)
+        numa = "" if gpu.numa_node is None else str(gpu.numa_node)
+        add(c.GPU_UP, int(gpu.up), *ids)
+        if not gpu.uuid:
+            continue  # never named: nothing else to say about it
+        mig_mode = {True: "enabled", False: "disabled", None: ""}[gpu.mig_enabled]
+        add(c.GPU_INFO, 1, *ids, gpu.name, gpu.pci_address, numa, mig_mode)
+        if not gpu.up:
+            continue
+        add(c.GPU_POWER, gpu.power_watts, *ids)
+        add(c.GPU_TEMPERATURE, gpu.temperature_celsius, *ids)
+        add(c.GPU_MEMORY_TOTAL, gpu.memory_total_bytes, *ids)
+        add(c.GPU_MEMORY_USED, gpu.memory_used_bytes, *ids)
+        add(c.GPU_PROCESSES, gpu.processes, *ids)
+        _activity(
+            add, gpu.activity, ids, c.GPU_UTILIZATION, c.GPU_UTILIZATION_SUPPORTED, c.GPU_PCIE
+        )
+        for s in gpu.slices:
+            labels = (*ids, s.uuid, s.profile)
+            add(
+                c.MIG_INFO,
+                1,
+                *labels,
+                str(s.gi_id),
+                str(s.ci_id),
+                "" if s.placement_start is None else str(s.placement_start),
+                "" if s.placement_size is None else str(s.placement_size),
+            )
+            add(c.MIG_SMS, s.sm_count, *labels)
+            add(c.MIG_MEMORY_TOTAL, s.memory_total_bytes, *labels)
+            add(c.MIG_MEMORY_USED, s.memory_used_bytes, *labels)
+            add(c.MIG_PROCESSES, s.processes, *labels)
+            _activity(
+                add, s.activity, labels, c.MIG_UTILIZATION, c.MIG_UTILIZATION_SUPPORTED, c.MIG_PCIE
+            )
+    for use in snap.device_uses:
+        gpu = use.gpu
+        add(
+            c.GPU_HOLDER,
+            1,
+            str(gpu.index),
+            gpu.uuid,
+            use.mig.uuid if use.mig else "",
+            use.resource,
+            "" if gpu.numa_node is None else str(gpu.numa_node),
+            use.namespace,
+            use.pod,
+            use.container,
+            use.pod_uid,
+            use.container_id,
+            use.source,
+        )
+    return list(f.values())
+
+
+def _activity(add, activity: Activity, labels, utilization, supported, pcie) -> None:
+    for kind, can in activity.supported.items():
+        add(supported, int(can), *labels, kind)
+    for kind, value in activity.utilization.items():
+        add(utilization, value, *labels, kind)
+    for direction, value in activity.pcie_bytes_per_second.items():
+        add(pcie, value, *labels, direction)

@@ -1,0 +1,448 @@
+"""GPU source: GPUs and MIG slices through NVML (pynvml), re-enumerated every cycle.
+
+Each GPU is read in a worker thread of its own with a deadline: a GPU whose NVML calls
+hang is reported down (reason ``timeout``) and not asked again until its stuck call
+returns; the other GPUs and ``/metrics`` carry on. Utilization comes from GPM on Hopper
+and later: one sample per GPU and per slice each cycle, the metric taken between this
+cycle's sample and the last one, so no scrape ever sleeps. Where a device cannot measure
+a value, it is reported unsupported, never as 0.
+
+The pynvml module is a parameter: the real one, whose library may be the simulator's
+fake (simulator.nvml), which serves the C calls from a description.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from exporter.readers import ParseError, parse_single_int
+from exporter.readers.cgroup import parse_proc_cgroup
+from exporter.readers.nvml import (
+    GPM_METRIC_IDS,
+    GPM_UTILIZATION,
+    gpm_values,
+    parse_profile_name,
+    sysfs_pci_address,
+)
+from exporter.sources import Issue, read_parsed
+
+UTILIZATION_KINDS = tuple(GPM_UTILIZATION)
+_ALL_UNSUPPORTED = dict.fromkeys(UTILIZATION_KINDS, False)
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """What a GPU or slice did over the last interval."""
+
+    utilization: Mapping[str, float]  # kind -> 0..1, only kinds measured this cycle
+    supported: Mapping[str, bool]  # kind -> whether the device can measure it at all
+    pcie_bytes_per_second: Mapping[str, float]  # tx / rx
+
+
+UNSUPPORTED = Activity({}, _ALL_UNSUPPORTED, {})
+_GPM_MIN_INTERVAL = 0.1  # seconds; NVML refuses GPM samples closer than this
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A pod container with a process on a device (from NVML's process list)."""
+
+    pod_uid: str
+    container_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRecord:
+    uuid: str
+    profile: str  # 1g.10gb
+    gi_id: int
+    ci_id: int
+    sm_count: int | None
+    placement_start: int | None  # in memory slices of 8
+    placement_size: int | None
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    activity: Activity
+    processes: int | None
+    holders: tuple[Holder, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRecord:
+    index: int
+    uuid: str
+    name: str
+    pci_address: str  # sysfs form, 0000:18:00.0; "" when unknown
+    numa_node: int | None
+    up: bool
+    down_reason: str  # "" when up; gpu_lost | timeout | nvml
+    mig_enabled: bool | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    power_watts: float | None = None
+    temperature_celsius: float | None = None
+    activity: Activity = UNSUPPORTED
+    processes: int | None = None  # with MIG on: see the slices
+    holders: tuple[Holder, ...] = ()
+    slices: tuple[SliceRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    driver_version: str
+    gpus: tuple[GpuRecord, ...]
+    issues: list[Issue] = field(default_factory=list)
+
+
+class GpuUnavailable(Exception):
+    """No NVML driver here: run without GPU metrics."""
+
+
+class _Lost(Exception):
+    pass
+
+
+class NvmlSource:
+    def __init__(
+        self,
+        nvml: ModuleType,
+        host_root: str,
+        device_timeout: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.nvml = nvml
+        self.host_root = host_root
+        self.device_timeout = device_timeout
+        self.clock = clock  # when GPM samples were taken
+        self._in_flight: dict[int, Future] = {}
+        self._identity: dict[int, GpuRecord] = {}  # last good reading, to name a down GPU
+        self._gpm_support: dict[str, bool] = {}  # by GPU uuid
+        # GPU index -> (GPM sample, when taken) per GPU or slice
+        self._samples: dict[int, dict[tuple, tuple[Any, float]]] = {}
+        self.driver_version = ""
+
+    def start(self) -> None:
+        """Initialise NVML; GpuUnavailable when the host has no NVIDIA driver."""
+        n = self.nvml
+        try:
+            n.nvmlInit()
+        except (n.NVMLError_LibraryNotFound, n.NVMLError_DriverNotLoaded) as err:
+            raise GpuUnavailable(str(err)) from None
+        try:
+            self.driver_version = n.nvmlSystemGetDriverVersion()
+        except n.NVMLError:
+            self.driver_version = ""
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait a while for reads in flight; shut NVML down unless one is still stuck."""
+        deadline = time.monotonic() + timeout
+        for future in list(self._in_flight.values()):
+            with contextlib.suppress(Exception):
+                future.result(max(0.0, deadline - time.monotonic()))
+        if all(f.done() for f in self._in_flight.values()):
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlShutdown()
+
+    def read(self) -> GpuReading:
+        n = self.nvml
+        try:
+            count = n.nvmlDeviceGetCount()
+        except n.NVMLError as err:
+            return GpuReading(
+                self.driver_version, (), [Issue("nvml", "nvmlDeviceGetCount", str(err))]
+            )
+        futures = {}
+        for index in range(count):
+            future = self._in_flight.get(index)
+            if future is None or future.done():
+                # a read that outlived its deadline and finished since is stale: ask again
+                future = self._in_flight[index] = _in_thread(self._read_gpu, index)
+            futures[index] = future
+        deadline = time.monotonic() + self.device_timeout
+        gpus, issues = [], []
+        for index, future in futures.items():
+            try:
+                record, gpu_issues = future.result(max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                record = self._down(index, "timeout")
+                gpu_issues = [
+                    Issue("timeout", f"gpu{index}", f"no answer in {self.device_timeout:g}s")
+                ]
+            except Exception as err:  # a bug: that GPU goes unreported, the others do not
+                del self._in_flight[index]
+                record = self._down(index, "internal")
+                gpu_issues = [Issue("internal", f"gpu{index}", repr(err))]
+            else:
+                del self._in_flight[index]
+            gpus.append(record)
+            issues.extend(gpu_issues)
+        return GpuReading(self.driver_version, tuple(gpus), issues)
+
+    # -- one GPU, in a worker thread -----------------------------------------------
+
+    def _read_gpu(self, index: int) -> tuple[GpuRecord, list[Issue]]:
+        issues: list[Issue] = []
+        call = _Caller(self.nvml, f"gpu{index}", issues)
+        samples = self._samples.setdefault(index, {})
+        used: set[tuple] = set()
+        try:
+            record = self._gpu(index, call, samples, used)
+        except _Lost:
+            return self._down(index, "gpu_lost"), [Issue("gpu_lost", f"gpu{index}", "GPU is lost")]
+        finally:
+            for key in set(samples) - used:  # units gone since: free their samples
+                call.optional(self.nvml.nvmlGpmSampleFree, samples.pop(key)[0])
+        if record is None:
+            return self._down(index, "nvml"), issues
+        self._identity[index] = record
+        return record, issues
+
+    def _gpu(self, index: int, call: _Caller, samples: dict, used: set) -> GpuRecord | None:
+        n = self.nvml
+        handle = call.optional(n.nvmlDeviceGetHandleByIndex, index)
+        uuid = handle and call.optional(n.nvmlDeviceGetUUID, handle)
+        if not uuid:
+            return None
+        name = call.optional(n.nvmlDeviceGetName, handle) or ""
+        pci = call.optional(n.nvmlDeviceGetPciInfo, handle)
+        address = ""
+        if pci is not None:
+            try:
+                address = sysfs_pci_address(pci.busId)
+            except ParseError as err:
+                call.issues.append(Issue("parse", f"gpu{index}/busId", str(err)))
+        mig_mode = call.optional(n.nvmlDeviceGetMigMode, handle)
+        mig = bool(mig_mode and mig_mode[0] == n.NVML_DEVICE_MIG_ENABLE)
+        memory = call.optional(n.nvmlDeviceGetMemoryInfo, handle)
+        power = call.optional(n.nvmlDeviceGetPowerUsage, handle)
+        temperature = call.optional(n.nvmlDeviceGetTemperature, handle, n.NVML_TEMPERATURE_GPU)
+        gpm = self._gpm_support.get(uuid)
+        if gpm is None:
+            failed = len(call.issues)
+            support = call.optional(n.nvmlGpmQueryDeviceSupport, handle)
+            gpm = bool(support and support.isSupportedDevice)
+            if len(call.issues) == failed:  # known for good; an error is asked again
+                self._gpm_support[uuid] = gpm
+
+        if gpm:
+            activity = self._gpm(call, samples, used, (uuid,), n.nvmlGpmSampleGet, handle)
+        elif mig:
+            activity = UNSUPPORTED  # no per-GPU utilization on MIG without GPM
+        else:
+            rates = call.optional(n.nvmlDeviceGetUtilizationRates, handle)
+            activity = Activity(
+                {"graphics": rates.gpu / 100} if rates is not None else {},
+                {**_ALL_UNSUPPORTED, "graphics": rates is not None},
+                {},
+            )
+        owners: dict[int, tuple[Holder, ...]] = {}  # pid -> holder, for this cycle
+        slices: tuple[SliceRecord, ...] = ()
+        processes, holders = None, ()
+        if mig:
+            slices = tuple(self._slices(call, handle, uuid, gpm, samples, used, owners))
+        else:
+            pids = self._pids(call, handle)
+            processes = None if pids is None else len(pids)
+            holders = self._holders(pids or (), owners)
+        return GpuRecord(
+            index,
+            uuid,
+            name,
+            address,
+            self._numa_node(call, handle, address),
+            True,
+            "",
+            mig,
+            memory.total if memory is not None else None,
+            memory.used if memory is not None else None,
+            power / 1000 if power is not None else None,
+            float(temperature) if temperature is not None else None,
+            activity,
+            processes,
+            holders,
+            slices,
+        )
+
+    def _slices(self, call, parent, gpu_uuid, gpm, samples, used, cache):
+        n = self.nvml
+        for slot in range(call.optional(n.nvmlDeviceGetMaxMigDeviceCount, parent) or 0):
+            handle = call.optional(
+                n.nvmlDeviceGetMigDeviceHandleByIndex, parent, slot, empty_ok=True
+            )
+            if handle is None:
+                continue
+            uuid = call.optional(n.nvmlDeviceGetUUID, handle)
+            gi_id = call.optional(n.nvmlDeviceGetGpuInstanceId, handle)
+            ci_id = call.optional(n.nvmlDeviceGetComputeInstanceId, handle)
+            if uuid is None or gi_id is None or ci_id is None:
+                continue  # cannot name it: the issue is recorded
+            attributes = call.optional(n.nvmlDeviceGetAttributes_v2, handle)
+            instance = call.optional(n.nvmlDeviceGetGpuInstanceById, parent, gi_id)
+            info = instance and call.optional(n.nvmlGpuInstanceGetInfo, instance)
+            profile_info = info and call.optional(
+                n.nvmlDeviceGetGpuInstanceProfileInfoById, parent, info.profileId
+            )
+            profile = ""
+            if profile_info:
+                try:
+                    profile = parse_profile_name(profile_info.name)
+                except ParseError as err:
+                    call.issues.append(Issue("parse", f"{call.where}/profile", str(err)))
+            memory = call.optional(n.nvmlDeviceGetMemoryInfo, handle)
+            if gpm:
+                activity = self._gpm(
+                    call, samples, used, (gpu_uuid, uuid), n.nvmlGpmMigSampleGet, parent, gi_id
+                )
+            else:
+                activity = UNSUPPORTED  # A100: NVML has no utilization for a MIG slice
+            pids = self._pids(call, handle)
+            yield SliceRecord(
+                uuid,
+                profile,
+                gi_id,
+                ci_id,
+                attributes.multiprocessorCount if attributes else None,
+                info.placement.start if info else None,
+                info.placement.size if info else None,
+                memory.total if memory is not None else None,
+                memory.used if memory is not None else None,
+                activity,
+                None if pids is None else len(pids),
+                self._holders(pids or (), cache),
+            )
+
+    def _gpm(self, call: _Caller, samples: dict, used: set, key: tuple, take, *args) -> Activity:
+        """Take this cycle's GPM sample for one GPU or slice; metrics against the last one."""
+        n = self.nvml
+        waiting = Activity({}, dict.fromkeys(UTILIZATION_KINDS, True), {})
+        previous, taken = samples.get(key, (None, 0.0))
+        now = self.clock()
+        if previous is not None and now - taken < _GPM_MIN_INTERVAL:
+            used.add(key)  # too soon for NVML: measure from the older sample next time
+            return waiting
+        sample = call.optional(n.nvmlGpmSampleAlloc)
+        if sample is None:
+            return UNSUPPORTED
+        if call.optional(take, *args, sample) is None:
+            call.optional(n.nvmlGpmSampleFree, sample)
+            return UNSUPPORTED
+        samples[key] = (sample, now)
+        used.add(key)
+        if previous is None:  # first cycle for this unit: no interval yet
+            return waiting
+        request = n.c_nvmlGpmMetricsGet_t()
+        request.version = n.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(GPM_METRIC_IDS)
+        request.sample1, request.sample2 = previous, sample
+        for i, metric in enumerate(GPM_METRIC_IDS):
+            request.metrics[i].metricId = metric
+        answer = call.optional(n.nvmlGpmMetricsGet, request)
+        call.optional(n.nvmlGpmSampleFree, previous)
+        if answer is None:
+            return waiting
+        metrics = request.metrics
+        try:
+            values = gpm_values(
+                {
+                    metrics[i].metricId: (metrics[i].nvmlReturn, metrics[i].value)
+                    for i in range(len(GPM_METRIC_IDS))
+                }
+            )
+        except ParseError as err:
+            call.issues.append(Issue("parse", f"{call.where}/gpm", str(err)))
+            return waiting
+        return Activity(*values)
+
+    def _pids(self, call: _Caller, handle) -> list[int] | None:
+        processes = call.optional(self.nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+        return None if processes is None else sorted({p.pid for p in processes})
+
+    def _holders(self, pids, cache: dict[int, tuple[Holder, ...]]) -> tuple[Holder, ...]:
+        """Pod containers of ``pids`` from /proc/<pid>/cgroup (cached for the cycle,
+        misses too: a process outside any pod is looked up once)."""
+        found: dict[Holder, None] = {}
+        for pid in pids:
+            if pid not in cache:
+                issues: list[Issue] = []  # a process that just exited is not an error
+                path = os.path.join(self.host_root, f"proc/{pid}/cgroup")
+                owner = read_parsed(issues, path, parse_proc_cgroup)
+                cache[pid] = (Holder(*owner),) if owner else ()
+            found.update(dict.fromkeys(cache[pid]))
+        return tuple(found)
+
+    def _numa_node(self, call: _Caller, handle, address: str) -> int | None:
+        """From sysfs (``-1``: the platform does not say), else from NVML."""
+        if address:
+            issues: list[Issue] = []
+            path = os.path.join(self.host_root, f"sys/bus/pci/devices/{address}/numa_node")
+            node = read_parsed(issues, path, parse_single_int)
+            if node is not None:
+                return node if node >= 0 else None
+        node = call.optional(self.nvml.nvmlDeviceGetNumaNodeId, handle)
+        return node if node is not None and node >= 0 else None
+
+    def _down(self, index: int, reason: str) -> GpuRecord:
+        known = self._identity.get(index)
+        if known is None:
+            return GpuRecord(index, "", "", "", None, False, reason)
+        return GpuRecord(
+            index,
+            known.uuid,
+            known.name,
+            known.pci_address,
+            known.numa_node,
+            False,
+            reason,
+            known.mig_enabled,  # the same info series as when it was up
+        )
+
+
+def _in_thread(fn: Callable, *args) -> Future:
+    """Run ``fn`` in a daemon thread: a call stuck in the driver must not keep the
+    process from exiting (executor threads are joined at exit)."""
+    future: Future = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as err:  # handed to whoever waits on the future
+                future.set_exception(err)
+
+    threading.Thread(target=run, name="nvml", daemon=True).start()
+    return future
+
+
+class _Caller:
+    """Calls NVML for one GPU: a lost GPU aborts the read; NOT_SUPPORTED is a capability,
+    not an error; any other NVML error is recorded and the value left unknown."""
+
+    def __init__(self, nvml: ModuleType, where: str, issues: list[Issue]) -> None:
+        self.nvml = nvml
+        self.where = where
+        self.issues = issues
+
+    def optional(self, fn: Callable, *args, empty_ok: bool = False):
+        n = self.nvml
+        try:
+            return fn(*args)
+        except n.NVMLError_GpuIsLost:
+            raise _Lost from None
+        except n.NVMLError_NotSupported:
+            return None
+        except n.NVMLError_NotFound:
+            if not empty_ok:
+                self.issues.append(Issue("nvml", f"{self.where}/{fn.__name__}", "Not Found"))
+            return None
+        except n.NVMLError as err:
+            self.issues.append(Issue("nvml", f"{self.where}/{fn.__name__}", str(err)))
+            return None
