@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs system-deps clean
+.PHONY: demo test bench lint docs proto system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -37,6 +37,9 @@ bench: $(VENV)/.installed
 
 docs: $(VENV)/.installed
 	$(PY) -m exporter.docs
+
+proto: $(VENV)/.installed
+	$(PY) -m exporter.sources.podresources
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

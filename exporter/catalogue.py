@@ -654,10 +654,58 @@ GPU_HOLDER = _m(
     "gpu_holder_info",
     "gauge",
     "A pod container using a GPU (mig_uuid empty) or MIG slice; value 1. resource is the "
-    "extended resource it stands for; numa_node is the device's; source says how it was "
-    "found: process (a process of the container runs on the device).",
+    "extended resource it stands for (for a DRA claim: its driver); numa_node is the "
+    "device's; source says how it was found: kubelet (PodResources allocation) or process "
+    "(a process of the container runs on a device the kubelet says nothing about).",
     (*GPU, "mig_uuid", "resource", "numa_node", *CONTAINER, "source"),
     "gpu",
+)
+
+
+# -- what each NUMA node can still give (the remediator's fit check) ---------------------
+ZONE_CPUS_ALLOCATABLE = _m(
+    "zone_cpus_allocatable",
+    "gauge",
+    "CPUs of the NUMA node the kubelet's CPU manager can hand out exclusively.",
+    ("numa_node",),
+    "capacity",
+)
+ZONE_CPUS_ALLOCATED = _m(
+    "zone_cpus_allocated",
+    "gauge",
+    "CPUs of the NUMA node handed out exclusively to containers.",
+    ("numa_node",),
+    "capacity",
+)
+ZONE_DEVICES_ALLOCATABLE = _m(
+    "zone_devices_allocatable",
+    "gauge",
+    "Devices of an extended resource on the NUMA node (numa_node empty: the kubelet "
+    "places them on none, or on several).",
+    ("numa_node", "resource"),
+    "capacity",
+)
+ZONE_DEVICES_FREE = _m(
+    "zone_devices_free",
+    "gauge",
+    "Devices of an extended resource on the NUMA node not allocated to any container.",
+    ("numa_node", "resource"),
+    "capacity",
+)
+ZONE_MEMORY_ALLOCATABLE = _m(
+    "zone_memory_allocatable_bytes",
+    "gauge",
+    "Memory of the NUMA node the kubelet's memory manager can hand out (present only "
+    "with the memory manager).",
+    ("numa_node",),
+    "capacity",
+)
+ZONE_MEMORY_FREE = _m(
+    "zone_memory_free_bytes",
+    "gauge",
+    "Memory of the NUMA node not yet handed out by the memory manager.",
+    ("numa_node",),
+    "capacity",
 )
 
 

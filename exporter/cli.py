@@ -14,6 +14,7 @@ from exporter import __version__, logs
 from exporter.model import Thresholds
 from exporter.server import GpuBackendError, Settings, serve
 from exporter.sources.kube import KubeconfigError
+from exporter.sources.kubelet import DEFAULT_SOCKET
 from exporter.sources.resctrl import MODES
 
 DEFAULT_PORT = 9847
@@ -103,6 +104,13 @@ def parser() -> argparse.ArgumentParser:
         "fake:PATH (a simulated GPU node described in a JSON file, for demos and tests)",
     )
     p.add_argument(
+        "--pod-resources-socket",
+        metavar="PATH",
+        help="the kubelet's PodResources gRPC socket, for which pod holds which GPU, MIG "
+        "slice and exclusive CPUs, and what each NUMA node can still give; unset: "
+        f"{DEFAULT_SOCKET} when it exists, else devices are attributed by their processes",
+    )
+    p.add_argument(
         "--log-format",
         choices=("json", "text"),
         default="json",
@@ -128,6 +136,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         thresholds=Thresholds(args.memory_remote_threshold, args.memory_remote_min_bytes),
         resctrl_mode=args.resctrl_mode,
         gpu_backend=args.gpu_backend,
+        pod_resources_socket=args.pod_resources_socket,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from exporter import __version__
 from exporter import catalogue as c
-from exporter.collectors import gpu, host_numa, pods, resctrl
+from exporter.collectors import capacity, gpu, host_numa, pods, resctrl
 from exporter.exposition import render
 from exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
 from exporter.sources import READ_FAILURES, Issue
@@ -24,14 +24,24 @@ from exporter.sources import READ_FAILURES, Issue
 log = logging.getLogger(__name__)
 
 # "write": the kernel refused a resctrl group change or task move; "gpu_lost" and
-# "nvml": a GPU fell off the bus, or NVML answered an error other than not-supported
-ERROR_REASONS = (*READ_FAILURES, "write", "gpu_lost", "nvml", "timeout", "internal")
+# "nvml": a GPU fell off the bus, or NVML answered an error other than not-supported;
+# "kubelet": the PodResources API answered an error
+ERROR_REASONS = (
+    *READ_FAILURES,
+    "write",
+    "gpu_lost",
+    "nvml",
+    "kubelet",
+    "timeout",
+    "internal",
+)
 
 # Collector names, as the "collector" label shows them.
 HOST_NUMA = "host_numa"
 POD_PLACEMENT = "pod_placement"
 RESCTRL = "resctrl"  # runs after pod_placement: it needs this cycle's pods
 GPU = "gpu"
+POD_RESOURCES = "pod_resources"
 
 # Distinct (collector, reason, path) problems we log once each; beyond this, just count.
 _MAX_LOGGED_PROBLEMS = 10_000
@@ -114,6 +124,7 @@ class Collection:
             self.thresholds,
             readings.get(RESCTRL),
             readings.get(GPU),
+            readings.get(POD_RESOURCES),
         )
         return snap, self.render(snap)
 
@@ -173,6 +184,7 @@ class Collection:
             *pods.families(snap),
             *resctrl.families(snap),
             *gpu.families(snap),
+            *capacity.families(snap),
             *self._self_families(snap),
         ]
         return Exposition(*render(families))

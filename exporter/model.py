@@ -9,9 +9,11 @@ from dataclasses import dataclass, field, replace
 
 from exporter.readers.cgroup import CpuThrottling, Pressure
 from exporter.readers.numa import NodeMeminfo
+from exporter.readers.podresources import ContainerResources
 from exporter.sources.cgroups import ContainerReading, PodsReading
 from exporter.sources.gpu import GpuReading, GpuRecord, SliceRecord
 from exporter.sources.host import HostReading, L3Domain
+from exporter.sources.kubelet import KubeletReading
 from exporter.sources.resctrl import ResctrlReading
 from exporter.traffic import ResctrlState, build_resctrl
 
@@ -101,7 +103,20 @@ class DeviceUse:
     namespace: str  # names are "" without API metadata
     pod: str
     container: str
-    source: str  # process
+    source: str  # kubelet (PodResources) | process (NVML's process list)
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    """What one NUMA node can still give a pod, from the kubelet (None: not reported)."""
+
+    numa_node: int | None  # None: devices the kubelet places on no NUMA node
+    cpus_allocatable: int | None
+    cpus_allocated: int | None  # exclusive CPUs handed out
+    devices_allocatable: Mapping[str, int]  # resource -> devices
+    devices_free: Mapping[str, int]
+    memory_allocatable_bytes: int | None  # memory manager; None without it
+    memory_free_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +132,7 @@ class NodeSnapshot:
     resctrl: ResctrlState | None
     gpus: GpuReading | None = None
     device_uses: tuple[DeviceUse, ...] = ()
+    zones: tuple[Zone, ...] = ()
 
 
 def build_snapshot(
@@ -129,6 +145,7 @@ def build_snapshot(
     thresholds: Thresholds,
     resctrl: ResctrlReading | None = None,
     gpus: GpuReading | None = None,
+    kubelet: KubeletReading | None = None,
 ) -> NodeSnapshot:
     """Combine this cycle's readings; a reading that failed (None) contributes nothing.
 
@@ -145,7 +162,8 @@ def build_snapshot(
         locality = _delta_ratio(
             previous.balancing, balancing, "numa_hint_faults_local", ("numa_hint_faults",)
         )
-    pod_states = _pods(pods, topology, metadata or {}, thresholds) if pods else ()
+    granted = _kubelet_index(kubelet)
+    pod_states = _pods(pods, topology, metadata or {}, thresholds, granted) if pods else ()
     traffic = None
     if resctrl is not None:
         traffic = build_resctrl(
@@ -156,7 +174,7 @@ def build_snapshot(
             previous.resctrl if previous else None,
             timestamp - previous.timestamp if previous else None,
         )
-    uses = _device_uses(gpus, pod_states) if gpus else ()
+    uses = _device_uses(gpus, pod_states, granted, metadata or {}) if gpus else ()
     if uses:
         pod_states = _with_device_verdicts(pod_states, uses)
     return NodeSnapshot(
@@ -171,6 +189,7 @@ def build_snapshot(
         resctrl=traffic,
         gpus=gpus,
         device_uses=uses,
+        zones=_zones(kubelet, topology) if kubelet else (),
     )
 
 
@@ -224,6 +243,7 @@ def _pods(
     topology: Topology | None,
     metadata: Mapping[str, PodMeta],
     thresholds: Thresholds,
+    granted: Mapping[tuple[str, str, str], ContainerResources] | None,
 ) -> tuple[PodState, ...]:
     placer = _CpuPlacer(topology)
     by_pod: dict[str, list[ContainerReading]] = {}
@@ -237,7 +257,7 @@ def _pods(
             raw = [c for c in raw if c.container_id in meta.containers]
             if not raw:
                 continue  # only its sandbox is left: nothing of the pod's own to show
-        containers = tuple(_container(c, meta, placer, reading.shared_pool) for c in raw)
+        containers = tuple(_container(c, meta, placer, reading.shared_pool, granted) for c in raw)
         pods.append(_pod(uid, meta, containers, placer, thresholds))
     return tuple(sorted(pods, key=lambda p: p.uid))
 
@@ -247,15 +267,21 @@ def _container(
     meta: PodMeta | None,
     placer: _CpuPlacer,
     shared_pool: frozenset[int] | None,
+    granted: Mapping[tuple[str, str, str], ContainerResources] | None,
 ) -> ContainerState:
-    # Exclusive CPUs are taken out of the shared pool by the CPU manager, so a
-    # Guaranteed container's cpuset is exclusive exactly when it is disjoint from it.
-    exclusive = bool(
-        c.qos_class == "guaranteed"
-        and c.cpus
-        and shared_pool is not None
-        and c.cpus.isdisjoint(shared_pool)
-    )
+    name = meta.containers.get(c.container_id, "") if meta else ""
+    kubelet = granted.get((meta.namespace, meta.name, name)) if granted and meta else None
+    if kubelet is not None:  # the CPU manager says which CPUs it gave exclusively
+        exclusive = bool(kubelet.exclusive_cpus)
+    else:
+        # Exclusive CPUs are taken out of the shared pool by the CPU manager, so a
+        # Guaranteed container's cpuset is exclusive exactly when it is disjoint from it.
+        exclusive = bool(
+            c.qos_class == "guaranteed"
+            and c.cpus
+            and shared_pool is not None
+            and c.cpus.isdisjoint(shared_pool)
+        )
     cpus_by_node = placer.by_node(c.cpus)
     cpu_nodes = set(cpus_by_node) if cpus_by_node is not None else None
     memory = _nonzero(c.memory_by_node)
@@ -263,7 +289,7 @@ def _container(
     total = sum(memory.values()) if memory is not None else None
     return ContainerState(
         container_id=c.container_id,
-        name=meta.containers.get(c.container_id, "") if meta else "",
+        name=name,
         runtime=c.runtime,
         qos_class=c.qos_class,
         exclusive_cpus=exclusive,
@@ -321,14 +347,69 @@ def _pod(
     )
 
 
-def _device_uses(gpus: GpuReading, pods: tuple[PodState, ...]) -> tuple[DeviceUse, ...]:
-    by_uid = {p.uid: p for p in pods}
-    uses = []
+def _kubelet_index(
+    kubelet: KubeletReading | None,
+) -> dict[tuple[str, str, str], ContainerResources] | None:
+    """(namespace, pod, container) -> what the kubelet gave it; None when it is silent."""
+    if kubelet is None or kubelet.pods is None:
+        return None
+    return {(p.namespace, p.name, c.name): c for p in kubelet.pods for c in p.containers}
+
+
+def _device_uses(
+    gpus: GpuReading,
+    pods: tuple[PodState, ...],
+    granted: Mapping[tuple[str, str, str], ContainerResources] | None,
+    metadata: Mapping[str, PodMeta],
+) -> tuple[DeviceUse, ...]:
+    """Who uses which GPU or slice: the kubelet's allocations first; NVML's processes for
+    the devices the kubelet says nothing about (no kubelet, or devices handed out some
+    other way, such as a privileged pod that sees them all)."""
+    units: dict[str, tuple[GpuRecord, SliceRecord | None]] = {}
     for gpu in gpus.gpus:
-        units = [(None, gpu.holders, "nvidia.com/gpu")] + [
-            (s, s.holders, f"nvidia.com/mig-{s.profile}") for s in gpu.slices
+        if gpu.uuid:
+            units[gpu.uuid] = (gpu, None)
+            units[str(gpu.index)] = (gpu, None)  # device plugins configured with indices
+            units[f"gpu-{gpu.index}"] = (gpu, None)  # DRA device names
+        for s in gpu.slices:
+            units[s.uuid] = (gpu, s)
+            units[f"MIG-{gpu.uuid}/{s.gi_id}/{s.ci_id}"] = (gpu, s)  # old device plugins
+    by_uid = {p.uid: p for p in pods}
+    by_name = {(m.namespace, m.name): (uid, m) for uid, m in metadata.items()}
+    uses: list[DeviceUse] = []
+    claimed: set[str] = set()
+    for (namespace, pod, container), given in (granted or {}).items():
+        uid, meta = by_name.get((namespace, pod), ("", None))
+        container_id = (
+            next((cid for cid, n in meta.containers.items() if n == container), "") if meta else ""
+        )
+        found = [(d.resource, i) for d in given.devices for i in d.ids]
+        found += [(c.driver, c.device) for c in given.claims]
+        for resource, device in found:
+            unit = units.get(device)
+            if unit is None:
+                continue  # not a GPU NVML knows (another resource, or no GPU backend)
+            claimed.add(unit[1].uuid if unit[1] else unit[0].uuid)
+            uses.append(
+                DeviceUse(
+                    unit[0],
+                    unit[1],
+                    resource,
+                    uid,
+                    container_id,
+                    namespace,
+                    pod,
+                    container,
+                    "kubelet",
+                )
+            )
+    for gpu in gpus.gpus:
+        found = [(None, gpu.holders, "nvidia.com/gpu", gpu.uuid)] + [
+            (s, s.holders, f"nvidia.com/mig-{s.profile}", s.uuid) for s in gpu.slices
         ]
-        for mig, holders, resource in units:
+        for mig, holders, resource, uuid in found:
+            if uuid in claimed:
+                continue
             for h in holders:
                 pod = by_uid.get(h.pod_uid)
                 container = (
@@ -352,6 +433,67 @@ def _device_uses(gpus: GpuReading, pods: tuple[PodState, ...]) -> tuple[DeviceUs
     return tuple(uses)
 
 
+def _zones(kubelet: KubeletReading, topology: Topology | None) -> tuple[Zone, ...]:
+    """Per NUMA node: allocatable and allocated exclusive CPUs, devices per resource and
+    memory, from the kubelet's GetAllocatableResources and List."""
+    alloc = kubelet.allocatable
+    if kubelet.pods is None or alloc is None:
+        return ()
+    given = [c for p in kubelet.pods for c in p.containers]
+    node_of_cpu = topology.node_of_cpu if topology else {}
+    nodes: set[int | None] = set(topology.nodes) if topology else set()
+
+    def per_node(cpus) -> dict[int | None, int]:
+        out: dict[int | None, int] = {}
+        for cpu in cpus:
+            node = node_of_cpu.get(cpu)
+            out[node] = out.get(node, 0) + 1
+        return out
+
+    cpus_allocatable = per_node(alloc.cpus)
+    cpus_allocated = per_node(frozenset().union(*(c.exclusive_cpus for c in given)))
+    taken = {(d.resource, i) for c in given for d in c.devices for i in d.ids}
+    devices_all: dict[int | None, dict[str, int]] = {}
+    devices_free: dict[int | None, dict[str, int]] = {}
+    for d in alloc.devices:
+        # a device on several nodes (or none) cannot be placed on one: zone None
+        node = d.numa_nodes[0] if len(d.numa_nodes) == 1 else None
+        nodes.add(node)
+        for i in d.ids:
+            devices_all.setdefault(node, {}).setdefault(d.resource, 0)
+            devices_free.setdefault(node, {}).setdefault(d.resource, 0)
+            devices_all[node][d.resource] += 1
+            devices_free[node][d.resource] += (d.resource, i) not in taken
+    memory_all: dict[int | None, int] = {}
+    memory_used: dict[int | None, int] = {}
+    for m in alloc.memory:
+        if m.kind == "memory" and len(m.numa_nodes) == 1:
+            memory_all[m.numa_nodes[0]] = memory_all.get(m.numa_nodes[0], 0) + m.size_bytes
+    for c in given:
+        for m in c.memory:
+            if m.kind == "memory" and m.numa_nodes:
+                # a multi-node allocation is split evenly, as the memory manager does
+                share = m.size_bytes // len(m.numa_nodes)
+                for n in m.numa_nodes:
+                    memory_used[n] = memory_used.get(n, 0) + share
+    has_cpus = bool(alloc.cpus)
+    zones = []
+    for node in sorted(nodes | set(cpus_allocatable), key=lambda n: -1 if n is None else n):
+        memory = memory_all.get(node)
+        zones.append(
+            Zone(
+                node,
+                cpus_allocatable.get(node, 0) if has_cpus and node is not None else None,
+                cpus_allocated.get(node, 0) if has_cpus and node is not None else None,
+                devices_all.get(node, {}),
+                devices_free.get(node, {}),
+                memory,
+                None if memory is None else max(0, memory - memory_used.get(node, 0)),
+            )
+        )
+    return tuple(zones)
+
+
 def _with_device_verdicts(
     pods: tuple[PodState, ...], uses: tuple[DeviceUse, ...]
 ) -> tuple[PodState, ...]:
@@ -359,7 +501,8 @@ def _with_device_verdicts(
     Decided only when the device's node and the pod's CPUs are both known."""
     device_nodes: dict[str, list[int | None]] = {}
     for use in uses:
-        device_nodes.setdefault(use.pod_uid, []).append(use.gpu.numa_node)
+        if use.pod_uid:
+            device_nodes.setdefault(use.pod_uid, []).append(use.gpu.numa_node)
     out = []
     for pod in pods:
         nodes = device_nodes.get(pod.uid)

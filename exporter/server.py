@@ -5,19 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, RESCTRL, Collection
+from exporter.collection import (
+    GPU,
+    HOST_NUMA,
+    POD_PLACEMENT,
+    POD_RESOURCES,
+    RESCTRL,
+    Collection,
+)
 from exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from exporter.model import Thresholds
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.gpu import GpuUnavailable, NvmlSource
 from exporter.sources.host import HostSource
 from exporter.sources.kube import PodMetadataWatch, api_client
+from exporter.sources.kubelet import DEFAULT_SOCKET, PodResourcesSource
 from exporter.sources.resctrl import ResctrlOps, ResctrlSource
 
 log = logging.getLogger(__name__)
@@ -36,6 +45,8 @@ class Settings:
     resctrl_mode: str = "auto"
     resctrl_ops: ResctrlOps | None = None  # the simulator acts as the kernel through this
     gpu_backend: str = "nvml"  # nvml | none | fake:PATH
+    # the kubelet's PodResources socket; None: the default one, used only if it exists
+    pod_resources_socket: str | None = None
 
 
 class GpuBackendError(Exception):
@@ -155,6 +166,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     }
     if gpus is not None:
         sources[GPU] = gpus
+    kubelet = pod_resources_source(settings)
+    if kubelet is not None:
+        sources[POD_RESOURCES] = kubelet
     collection = Collection(
         settings.node_name,
         sources,
@@ -189,8 +203,26 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await api.close()
         if gpus is not None:
             await asyncio.to_thread(gpus.close, 1.0)
+        if kubelet is not None:
+            kubelet.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def pod_resources_source(settings: Settings) -> PodResourcesSource | None:
+    """The kubelet's PodResources API: always when a socket was named; the default one
+    only where it exists (on a Kubernetes node), so that a laptop run stays quiet."""
+    path = settings.pod_resources_socket
+    if path is None:
+        if not os.path.exists(DEFAULT_SOCKET):
+            log.info(
+                "no kubelet PodResources socket at %s: devices are attributed to pods by "
+                "their processes only",
+                DEFAULT_SOCKET,
+            )
+            return None
+        path = DEFAULT_SOCKET
+    return PodResourcesSource(path, timeout=min(2.0, settings.collector_timeout_seconds / 2))
 
 
 def _addresses(runner: web.AppRunner) -> str:

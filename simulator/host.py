@@ -31,6 +31,21 @@ class FakeContainer:
     pressure: dict[str, tuple[float, float]] = field(default_factory=dict)
     id: str = ""  # 64 hex digits; derived from pod uid and name when empty
     tids: list[int] | None = None  # its threads; derived from its id when None
+    # What the kubelet gave it (served by simulator.kubelet): exclusive CPUs (its cpus),
+    # device plugin devices (resource -> device ids), DRA claim devices
+    exclusive_cpus: bool = False
+    devices: dict[str, list[str]] = field(default_factory=dict)
+    claims: list[FakeClaim] = field(default_factory=list)
+
+
+@dataclass
+class FakeClaim:
+    """A device a container got through a DRA ResourceClaim."""
+
+    claim: str  # name; in the pod's namespace
+    device: str  # gpu-0
+    driver: str = "gpu.nvidia.com"
+    pool: str = "node-0"
 
 
 @dataclass

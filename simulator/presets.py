@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable
 
 from exporter.readers.nvml import sysfs_pci_address
-from simulator.host import GIB, MIB, FakeContainer, FakeHost, FakeNumaNode, FakePod
+from simulator.host import GIB, MIB, FakeClaim, FakeContainer, FakeHost, FakeNumaNode, FakePod
 from simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
 
 
@@ -213,8 +213,13 @@ def gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHost, Fak
     * infer-a (CPUs 8-9) on GPU 1's 3g.40gb slice; infer-b (CPUs 16-17) on a 1g.10gb.
     * notebook-0..2 (burstable, shared pool) on GPU 2's 1g.10gb slices, nearly idle.
     * infer-c (CPUs 32-35, node 1) on GPU 5's 4g.40gb slice.
+    * infer-d (CPUs 40-41) holds GPU 5's 3g.40gb slice but runs nothing on it yet.
+    * dra-job (CPUs 36-39) got GPU 6 through a DRA claim.
+
+    The kubelet (simulator.kubelet) knows all these allocations; NVML knows the
+    processes, which run on every device but infer-d's.
     """
-    shared = "18-31,36-63"
+    shared = "18-31,46-63"
     host = FakeHost(
         nodes=[
             FakeNumaNode(
@@ -227,7 +232,8 @@ def gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHost, Fak
     )
 
     def pod(name: str, cpus: str, memory: dict[int, int], qos: str = "guaranteed") -> FakePod:
-        p = FakePod(name, pod_uid(name), qos, [FakeContainer("main", cpus, memory)], "ml")
+        main = FakeContainer("main", cpus, memory, exclusive_cpus=qos == "guaranteed")
+        p = FakePod(name, pod_uid(name), qos, [main], "ml")
         host.pods.append(p)
         return p
 
@@ -243,7 +249,17 @@ def gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHost, Fak
         nvml.add_gpu("H100-80GB", 1),
     ]
 
-    def use(p: FakePod, unit: FakeGpu | FakeSlice, used_bytes: int, **activity: float) -> None:
+    def use(
+        p: FakePod, unit: FakeGpu | FakeSlice, used_bytes: int, running: bool = True, **activity
+    ) -> None:
+        resource = (
+            f"nvidia.com/mig-{unit.profile.name}"
+            if isinstance(unit, FakeSlice)
+            else "nvidia.com/gpu"
+        )
+        p.containers[0].devices.setdefault(resource, []).append(unit.uuid)
+        if not running:
+            return
         unit.processes.append(Process(host.pid(p, p.containers[0]), used_bytes))
         if isinstance(unit, FakeSlice):
             unit.memory_used_bytes = used_bytes
@@ -257,6 +273,12 @@ def gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHost, Fak
         notebook = pod(f"notebook-{i}", shared, {0: 2 * GIB, 1: 1 * GIB}, "burstable")
         use(notebook, gpus[2].mig[i], 512 * MIB, sm=0.01, graphics=0.02)
     use(pod("infer-c", "32-35", {1: 8 * GIB}), gpus[5].mig[0], 35 * GIB, sm=0.7, tensor=0.5)
+    use(pod("infer-d", "40-41", {1: 2 * GIB}), gpus[5].mig[1], 0, running=False)
+    dra = pod("dra-job", "36-39", {1: 16 * GIB})
+    dra.containers[0].claims.append(FakeClaim("gpu-claim", "gpu-6"))
+    gpus[6].processes.append(Process(host.pid(dra, dra.containers[0]), 40 * GIB))
+    gpus[6].memory_used_bytes = 40 * GIB
+    gpus[6].activity.set(sm=0.8, graphics=0.85)
     pod("web", shared, {0: 200 * MIB, 1: 100 * MIB}, "burstable")
     for gpu in nvml.gpus:
         host.pci_devices[sysfs_pci_address(gpu.pci_bus_id)] = gpu.numa_node

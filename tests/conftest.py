@@ -7,11 +7,19 @@ from collections.abc import Mapping
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, RESCTRL, Collection
+from exporter.collection import (
+    GPU,
+    HOST_NUMA,
+    POD_PLACEMENT,
+    POD_RESOURCES,
+    RESCTRL,
+    Collection,
+)
 from exporter.model import PodMeta, Thresholds
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.gpu import NvmlSource
 from exporter.sources.host import HostSource
+from exporter.sources.kubelet import PodResourcesSource
 from exporter.sources.resctrl import ResctrlSource
 from simulator.host import FakeHost, FakeHostRoot
 from simulator.resctrl import FakeResctrl
@@ -53,6 +61,7 @@ def make_collection(
     resctrl_mode: str = "auto",
     clock=None,
     gpus: NvmlSource | None = None,
+    kubelet: PodResourcesSource | None = None,
 ) -> Collection:
     sources = {
         HOST_NUMA: HostSource(str(root.root)),
@@ -62,6 +71,8 @@ def make_collection(
         sources[RESCTRL] = ResctrlSource(str(root.root), resctrl_mode, resctrl)
     if gpus is not None:
         sources[GPU] = gpus
+    if kubelet is not None:
+        sources[POD_RESOURCES] = kubelet
     return Collection(
         NODE,
         sources,

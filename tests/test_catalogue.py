@@ -3,6 +3,9 @@ there with its labels, names follow Prometheus conventions, and the doc is curre
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pynvml
@@ -11,7 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter import catalogue
 from exporter.catalogue import CATALOGUE
 from exporter.sources.gpu import NvmlSource
+from exporter.sources.kubelet import PodResourcesSource
 from simulator import presets
+from simulator.kubelet import FakeKubelet
 from simulator.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of
 
@@ -84,18 +89,27 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
         kernel.write()
         await collection.run_once()
         seen |= _declared_families(collection)
-    # and a GPU node, over two cycles so that utilization has an interval
+    # and a GPU node with its kubelet, over two cycles so that utilization has an interval
     now = [0.0]
     host, nvml = presets.gpu_node(lambda: now[0])
     root = fake_root(host)
+    socket = f"{tempfile.mkdtemp(dir='/tmp')}/kubelet.sock"
+    kubelet = FakeKubelet(socket, host, nvml)
     with nvml.installed():
+        await kubelet.start()
         gpus = NvmlSource(pynvml, str(root.root), clock=lambda: now[0])
         gpus.start()
-        collection = make_collection(root, metadata=metadata_of(host), gpus=gpus)
+        pod_resources = PodResourcesSource(socket)
+        collection = make_collection(
+            root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
+        )
         await collection.run_once()
         now[0] += 15
         await collection.run_once()
         gpus.close()
+        pod_resources.close()
+        await kubelet.stop()
+        shutil.rmtree(os.path.dirname(socket))
     seen |= _declared_families(collection)
     # every declared metric shows up on at least one of these nodes
     assert seen == set(CATALOGUE)

@@ -465,6 +465,7 @@ async def test_pods_on_devices_and_device_remote(gpu_node):
         holder("notebook-1", 2, 1, "nvidia.com/mig-1g.10gb", "0"),
         holder("notebook-2", 2, 2, "nvidia.com/mig-1g.10gb", "0"),
         holder("infer-c", 5, 0, "nvidia.com/mig-4g.40gb", "1"),
+        holder("dra-job", 6, None, "nvidia.com/gpu", "1"),
     }
     assert {k for k in got if k[0] == "numaguard_gpu_holder_info"} == expected
     verdicts = {
@@ -481,7 +482,9 @@ async def test_pods_on_devices_and_device_remote(gpu_node):
         "notebook-1": 0,
         "notebook-2": 0,
         "infer-c": 0,
-    }  # web holds no device: no verdict
+        "dra-job": 0,
+    }  # web holds no device, and infer-d runs nothing on its slice: without the kubelet,
+    # no verdict
 
 
 async def test_exporter_with_a_fake_gpu_node_file(fake_root, tmp_path):

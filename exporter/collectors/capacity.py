@@ -1,0 +1,28 @@
+"""Capacity per NUMA zone, from the kubelet: what each NUMA node can still give a pod
+(exclusive CPUs, devices per resource, memory), for the remediator's fit check."""
+
+from __future__ import annotations
+
+from exporter import catalogue as c
+from exporter.model import NodeSnapshot
+
+_SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "capacity"]
+
+
+def families(snap: NodeSnapshot) -> list[c.Family]:
+    f = {spec.name: spec.family(snap.node_name) for spec in _SPECS}
+
+    def add(spec: c.MetricSpec, value: float | None, *labels: str) -> None:
+        if value is not None:
+            f[spec.name].add(value, *labels)
+
+    for zone in snap.zones:
+        node = "" if zone.numa_node is None else str(zone.numa_node)
+        add(c.ZONE_CPUS_ALLOCATABLE, zone.cpus_allocatable, node)
+        add(c.ZONE_CPUS_ALLOCATED, zone.cpus_allocated, node)
+        for resource, count in sorted(zone.devices_allocatable.items()):
+            add(c.ZONE_DEVICES_ALLOCATABLE, count, node, resource)
+            add(c.ZONE_DEVICES_FREE, zone.devices_free.get(resource, 0), node, resource)
+        add(c.ZONE_MEMORY_ALLOCATABLE, zone.memory_allocatable_bytes, node)
+        add(c.ZONE_MEMORY_FREE, zone.memory_free_bytes, node)
+    return list(f.values())

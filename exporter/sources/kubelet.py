@@ -1,0 +1,79 @@
+"""Kubelet PodResources source: which devices, exclusive CPUs and memory the kubelet
+gave each container, and what it can still give, over gRPC v1 on its unix socket.
+
+The channel reconnects by itself; after a failed call it is dropped and made afresh on
+the next cycle, so a restarted kubelet (a new socket file) is found again at once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import grpc
+
+from exporter.readers import ParseError
+from exporter.readers.podresources import (
+    Allocatable,
+    PodResources,
+    read_allocatable,
+    read_list,
+)
+from exporter.sources import Issue
+from exporter.sources.podresources import api_pb2, api_pb2_grpc
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+_MAX_MESSAGE = 16 << 20  # the kubelet's own limit on this API
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletReading:
+    pods: tuple[PodResources, ...] | None  # None: the kubelet did not answer (see issues)
+    allocatable: Allocatable | None  # None also for kubelets without GetAllocatableResources
+    issues: list[Issue] = field(default_factory=list)
+
+
+class PodResourcesSource:
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 2.0) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self._channel: grpc.Channel | None = None
+
+    def read(self) -> KubeletReading:
+        if not os.path.exists(self.socket_path):
+            self.close()
+            return _failed(Issue("missing", self.socket_path, "no kubelet socket"))
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(
+                f"unix://{os.path.abspath(self.socket_path)}",
+                options=[("grpc.max_receive_message_length", _MAX_MESSAGE)],
+            )
+        stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
+        try:
+            listed = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+            try:
+                allocatable = read_allocatable(
+                    stub.GetAllocatableResources(
+                        api_pb2.AllocatableResourcesRequest(), timeout=self.timeout
+                    )
+                )
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                allocatable = None  # kubelets before 1.23 (or with the gate off)
+            return KubeletReading(read_list(listed), allocatable)
+        except grpc.RpcError as err:
+            self.close()
+            reason = "timeout" if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "kubelet"
+            return _failed(Issue(reason, self.socket_path, f"{err.code().name}: {err.details()}"))
+        except ParseError as err:
+            return _failed(Issue("parse", self.socket_path, str(err)))
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+def _failed(issue: Issue) -> KubeletReading:
+    return KubeletReading(None, None, [issue])

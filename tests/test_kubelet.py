@@ -1,0 +1,255 @@
+"""The kubelet's PodResources API over real gRPC (the simulator's kubelet on a unix
+socket): device and CPU attribution for nvidia.com/gpu, nvidia.com/mig-* and DRA claims,
+capacity per NUMA zone, and a kubelet that is missing, slow, failing or restarted."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import grpc
+import pynvml
+import pytest
+
+from exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, POD_RESOURCES, Collection
+from exporter.sources.cgroups import CgroupSource
+from exporter.sources.gpu import NvmlSource
+from exporter.sources.host import HostSource
+from exporter.sources.kubelet import PodResourcesSource
+from simulator import presets
+from simulator.host import GIB, FakeContainer, FakePod
+from simulator.kubelet import FakeKubelet
+from tests.conftest import NODE, metadata_of, samples, series
+
+
+class Node:
+    def __init__(self, root, nvml, socket: str, timeout: float) -> None:
+        self.root, self.host, self.nvml = root, root.host, nvml
+        self.now = 0.0
+        self.gpus = NvmlSource(pynvml, str(root.root), clock=lambda: self.now)
+        self.gpus.start()
+        self.kubelet_source = PodResourcesSource(socket, timeout)
+        self.collection = Collection(
+            NODE,
+            {
+                HOST_NUMA: HostSource(str(root.root)),
+                POD_PLACEMENT: CgroupSource(str(root.root)),
+                GPU: self.gpus,
+                POD_RESOURCES: self.kubelet_source,
+            },
+            metadata=lambda: metadata_of(self.host),
+            clock=lambda: self.now,
+        )
+
+    async def cycle(self) -> dict:
+        self.now += 15
+        await self.collection.run_once()
+        return samples(self.collection.exposition.text)
+
+    def holders(self, got: dict) -> dict[tuple[str, str], tuple[str, str, str]]:
+        """(pod, device uuid) -> (resource, numa_node, source)."""
+        out = {}
+        for name, labels in got:
+            if name == "numaguard_gpu_holder_info":
+                lb = dict(labels)
+                device = lb["mig_uuid"] or lb["gpu_uuid"]
+                out[lb["pod"], device] = (lb["resource"], lb["numa_node"], lb["source"])
+        return out
+
+
+@pytest.fixture
+async def node(fake_root):
+    short = tempfile.mkdtemp(prefix="kl", dir="/tmp")  # unix socket paths are short
+    socket = f"{short}/kubelet.sock"
+    host, nvml = presets.gpu_node()
+    root = fake_root(host)
+    kubelet = FakeKubelet(socket, host, nvml)
+    with nvml.installed():
+        await kubelet.start()
+        n = Node(root, nvml, socket, timeout=0.5)
+        n.kubelet = kubelet
+        try:
+            yield n
+        finally:
+            n.kubelet_source.close()
+            n.gpus.close()
+            await kubelet.stop()
+            shutil.rmtree(short, ignore_errors=True)
+
+
+def verdicts(got: dict, reason: str) -> dict[str, float]:
+    return {
+        dict(k[1])["pod"]: v
+        for k, v in got.items()
+        if k[0] == "numaguard_pod_cross_numa" and dict(k[1])["reason"] == reason
+    }
+
+
+async def test_devices_attributed_by_the_kubelet(node):
+    got = await node.cycle()
+    got = await node.cycle()
+    g = node.nvml.gpus
+    assert node.holders(got) == {
+        ("trainer", g[0].uuid): ("nvidia.com/gpu", "0", "kubelet"),
+        ("trainer-remote", g[4].uuid): ("nvidia.com/gpu", "1", "kubelet"),
+        ("infer-a", g[1].mig[0].uuid): ("nvidia.com/mig-3g.40gb", "0", "kubelet"),
+        ("infer-b", g[1].mig[2].uuid): ("nvidia.com/mig-1g.10gb", "0", "kubelet"),
+        ("notebook-0", g[2].mig[0].uuid): ("nvidia.com/mig-1g.10gb", "0", "kubelet"),
+        ("notebook-1", g[2].mig[1].uuid): ("nvidia.com/mig-1g.10gb", "0", "kubelet"),
+        ("notebook-2", g[2].mig[2].uuid): ("nvidia.com/mig-1g.10gb", "0", "kubelet"),
+        ("infer-c", g[5].mig[0].uuid): ("nvidia.com/mig-4g.40gb", "1", "kubelet"),
+        # allocated, nothing running on it yet: only the kubelet can tell
+        ("infer-d", g[5].mig[1].uuid): ("nvidia.com/mig-3g.40gb", "1", "kubelet"),
+        # a DRA claim: the resource is the claim's driver
+        ("dra-job", g[6].uuid): ("gpu.nvidia.com", "1", "kubelet"),
+    }
+    trainer = node.host.pod("trainer")
+    holder = series(
+        "numaguard_gpu_holder_info",
+        gpu="0",
+        gpu_uuid=g[0].uuid,
+        mig_uuid="",
+        resource="nvidia.com/gpu",
+        numa_node="0",
+        namespace="ml",
+        pod="trainer",
+        container="main",
+        pod_uid=trainer.uid,
+        container_id=node.host.container_id(trainer, trainer.containers[0]),
+        source="kubelet",
+    )
+    assert got[holder] == 1
+    assert verdicts(got, "device_remote") == {
+        "trainer": 0,
+        "trainer-remote": 1,
+        "infer-a": 0,
+        "infer-b": 0,
+        "notebook-0": 0,
+        "notebook-1": 0,
+        "notebook-2": 0,
+        "infer-c": 0,
+        "infer-d": 0,
+        "dra-job": 0,
+    }
+    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+
+
+async def test_capacity_per_numa_zone(node):
+    got = await node.cycle()
+
+    def zone(name: str, **labels) -> float | None:
+        return got.get(series(f"numaguard_zone_{name}", **labels))
+
+    assert zone("cpus_allocatable", numa_node="0") == 32
+    assert zone("cpus_allocatable", numa_node="1") == 32
+    # trainer 8, infer-a 2, trainer-remote 6, infer-b 2 | infer-c 4, dra-job 4, infer-d 2
+    assert zone("cpus_allocated", numa_node="0") == 18
+    assert zone("cpus_allocated", numa_node="1") == 10
+    devices = {
+        (dict(k[1])["numa_node"], dict(k[1])["resource"]): (
+            v,
+            got[series("numaguard_zone_devices_free", **dict(k[1]))],
+        )
+        for k, v in got.items()
+        if k[0] == "numaguard_zone_devices_allocatable"
+    }
+    assert devices == {
+        ("0", "nvidia.com/gpu"): (2, 1),  # GPUs 0 and 3; 0 is the trainer's
+        ("0", "nvidia.com/mig-3g.40gb"): (1, 0),
+        ("0", "nvidia.com/mig-2g.20gb"): (1, 1),
+        ("0", "nvidia.com/mig-1g.10gb"): (9, 5),  # infer-b and three notebooks
+        ("1", "nvidia.com/gpu"): (2, 1),  # GPUs 4 and 7 (6 is DRA's)
+        ("1", "nvidia.com/mig-4g.40gb"): (1, 0),
+        ("1", "nvidia.com/mig-3g.40gb"): (1, 0),
+    }
+    assert zone("memory_allocatable_bytes", numa_node="0") == 512 * GIB
+    assert zone("memory_free_bytes", numa_node="1") == 512 * GIB
+
+
+async def test_exclusive_cpus_come_from_the_kubelet(node):
+    # Guaranteed, CPUs on both nodes, disjoint from the shared pool
+    split = FakePod(
+        "split",
+        "0f000000-0000-4000-8000-000000000001",
+        "guaranteed",
+        [FakeContainer("main", "30-33", {0: GIB}, exclusive_cpus=True)],
+        "ml",
+    )
+    node.host.pods.append(split)
+    node.root.write()
+    got = await node.cycle()
+    assert verdicts(got, "cpu_span")["split"] == 1
+    # the kubelet says it holds no exclusive CPUs: measured, not flagged
+    split.containers[0].exclusive_cpus = False
+    got = await node.cycle()
+    assert verdicts(got, "cpu_span")["split"] == 0
+
+
+async def test_missing_kubelet_falls_back_to_processes(node):
+    await node.kubelet.stop()
+    got = await node.cycle()
+    got = await node.cycle()
+    holders = node.holders(got)
+    assert {source for _, _, source in holders.values()} == {"process"}
+    # a device that runs nothing cannot be seen by its processes
+    assert ("infer-d", node.nvml.gpus[5].mig[1].uuid) not in holders
+    assert verdicts(got, "device_remote")["trainer-remote"] == 1
+    assert not [k for k in got if k[0].startswith("numaguard_zone_")]
+    assert (
+        got[series("numaguard_collector_errors_total", collector=POD_RESOURCES, reason="missing")]
+        == 2
+    )
+    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 0
+
+
+async def test_slow_kubelet_times_out_then_recovers(node):
+    node.kubelet.delay = 1.0  # past the 0.5 s deadline
+    got = await node.cycle()
+    assert (
+        got[series("numaguard_collector_errors_total", collector=POD_RESOURCES, reason="timeout")]
+        == 1
+    )
+    assert {s for _, _, s in node.holders(got).values()} == {"process"}
+    node.kubelet.delay = 0
+    got = await node.cycle()
+    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    assert {s for _, _, s in node.holders(got).values()} == {"kubelet"}
+
+
+async def test_restarted_kubelet_is_found_again(node):
+    got = await node.cycle()
+    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    await node.kubelet.stop()
+    got = await node.cycle()
+    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 0
+    await node.kubelet.start()  # a new socket file at the same path
+    got = await node.cycle()
+    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    assert ("infer-d", node.nvml.gpus[5].mig[1].uuid) in node.holders(got)
+
+
+async def test_kubelet_errors_and_old_kubelets(node):
+    node.kubelet.fail = grpc.StatusCode.UNAVAILABLE
+    got = await node.cycle()
+    assert (
+        got[series("numaguard_collector_errors_total", collector=POD_RESOURCES, reason="kubelet")]
+        == 1
+    )
+    node.kubelet.fail = None
+    node.kubelet.allocatable_implemented = False  # before 1.23: List only
+    got = await node.cycle()
+    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    assert {s for _, _, s in node.holders(got).values()} == {"kubelet"}
+    assert not [k for k in got if k[0].startswith("numaguard_zone_")]
+
+
+def test_generated_grpc_modules_are_current(tmp_path):
+    """The committed api_pb2*.py are what protoc makes of api.proto (run: make proto)."""
+    from exporter.sources.podresources.__main__ import PACKAGE_DIR, generate
+
+    generate(str(tmp_path))
+    for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
+        fresh = (tmp_path / PACKAGE_DIR / name).read_text()
+        committed = (Path(__file__).parent.parent / PACKAGE_DIR / name).read_text()
+        assert fresh == committed, f"{name} is stale: run make proto"
