@@ -661,6 +661,18 @@ GPU_HOLDER = _m(
     "gpu",
 )
 
+GPU_STARVED = _m(
+    "gpu_starved",
+    "gauge",
+    "1 when a GPU or MIG slice (mig_uuid empty: a whole GPU) with processes on it was "
+    "barely busy over the last interval (SM activity under --gpu-starved-utilization) "
+    "while its pod's host side held it back for the reason given: device_remote, "
+    "memory_remote (the pod's cross-NUMA verdicts), cpu_throttled, cpu_pressure, "
+    "memory_pressure (over their thresholds in the interval) or remote_traffic (resctrl). "
+    "0 when that reason does not hold; absent when it cannot be decided.",
+    (*GPU, "mig_uuid", "namespace", "pod", "pod_uid", "reason"),
+    "gpu",
+)
 
 # -- what each NUMA node can still give (the remediator's fit check) ---------------------
 ZONE_CPUS_ALLOCATABLE = _m(

@@ -87,6 +87,45 @@ def parser() -> argparse.ArgumentParser:
         help="pods with less memory than this are never flagged memory_remote",
     )
     p.add_argument(
+        "--gpu-starved-utilization",
+        type=_ratio,
+        default=0.3,
+        metavar="RATIO",
+        help="gpu_starved needs a device with processes whose SM activity (graphics where "
+        "SM is not measured) stayed under this over the last interval",
+    )
+    p.add_argument(
+        "--gpu-starved-throttled",
+        type=_ratio,
+        default=0.1,
+        metavar="RATIO",
+        help="gpu_starved{reason=cpu_throttled}: share of the pod's CFS periods throttled",
+    )
+    p.add_argument(
+        "--gpu-starved-cpu-pressure",
+        type=_ratio,
+        default=0.2,
+        metavar="RATIO",
+        help="gpu_starved{reason=cpu_pressure}: share of time some task of the pod stalled "
+        "waiting for CPU (PSI)",
+    )
+    p.add_argument(
+        "--gpu-starved-memory-pressure",
+        type=_ratio,
+        default=0.1,
+        metavar="RATIO",
+        help="gpu_starved{reason=memory_pressure}: share of time some task of the pod "
+        "stalled on memory (PSI)",
+    )
+    p.add_argument(
+        "--gpu-starved-remote-traffic",
+        type=_ratio,
+        default=0.5,
+        metavar="RATIO",
+        help="gpu_starved{reason=remote_traffic}: share of the pod's memory traffic that "
+        "crossed to another NUMA node (resctrl)",
+    )
+    p.add_argument(
         "--resctrl-mode",
         choices=MODES,
         default="auto",
@@ -133,7 +172,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
         interval_seconds=args.interval,
         collector_timeout_seconds=args.collector_timeout,
         kubeconfig=args.kubeconfig,
-        thresholds=Thresholds(args.memory_remote_threshold, args.memory_remote_min_bytes),
+        thresholds=Thresholds(
+            memory_remote_ratio=args.memory_remote_threshold,
+            memory_remote_min_bytes=args.memory_remote_min_bytes,
+            gpu_starved_utilization=args.gpu_starved_utilization,
+            starved_cpu_throttled=args.gpu_starved_throttled,
+            starved_cpu_pressure=args.gpu_starved_cpu_pressure,
+            starved_memory_pressure=args.gpu_starved_memory_pressure,
+            starved_remote_traffic=args.gpu_starved_remote_traffic,
+        ),
         resctrl_mode=args.resctrl_mode,
         gpu_backend=args.gpu_backend,
         pod_resources_socket=args.pod_resources_socket,

@@ -22,10 +22,16 @@ MIB = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """When a pod's memory counts as remote (verdict ``memory_remote``)."""
+    """When a pod's memory counts as remote (verdict ``memory_remote``), and when a GPU is
+    starved by its host: low utilization while one of the host signals is high."""
 
     memory_remote_ratio: float = 0.3
     memory_remote_min_bytes: int = 64 * MIB
+    gpu_starved_utilization: float = 0.3  # SM (else graphics) activity below this is low
+    starved_cpu_throttled: float = 0.1  # share of CFS periods throttled
+    starved_cpu_pressure: float = 0.2  # share of time some task stalled on CPU
+    starved_memory_pressure: float = 0.1  # share of time some task stalled on memory
+    starved_remote_traffic: float = 0.5  # share of memory traffic to remote nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +110,29 @@ class DeviceUse:
     pod: str
     container: str
     source: str  # kubelet (PodResources) | process (NVML's process list)
+    pod_state: PodState | None = None  # the pod as this cycle sees it, when its cgroup is
+
+
+# Why a GPU may be starved by its host; see Starvation.
+STARVED_REASONS = (
+    "device_remote",
+    "memory_remote",
+    "cpu_throttled",
+    "cpu_pressure",
+    "memory_pressure",
+    "remote_traffic",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Starvation:
+    """A device with work on it, how busy it was over the last interval, and for each
+    host-side reason that could be decided whether it starves it: low utilization while
+    that host signal is high."""
+
+    use: DeviceUse
+    utilization: float
+    verdicts: Mapping[str, bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +162,7 @@ class NodeSnapshot:
     gpus: GpuReading | None = None
     device_uses: tuple[DeviceUse, ...] = ()
     zones: tuple[Zone, ...] = ()
+    starvation: tuple[Starvation, ...] = ()
 
 
 def build_snapshot(
@@ -175,8 +205,18 @@ def build_snapshot(
             timestamp - previous.timestamp if previous else None,
         )
     uses = _device_uses(gpus, pod_states, granted, metadata or {}) if gpus else ()
+    starvation: tuple[Starvation, ...] = ()
     if uses:
         pod_states = _with_device_verdicts(pod_states, uses)
+        by_uid = {p.uid: p for p in pod_states}
+        uses = tuple(replace(u, pod_state=by_uid.get(u.pod_uid)) for u in uses)
+        starvation = _starvation(
+            uses,
+            previous,
+            timestamp - previous.timestamp if previous else None,
+            traffic,
+            thresholds,
+        )
     return NodeSnapshot(
         node_name=node_name,
         timestamp=timestamp,
@@ -190,6 +230,7 @@ def build_snapshot(
         gpus=gpus,
         device_uses=uses,
         zones=_zones(kubelet, topology) if kubelet else (),
+        starvation=starvation,
     )
 
 
@@ -431,6 +472,70 @@ def _device_uses(
                     )
                 )
     return tuple(uses)
+
+
+def _starvation(
+    uses: tuple[DeviceUse, ...],
+    previous: NodeSnapshot | None,
+    interval: float | None,
+    traffic: ResctrlState | None,
+    thresholds: Thresholds,
+) -> tuple[Starvation, ...]:
+    before = {p.uid: p for p in previous.pods} if previous else {}
+    limits = {
+        "cpu_throttled": thresholds.starved_cpu_throttled,
+        "cpu_pressure": thresholds.starved_cpu_pressure,
+        "memory_pressure": thresholds.starved_memory_pressure,
+        "remote_traffic": thresholds.starved_remote_traffic,
+    }
+    out = []
+    for use in uses:
+        unit = use.mig or use.gpu
+        activity = unit.activity.utilization
+        utilization = activity.get("sm", activity.get("graphics"))
+        pod = use.pod_state
+        if not unit.processes or utilization is None or pod is None:
+            continue  # nothing running, unmeasured, or a pod we cannot see: no verdict
+        low = utilization < thresholds.gpu_starved_utilization
+        verdicts = {
+            reason: low and pod.cross_numa[reason]
+            for reason in ("device_remote", "memory_remote")
+            if reason in pod.cross_numa
+        }
+        signals = _host_signals(pod, before.get(pod.uid), interval, traffic)
+        verdicts |= {r: low and value >= limits[r] for r, value in signals.items()}
+        out.append(Starvation(use, utilization, verdicts))
+    return tuple(out)
+
+
+def _host_signals(
+    pod: PodState, before: PodState | None, interval: float | None, traffic: ResctrlState | None
+) -> dict[str, float]:
+    """The pod's host-side signals over the last interval, worst container first: share
+    of periods throttled, share of time stalled on CPU and on memory (PSI some), share of
+    its memory traffic that went remote. Only those the counters allow (a counter that
+    went back, a new container, the first cycle: none)."""
+    out: dict[str, float] = {}
+    earlier = {c.container_id: c for c in before.containers} if before else {}
+    for c in pod.containers:
+        e = earlier.get(c.container_id)
+        if e is None or not interval or interval <= 0:
+            continue
+        if c.throttling and e.throttling:
+            periods = c.throttling.periods - e.throttling.periods
+            throttled = c.throttling.throttled_periods - e.throttling.throttled_periods
+            if periods > 0 and throttled >= 0:
+                out["cpu_throttled"] = max(out.get("cpu_throttled", 0.0), throttled / periods)
+        for resource in ("cpu", "memory"):
+            now, then = c.pressure.get(resource), e.pressure.get(resource)
+            if now and then and now.some_seconds >= then.some_seconds:
+                share = (now.some_seconds - then.some_seconds) / interval
+                key = f"{resource}_pressure"
+                out[key] = max(out.get(key, 0.0), share)
+    remote = traffic.pods.get(pod.uid) if traffic else None
+    if remote is not None and remote.remote_ratio is not None:
+        out["remote_traffic"] = remote.remote_ratio
+    return out
 
 
 def _zones(kubelet: KubeletReading, topology: Topology | None) -> tuple[Zone, ...]:

@@ -23,11 +23,17 @@ from simulator.kubelet import FakeKubelet
 from tests.conftest import NODE, metadata_of, samples, series
 
 
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Node:
-    def __init__(self, root, nvml, socket: str, timeout: float) -> None:
-        self.root, self.host, self.nvml = root, root.host, nvml
-        self.now = 0.0
-        self.gpus = NvmlSource(pynvml, str(root.root), clock=lambda: self.now)
+    def __init__(self, root, nvml, clock: Clock, socket: str, timeout: float) -> None:
+        self.root, self.host, self.nvml, self.clock = root, root.host, nvml, clock
+        self.gpus = NvmlSource(pynvml, str(root.root), clock=clock)
         self.gpus.start()
         self.kubelet_source = PodResourcesSource(socket, timeout)
         self.collection = Collection(
@@ -39,11 +45,11 @@ class Node:
                 POD_RESOURCES: self.kubelet_source,
             },
             metadata=lambda: metadata_of(self.host),
-            clock=lambda: self.now,
+            clock=clock,
         )
 
     async def cycle(self) -> dict:
-        self.now += 15
+        self.clock.now += 15
         await self.collection.run_once()
         return samples(self.collection.exposition.text)
 
@@ -62,12 +68,13 @@ class Node:
 async def node(fake_root):
     short = tempfile.mkdtemp(prefix="kl", dir="/tmp")  # unix socket paths are short
     socket = f"{short}/kubelet.sock"
-    host, nvml = presets.gpu_node()
+    clock = Clock()  # the GPUs' and the exporter's
+    host, nvml = presets.gpu_node(clock)
     root = fake_root(host)
     kubelet = FakeKubelet(socket, host, nvml)
     with nvml.installed():
         await kubelet.start()
-        n = Node(root, nvml, socket, timeout=0.5)
+        n = Node(root, nvml, clock, socket, timeout=0.5)
         n.kubelet = kubelet
         try:
             yield n
@@ -253,3 +260,56 @@ def test_generated_grpc_modules_are_current(tmp_path):
         fresh = (tmp_path / PACKAGE_DIR / name).read_text()
         committed = (Path(__file__).parent.parent / PACKAGE_DIR / name).read_text()
         assert fresh == committed, f"{name} is stale: run make proto"
+
+
+def starved(got: dict) -> dict[tuple[str, str], float]:
+    return {
+        (dict(k[1])["pod"], dict(k[1])["reason"]): v
+        for k, v in got.items()
+        if k[0] == "numaguard_gpu_starved"
+    }
+
+
+async def test_a_gpu_starved_by_a_remote_and_pressured_host(node):
+    feeder = node.host.pod("trainer-remote").containers[0]
+    feeder.throttling = (1000, 10, 0.1)
+    feeder.pressure = {"cpu": (5.0, 1.0), "memory": (1.0, 0.5)}
+    node.root.write()
+    first = await node.cycle()
+    # no interval yet, so no utilization: nothing decided
+    assert not starved(first)
+    # over the next 15 s: 6 s stalled on CPU (0.4), 5% of periods throttled, no memory stall
+    feeder.throttling = (2000, 60, 0.6)
+    feeder.pressure = {"cpu": (11.0, 2.0), "memory": (1.0, 0.5)}
+    node.root.write()
+    got = await node.cycle()
+    verdicts = starved(got)
+    assert {r: v for (p, r), v in verdicts.items() if p == "trainer-remote"} == {
+        "device_remote": 1,  # its GPU (sm 0.1) hangs off node 1, its CPUs are on node 0
+        "memory_remote": 0,
+        "cpu_throttled": 0,
+        "cpu_pressure": 1,
+        "memory_pressure": 0,
+    }
+    # busy GPUs are never starved, whatever their host does
+    assert {v for (p, _), v in verdicts.items() if p in ("trainer", "infer-c", "dra-job")} == {0}
+    # nothing runs on infer-d's slice: no verdict
+    assert not [p for p, _ in verdicts if p == "infer-d"]
+    series_ = series(
+        "numaguard_gpu_starved",
+        gpu="4",
+        gpu_uuid=node.nvml.gpus[4].uuid,
+        mig_uuid="",
+        namespace="ml",
+        pod="trainer-remote",
+        pod_uid=node.host.pod("trainer-remote").uid,
+        reason="device_remote",
+    )
+    assert got[series_] == 1
+    # the GPU gets busy: no longer starved, though the host is as bad as before
+    node.nvml.gpus[4].activity.set(sm=0.9)
+    feeder.pressure = {"cpu": (17.0, 3.0), "memory": (1.0, 0.5)}
+    node.root.write()
+    await node.cycle()
+    got = await node.cycle()
+    assert {v for (p, _), v in starved(got).items() if p == "trainer-remote"} == {0}

@@ -72,6 +72,20 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
             use.container_id,
             use.source,
         )
+    for starved in snap.starvation:
+        use = starved.use
+        for reason, verdict in starved.verdicts.items():
+            add(
+                c.GPU_STARVED,
+                int(verdict),
+                str(use.gpu.index),
+                use.gpu.uuid,
+                use.mig.uuid if use.mig else "",
+                use.namespace,
+                use.pod,
+                use.pod_uid,
+                reason,
+            )
     return list(f.values())
 
 
