@@ -2,8 +2,14 @@
 cost of merely reading the same files, measured side by side in one run.
 
 Reference node (built by the fake-host builder): 8 NUMA nodes, 224 CPUs, 150 pods /
-300 containers, one resctrl monitoring group per pod under Sub-NUMA Clustering. CPU
-time is process time (all threads), the median of many cycles.
+300 containers, one resctrl monitoring group per pod under Sub-NUMA Clustering, 8 GPUs
+with 7 MIG slices each through the simulator's NVML library, and the kubelet's
+PodResources API served over gRPC by the simulator's kubelet in a process of its own.
+CPU time is process time (all threads), the median of many cycles.
+
+The GPU and kubelet sources are also set against the raw calls they make: CPU spent
+inside pynvml's functions (the fake driver answering in place of libnvidia-ml), and the
+two gRPC calls made bare.
 """
 
 from __future__ import annotations
@@ -12,15 +18,22 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 import psutil
+import pynvml
 
 import exporter.sources as sources
-from exporter.collection import HOST_NUMA, POD_PLACEMENT, RESCTRL, Collection
+from exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, POD_RESOURCES, RESCTRL, Collection
 from exporter.sources.cgroups import CgroupSource
+from exporter.sources.gpu import NvmlSource
 from exporter.sources.host import HostSource
+from exporter.sources.kubelet import PodResourcesSource
+from exporter.sources.podresources import api_pb2, api_pb2_grpc
 from exporter.sources.resctrl import ResctrlSource
 from simulator import presets
 from simulator.host import FakeHost, FakeHostRoot
@@ -61,7 +74,7 @@ def read_only(paths: list[str]) -> None:
             os.close(fd)
 
 
-async def exporter_rss_mib(host: FakeHost, host_root: str) -> float:
+async def exporter_rss_mib(host: FakeHost, host_root: str, *extra: str) -> float:
     """RSS of a real exporter process serving the reference node, with pod names from a
     (fake) API server as in a cluster, after a few cycles."""
     api = FakeApiServer()
@@ -79,6 +92,7 @@ async def exporter_rss_mib(host: FakeHost, host_root: str) -> float:
         "reference",
         "--kubeconfig",
         api.kubeconfig(f"{host_root}/kubeconfig"),
+        *extra,
     )
     try:
         async with exporter_process(*args) as (url, proc):
@@ -88,6 +102,47 @@ async def exporter_rss_mib(host: FakeHost, host_root: str) -> float:
             return psutil.Process(proc.pid).memory_info().rss / (1 << 20)
     finally:
         await api.stop()
+
+
+class TimedNvml(SimpleNamespace):
+    """pynvml with every ``nvml*`` function timed (CPU of the calling thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside: list[float] = []
+
+    def __getattr__(self, name: str):
+        target = getattr(pynvml, name)
+        if not (name.startswith("nvml") and callable(target)):
+            return target
+
+        def timed(*args):
+            start = time.thread_time()
+            try:
+                return target(*args)
+            finally:
+                self.inside.append(time.thread_time() - start)
+
+        return timed
+
+
+def raw_kubelet_calls(socket: str) -> None:
+    """The two calls the kubelet source makes, with nothing done with the answers."""
+    import grpc
+
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        stub.List(api_pb2.ListPodResourcesRequest(), timeout=5)
+        stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=5)
+
+
+def thread_ms(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        start = time.thread_time()
+        fn()
+        out.append((time.thread_time() - start) * 1000)
+    return out
 
 
 def cpu_ms(fn, repeats: int) -> list[float]:
@@ -106,16 +161,29 @@ def main() -> None:
     # tmpfs, like the kernel's own sysfs/cgroupfs: no disk writeback noise in the timings
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(dir=shm) as tmp:
-        host = presets.reference_node()
+        host, nvml = presets.reference_gpu_node()
         FakeHostRoot(tmp, host).write()
         # Sub-NUMA Clustering, 4 nodes per socket's L3, as on the SPEC's 8-node box
         kernel = FakeResctrl(tmp, host, snc={0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}).write()
+        socket = f"{tmp}/kubelet.sock"
+        kubelet = subprocess.Popen(
+            [sys.executable, "-m", "simulator.kubelet", socket, "--preset", "reference_gpu_node"],
+            stdout=subprocess.PIPE,
+        )
+        assert kubelet.stdout.readline().strip() == b"ready"
+        nvml.install()
+        timed = TimedNvml()
+        gpus = NvmlSource(timed, tmp)
+        gpus.start()
+        pod_resources = PodResourcesSource(socket)
         collection = Collection(
             "reference",
             {
                 HOST_NUMA: HostSource(tmp),
                 POD_PLACEMENT: CgroupSource(tmp, page_size=4096),
                 RESCTRL: ResctrlSource(tmp, "manage", kernel),
+                GPU: gpus,
+                POD_RESOURCES: pod_resources,
             },
         )
         paths = files_read_by_one_cycle(collection)
@@ -125,11 +193,28 @@ def main() -> None:
         ours = cpu_ms(lambda: loop.run_until_complete(collection.run_once()), args.cycles)
         render = cpu_ms(lambda: collection.render(collection.snapshot), args.cycles)
         baseline = cpu_ms(lambda: read_only(paths), args.cycles)
+        timed.inside.clear()
+        gpu_read = cpu_ms(gpus.read, args.cycles)
+        nvml_raw = sum(timed.inside) * 1000 / args.cycles
+        kubelet_read = thread_ms(pod_resources.read, args.cycles)
+        kubelet_raw = thread_ms(lambda: raw_kubelet_calls(socket), args.cycles)
         loop.close()
+        gpus.close()
+        pod_resources.close()
         snap = collection.snapshot
-        rss_mib = asyncio.run(exporter_rss_mib(host, tmp))
+        cpu_rss_mib = asyncio.run(exporter_rss_mib(host, tmp, "--gpu-backend", "none"))
+        description = f"{tmp}/gpus.json"
+        with open(description, "w") as f:
+            f.write(nvml.description())
+        gpu_args = ("--gpu-backend", f"fake:{description}", "--pod-resources-socket", socket)
+        rss_mib = asyncio.run(exporter_rss_mib(host, tmp, *gpu_args))
+        kubelet.terminate()
+        kubelet.wait()
 
     ours_ms, base_ms, render_ms = (statistics.median(x) for x in (ours, baseline, render))
+    gpu_ms = statistics.mean(gpu_read)  # the raw side is a total over the same reads
+    kubelet_ms, kubelet_raw_ms = statistics.median(kubelet_read), statistics.median(kubelet_raw)
+    slices = sum(len(g.slices) for g in snap.gpus.gpus)
     ratio = ours_ms / base_ms
     overhead = ours_ms / 1000 / INTERVAL_S * 100
     containers = sum(len(p.containers) for p in snap.pods)
@@ -138,7 +223,7 @@ def main() -> None:
         f"reference node: {len(snap.numa_nodes)} NUMA nodes, "
         f"{len(snap.topology.node_of_cpu)} CPUs, "
         f"{len(snap.pods)} pods / {containers} containers ({monitored} with resctrl groups), "
-        f"{len(paths)} files, {series} series"
+        f"{len(snap.gpus.gpus)} GPUs / {slices} MIG slices, {len(paths)} files, {series} series"
     )
     print(f"{'measure':<44}{'numaguard':>12}{'peer':>12}{'ratio':>8}  target")
     print(
@@ -151,12 +236,24 @@ def main() -> None:
     )
     print(f"{'  of which rendering the exposition, ms':<44}{render_ms:>12.2f}")
     print(
+        f"{'GPU source CPU ms vs inside NVML calls':<44}{gpu_ms:>12.2f}{nvml_raw:>12.2f}"
+        f"{gpu_ms / nvml_raw:>8.2f}"
+    )
+    print(
+        f"{'kubelet source CPU ms vs bare gRPC calls':<44}{kubelet_ms:>12.2f}"
+        f"{kubelet_raw_ms:>12.2f}{kubelet_ms / kubelet_raw_ms:>8.2f}"
+    )
+    print(
         f"{'overhead at a 15 s interval, % of a core':<44}{overhead:>12.3f}{'':>20}  <= 0.5%: "
         f"{'met' if overhead <= 0.5 else 'NOT met'}"
     )
     print(
         f"{'exporter process RSS, MiB':<44}{rss_mib:>12.1f}{'':>20}  <= 80: "
         f"{'met' if rss_mib <= 80 else 'NOT met'}"
+    )
+    print(
+        f"{'  the same node without GPUs or kubelet, MiB':<44}{cpu_rss_mib:>12.1f}{'':>20}  <= 80: "
+        f"{'met' if cpu_rss_mib <= 80 else 'NOT met'}"
     )
 
 

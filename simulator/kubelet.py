@@ -154,3 +154,25 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
 
 def _topology(nodes: list[int]) -> pb.TopologyInfo:
     return pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in nodes])
+
+
+async def _serve(socket_path: str, preset: str) -> None:
+    from simulator import presets
+
+    host, nvml = presets.PRESETS[preset]()
+    kubelet = await FakeKubelet(socket_path, host, nvml).start()
+    print("ready", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await kubelet.stop()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(description="Serve a preset GPU node's PodResources.")
+    p.add_argument("socket")
+    p.add_argument("--preset", default="gpu_node", choices=("gpu_node", "reference_gpu_node"))
+    args = p.parse_args()
+    asyncio.run(_serve(args.socket, args.preset))

@@ -283,3 +283,28 @@ def gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHost, Fak
     for gpu in nvml.gpus:
         host.pci_devices[sysfs_pci_address(gpu.pci_bus_id)] = gpu.numa_node
     return host, nvml
+
+
+def reference_gpu_node(
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[FakeHost, FakeNvml]:
+    """SPEC §7 reference node with its GPUs: the reference node, 8 H100-80GB with 7
+    1g.10gb slices each (GPUs 0-3 on socket 0's NUMA nodes 0-3, 4-7 on 4-7), and 56 of
+    its Guaranteed pods each using a slice, known to the kubelet and running on it."""
+    host = reference_node()
+    nvml = FakeNvml(clock)
+    jobs = [p for p in host.pods if p.qos_class == "guaranteed"]
+    for g in range(8):
+        gpu = nvml.add_gpu("H100-80GB", g, ["1g.10gb"] * 7)
+        host.pci_devices[sysfs_pci_address(gpu.pci_bus_id)] = gpu.numa_node
+        for s, pod in zip(gpu.mig, jobs[g * 7 : g * 7 + 7], strict=True):
+            main = pod.containers[0]
+            main.exclusive_cpus = True
+            main.devices["nvidia.com/mig-1g.10gb"] = [s.uuid]
+            s.processes.append(Process(host.pid(pod, main), 4 * GIB))
+            s.memory_used_bytes = 4 * GIB
+            s.activity.set(sm=0.3 + 0.01 * g, graphics=0.4, tensor=0.2, dram_bandwidth=0.1)
+    return host, nvml
+
+
+PRESETS = {"gpu_node": gpu_node, "reference_gpu_node": reference_gpu_node}

@@ -3,14 +3,14 @@ gave each container, and what it can still give, over gRPC v1 on its unix socket
 
 The channel reconnects by itself; after a failed call it is dropped and made afresh on
 the next cycle, so a restarted kubelet (a new socket file) is found again at once.
+grpc is imported on first use: it costs ~25 MiB of RSS, which nodes without a kubelet
+socket need not pay.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-
-import grpc
 
 from exporter.readers import ParseError
 from exporter.readers.podresources import (
@@ -20,7 +20,6 @@ from exporter.readers.podresources import (
     read_list,
 )
 from exporter.sources import Issue
-from exporter.sources.podresources import api_pb2, api_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _MAX_MESSAGE = 16 << 20  # the kubelet's own limit on this API
@@ -37,9 +36,13 @@ class PodResourcesSource:
     def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 2.0) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
-        self._channel: grpc.Channel | None = None
+        self._channel = None  # grpc.Channel, made on first use
 
     def read(self) -> KubeletReading:
+        import grpc
+
+        from exporter.sources.podresources import api_pb2, api_pb2_grpc
+
         if not os.path.exists(self.socket_path):
             self.close()
             return _failed(Issue("missing", self.socket_path, "no kubelet socket"))
