@@ -1,6 +1,8 @@
-"""``make demo``: the exporter on a simulated 2-socket GPU node, with pod names from a
-fake API server, while the node's counters move. Prints where to scrape it and a live
-view of what it finds."""
+"""``make demo``: the exporter on a simulated 2-socket node with 8 H100 GPUs (MIG mixed),
+with pod names from a fake API server and device allocations from a fake kubelet over
+gRPC, while the node's counters move. Prints where to scrape it and a live view of what
+it finds: remote memory and traffic, which pod holds which GPU or slice, how busy it
+is, and which GPUs are starved by their host."""
 
 from __future__ import annotations
 
@@ -18,46 +20,49 @@ from exporter.server import Settings, serve
 from simulator import presets
 from simulator.host import GIB, MIB, FakeContainer, FakeHostRoot, FakePod
 from simulator.kubeapi import FakeApiServer, pod_objects
+from simulator.kubelet import FakeKubelet
 from simulator.resctrl import FakeResctrl
 
 NODE = "demo-gpu-node-1"
 
 
-def demo_host():
-    host = presets.two_socket()
-    for ctr in host.pod("web").containers:
-        ctr.cpus = "0-1,8-13,18-31"  # CPUs 6-7 become redis's own
+def demo_node():
+    """The preset GPU node, plus a cache whose memory the kernel put on the far node."""
+    host, nvml = presets.gpu_node()
     host.pods.append(
         FakePod(
             "redis-cache",
             presets.pod_uid("redis-cache"),
             "guaranteed",
-            [
-                FakeContainer("redis", "6-7", {0: 1 * GIB, 1: 4 * GIB}),
-            ],
+            [FakeContainer("redis", "42-43", {0: 4 * GIB, 1: 1 * GIB}, exclusive_cpus=True)],
             namespace="cache",
         )
     )
-    return host
+    return host, nvml
 
 
 # pod -> (GiB moved per interval from L3 domain 0, 1; share of it local)
 TRAFFIC = {
-    "trainer-aligned": ((40, 0), 0.95),
-    "trainer-split": ((12, 12), 0.5),
-    "redis-cache": ((8, 0), 0.2),
+    "trainer": ((40, 0), 0.95),
+    "trainer-remote": ((12, 0), 0.9),
+    "infer-a": ((8, 0), 0.9),
+    "redis-cache": ((0, 8), 0.2),
     "web": ((1, 1), 0.9),
 }
 
 
 def advance(host, kernel: FakeResctrl, tick: int) -> None:
-    """One interval of life on the node: allocations and memory traffic, some remote."""
+    """One interval of life on the node: allocations, memory traffic (some remote), and
+    the remote trainer's feeder stalling on CPU."""
     for pod, (per_domain, local) in TRAFFIC.items():
         for domain, gib in enumerate(per_domain):
             total = int(gib * GIB * (1 + 0.1 * (tick % 3)))
             kernel.add_traffic(host.pod(pod).uid, domain, total, int(total * local))
-    kernel.set_occupancy(host.pod("trainer-aligned").uid, 0, 40 * MIB)
-    kernel.set_occupancy(host.pod("redis-cache").uid, 0, 20 * MIB)
+    kernel.set_occupancy(host.pod("trainer").uid, 0, 40 * MIB)
+    kernel.set_occupancy(host.pod("redis-cache").uid, 1, 20 * MIB)
+    feeder = host.pod("trainer-remote").containers[0]
+    some, full = feeder.pressure.get("cpu", (0.0, 0.0))
+    feeder.pressure["cpu"] = (some + 1.5 * (tick + 1), full + 0.5)
     n0, n1 = host.nodes
     n0.numastat.update(
         numa_hit=n0.numastat["numa_hit"] + 9000,
@@ -75,43 +80,63 @@ def advance(host, kernel: FakeResctrl, tick: int) -> None:
 async def live_view(url: str) -> str:
     async with aiohttp.ClientSession() as session, session.get(url) as r:
         text = await r.text()
-    rows = {}
+    rows: dict[tuple[str, str], dict] = {}
+    busy: dict[str, float] = {}  # device uuid -> SM activity
+    held: list[tuple[tuple[str, str], str, str]] = []  # pod, device uuid, what it is
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            pod = s.labels.get("pod")
+            lb = s.labels
+            pod = (lb.get("namespace", ""), lb.get("pod", ""))
             if s.name == "numaguard_pod_cross_numa" and s.value == 1:
-                rows.setdefault((s.labels["namespace"], pod), {}).setdefault("flags", []).append(
-                    s.labels["reason"]
-                )
+                rows.setdefault(pod, {}).setdefault("flags", []).append(lb["reason"])
             elif s.name == "numaguard_pod_memory_remote_ratio":
-                rows.setdefault((s.labels["namespace"], pod), {})["remote"] = s.value
+                rows.setdefault(pod, {})["remote"] = s.value
             elif s.name == "numaguard_pod_remote_traffic_ratio":
-                rows.setdefault((s.labels["namespace"], pod), {})["traffic"] = s.value
+                rows.setdefault(pod, {})["traffic"] = s.value
             elif s.name == "numaguard_pod_memory_bandwidth_bytes_per_second":
-                rows.setdefault((s.labels["namespace"], pod), {})["bw"] = s.value / GIB
-            elif s.name == "numaguard_numa_node_remote_alloc_ratio":
-                rows.setdefault(("node", f"numa{s.labels['numa_node']}"), {})["alloc"] = s.value
+                rows.setdefault(pod, {})["bw"] = s.value / GIB
+            elif s.name in ("numaguard_gpu_utilization_ratio", "numaguard_mig_utilization_ratio"):
+                if lb["kind"] == "sm":
+                    busy[lb.get("mig_uuid") or lb["gpu_uuid"]] = s.value
+            elif s.name == "numaguard_gpu_holder_info":
+                what = f"gpu{lb['gpu']}" + (
+                    f" {lb['resource'].split('mig-')[1]}" if "mig-" in lb["resource"] else ""
+                )
+                held.append((pod, lb["mig_uuid"] or lb["gpu_uuid"], what))
+            elif s.name == "numaguard_gpu_starved" and s.value == 1:
+                rows.setdefault(pod, {}).setdefault("starved", []).append(lb["reason"])
+    for pod, uuid, what in held:
+        rows.setdefault(pod, {})["device"] = what
+        rows[pod]["util"] = busy.get(uuid)
     lines = [
-        f"{'pod / NUMA node':<24}{'remote memory':>14}{'GiB/s':>8}{'remote traffic':>16}  verdict"
+        f"{'pod':<24}{'remote mem':>11}{'GiB/s':>7}{'remote traffic':>15}  "
+        f"{'device':<14}{'SM busy':>8}  verdict"
     ]
     for (ns, name), row in sorted(rows.items()):
-        if ns == "node":
-            lines.append(f"{name:<24}{row['alloc']:>13.1%}  (remote allocations last interval)")
-        else:
-            flags = ", ".join(row.get("flags", [])) or "aligned"
-            bw = f"{row['bw']:.1f}" if "bw" in row else "-"
-            traffic = f"{row['traffic']:.0%}" if "traffic" in row else "-"
-            lines.append(
-                f"{ns + '/' + name:<24}{row.get('remote', 0):>13.1%}{bw:>8}{traffic:>16}  {flags}"
-            )
+        if not name:
+            continue
+        flags = row.get("flags", [])
+        if row.get("starved"):
+            flags = [*flags, "STARVED by " + "+".join(row["starved"])]
+        bw = f"{row['bw']:.1f}" if "bw" in row else "-"
+        traffic = f"{row['traffic']:.0%}" if "traffic" in row else "-"
+        util = f"{row['util']:.0%}" if row.get("util") is not None else "-"
+        lines.append(
+            f"{ns + '/' + name:<24}{row.get('remote', 0):>11.0%}{bw:>7}{traffic:>15}  "
+            f"{row.get('device', '-'):<14}{util:>8}  {', '.join(flags) or 'aligned'}"
+        )
     return "\n".join(lines)
 
 
 async def main(seconds: float, port: int, interval: float) -> None:
-    host = demo_host()
+    host, nvml = demo_node()
     with tempfile.TemporaryDirectory(prefix="numaguard-demo-") as tmp:
         root = FakeHostRoot(f"{tmp}/host", host).write()
         kernel = FakeResctrl(root.root, host).write()
+        gpus = f"{tmp}/gpus.json"
+        with open(gpus, "w") as f:
+            f.write(nvml.description())
+        kubelet = await FakeKubelet(f"{tmp}/kubelet.sock", host, nvml).start()
         api = FakeApiServer()
         await api.start()
         for obj in pod_objects(host, NODE):
@@ -124,11 +149,13 @@ async def main(seconds: float, port: int, interval: float) -> None:
             interval_seconds=interval,
             kubeconfig=api.kubeconfig(f"{tmp}/kubeconfig"),
             resctrl_ops=kernel,
+            gpu_backend=f"fake:{gpus}",
+            pod_resources_socket=kubelet.socket_path,
         )
         stop = asyncio.Event()
         server = asyncio.create_task(serve(settings, stop))
         url = f"http://127.0.0.1:{port}"
-        print(f"numaguard exporter on a simulated 2-socket node ({NODE})")
+        print(f"numaguard exporter on a simulated 2-socket node with 8 H100 GPUs ({NODE})")
         print(f"  metrics:   {url}/metrics\n  readiness: {url}/readyz")
         print(f"  host root: {root.root}  (edit files there to see the exporter react)")
         print(f"running for {seconds:g}s; Ctrl-C stops earlier\n", flush=True)
@@ -150,6 +177,7 @@ async def main(seconds: float, port: int, interval: float) -> None:
             stop.set()
             await server
             await api.stop()
+            await kubelet.stop()
     print("demo finished: the exporter shut down cleanly")
 
 
