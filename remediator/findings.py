@@ -1,0 +1,188 @@
+"""Findings (pure): what the cycle's signals say is wrong, with hysteresis.
+
+A finding opens when its condition held over the whole window (``*_sustained``) and
+stays open while it was seen at all in the window (``*_seen``); it closes only when the
+window holds no trace of it. Sizing findings compare what a MIG slice did over the
+sizing window with the profiles of its GPU family.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from remediator.signals import Signals
+
+# MIG profiles per GPU memory family (SPEC §3), smallest first: (name, compute slices of
+# 7, memory GB as the name says)
+FAMILIES = [
+    ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+    ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+]
+_PROFILE = re.compile(r"(\d+)g\.(\d+)gb")
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # cross_numa | starved | oversized | undersized
+    node: str
+    namespace: str
+    pod: str
+    pod_uid: str
+    reason: str  # cross_numa: cpu_span | memory_remote | device_remote; starved: its reason
+    device: str = ""  # GPU or MIG uuid, for device findings
+    profile: str = ""  # the slice's profile, for sizing findings
+    recommended: str = ""  # the profile that fits, for sizing findings
+    resource: str = ""  # the extended resource it holds
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.pod_uid or (self.namespace, self.pod), self.reason, self.device)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    low_utilization: float = 0.3  # sustained SM activity below this: could be smaller
+    saturated: float = 0.9  # at or above this, or memory nearly full: needs larger
+    memory_full: float = 0.95
+    headroom: float = 0.25  # kept free in the recommended profile
+
+
+@dataclass
+class FindingState:
+    """Open findings, carried from cycle to cycle by the control loop."""
+
+    open: dict[tuple, Finding] = field(default_factory=dict)
+    opened_at: dict[tuple, float] = field(default_factory=dict)
+
+
+def update(state: FindingState, signals: Signals, sizing: Sizing = Sizing()) -> FindingState:
+    """This cycle's open findings from the last cycle's and the signals."""
+    sustained = {f.key: f for f in _placement(signals, "sustained")}
+    seen = {f.key for f in _placement(signals, "seen")}
+    new = FindingState()
+    for key, finding in {**state.open, **sustained}.items():
+        if key in sustained or key in seen:
+            new.open[key] = sustained.get(key, finding)
+            new.opened_at[key] = state.opened_at.get(key, signals.at)
+    # sizing is judged on averages over its own, longer window: no extra hysteresis
+    for finding in sizing_findings(signals, sizing):
+        new.open[finding.key] = finding
+        new.opened_at[finding.key] = state.opened_at.get(finding.key, signals.at)
+    return new
+
+
+def _placement(signals: Signals, which: str) -> list[Finding]:
+    out = []
+    for row in _rows(signals[f"cross_numa_{which}"]):
+        out.append(
+            Finding(
+                "cross_numa",
+                row["node"],
+                row["namespace"],
+                row["pod"],
+                row["pod_uid"],
+                row["reason"],
+            )
+        )
+    for row in _rows(signals[f"starved_{which}"]):
+        out.append(
+            Finding(
+                "starved",
+                row["node"],
+                row["namespace"],
+                row["pod"],
+                row["pod_uid"],
+                row["reason"],
+                device=row["mig_uuid"] or row["gpu_uuid"],
+            )
+        )
+    return out
+
+
+def sizing_findings(signals: Signals, sizing: Sizing) -> list[Finding]:
+    """Slices whose pod would fit a smaller profile, or that are saturated."""
+    sm = signals["slice_sm"]
+    if sm.empty:
+        return []
+    key = ["node", "mig_uuid"]
+    df = sm[[*key, "mig_profile", "value"]].rename(columns={"value": "sm"})
+    for name, column in (
+        ("slice_sm_peak", "sm_peak"),
+        ("slice_memory_peak", "memory_peak"),
+        ("slice_memory_total", "memory_total"),
+    ):
+        other = signals[name]
+        if other.empty:
+            return []
+        df = df.merge(other[[*key, "value"]].rename(columns={"value": column}), on=key)
+    holders = signals["holders"]
+    if holders.empty:
+        return []
+    holders = holders[holders["mig_uuid"] != ""][
+        ["node", "mig_uuid", "namespace", "pod", "pod_uid", "resource"]
+    ].drop_duplicates(key)
+    df = df.merge(holders, on=key)
+    out = []
+    for row in df.itertuples(index=False):
+        family = next((f for f in FAMILIES if row.mig_profile in f), None)
+        if family is None:
+            continue
+        saturated = (
+            row.sm >= sizing.saturated or row.memory_peak >= sizing.memory_full * row.memory_total
+        )
+        if saturated:
+            bigger = family[family.index(row.mig_profile) + 1 :]
+            kind, recommended = "undersized", (bigger[0] if bigger else "")
+        elif row.sm < sizing.low_utilization:
+            kind = "oversized"
+            recommended = smallest_fit(family, row.mig_profile, row.sm, row.memory_peak, sizing)
+        else:
+            continue
+        if not recommended or recommended == row.mig_profile:
+            continue
+        out.append(
+            Finding(
+                kind,
+                row.node,
+                row.namespace,
+                row.pod,
+                row.pod_uid,
+                kind,
+                device=row.mig_uuid,
+                profile=row.mig_profile,
+                recommended=recommended,
+                resource=row.resource,
+            )
+        )
+    return out
+
+
+def smallest_fit(
+    family: list[str], current: str, sm: float, memory_peak: float, sizing: Sizing
+) -> str:
+    """The smallest profile whose compute and memory cover what the slice used, plus
+    headroom."""
+    used_slices = sm * _geometry(current)[0]
+    for profile in family:
+        slices, gb = _geometry(profile)
+        if slices >= used_slices * (1 + sizing.headroom) and gb * 1e9 >= memory_peak * (
+            1 + sizing.headroom
+        ):
+            return profile
+    return current
+
+
+def _geometry(profile: str) -> tuple[int, int]:
+    m = _PROFILE.fullmatch(profile)
+    return (int(m[1]), int(m[2])) if m else (7, 0)
+
+
+def _rows(df: pd.DataFrame):
+    if df.empty:
+        return []
+    return df.to_dict("records")
