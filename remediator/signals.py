@@ -81,12 +81,12 @@ class Prometheus:
                 data={"query": expr, "time": f"{at:.3f}"},
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
             ) as response:
+                if response.status >= 500 or response.status == 429:
+                    raise SignalsError("http", f"{expr}: HTTP {response.status}")
                 try:
                     body = await response.json(content_type=None)
                 except ValueError as err:
                     raise SignalsError("garbage", f"{expr}: not JSON ({err})") from None
-                if response.status >= 500 or response.status == 429:
-                    raise SignalsError("http", f"{expr}: HTTP {response.status}")
         except TimeoutError:
             raise SignalsError("timeout", f"{expr}: no answer in {self.timeout:g}s") from None
         except aiohttp.ClientError as err:

@@ -1,0 +1,171 @@
+"""The remediator's signals: its fixed queries against a real Prometheus scraping the
+exporter on the simulated GPU node, and a Prometheus that is down, slow, failing or
+answering garbage (no frames, a named reason, never a partial answer)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from remediator.queries import Windows
+from remediator.signals import Prometheus, SignalsError, frame
+from simulator import presets
+from simulator.kubeapi import FakeApiServer, pod_objects
+from simulator.kubelet import FakeKubelet
+from simulator.processes import exporter_process, free_port
+from simulator.prometheus import PrometheusServer
+
+
+async def test_signals_from_a_real_prometheus(fake_root, tmp_path):
+    host, nvml = presets.gpu_node()
+    root = fake_root(host)
+    description = tmp_path / "gpus.json"
+    description.write_text(nvml.description())
+    short = tempfile.mkdtemp(prefix="kl", dir="/tmp")
+    kubelet = FakeKubelet(f"{short}/kubelet.sock", host, nvml)
+    api = FakeApiServer()
+    await api.start()
+    for obj in pod_objects(host, "gpu-node-3"):
+        api.put("pods", obj)
+    args = (
+        "--host-root",
+        str(root.root),
+        "--node-name",
+        "gpu-node-3",
+        "--interval",
+        "1",
+        "--kubeconfig",
+        api.kubeconfig(tmp_path / "kubeconfig"),
+        "--gpu-backend",
+        f"fake:{description}",
+        "--pod-resources-socket",
+        kubelet.socket_path,
+    )
+    try:
+        await kubelet.start()
+        async with exporter_process(*args) as (url, _):
+            target = url.removeprefix("http://")
+            async with PrometheusServer([target], free_port()) as prom:
+                await prom.wait_for("numaguard_gpu_starved == 1")
+                await asyncio.sleep(2)  # a few scrapes inside the window
+                async with aiohttp.ClientSession() as session:
+                    client = Prometheus(prom.url, session, windows=Windows("3s", "3s"))
+                    s = await client.fetch()
+                    assert client.queries_made == len(client.queries)
+    finally:
+        await kubelet.stop()
+        await api.stop()
+        shutil.rmtree(short, ignore_errors=True)
+    assert abs(s.at - time.time()) < 60
+    cross = s["cross_numa_sustained"]
+    assert set(zip(cross["pod"], cross["reason"], strict=True)) == {
+        ("trainer-remote", "device_remote")
+    }
+    starved = s["starved_sustained"]
+    assert set(zip(starved["pod"], starved["reason"], strict=True)) == {
+        ("trainer-remote", "device_remote")
+    }
+    sm = s["slice_sm"].set_index("mig_uuid")["value"]
+    assert sm[nvml.gpus[1].mig[0].uuid] == pytest.approx(0.6, abs=1e-6)
+    free = s["zone_free_devices"]
+    gpus_free = free[free["resource"] == "nvidia.com/gpu"].set_index("numa_node")["value"]
+    assert dict(gpus_free) == {"0": 1.0, "1": 1.0}
+    need = s["pod_exclusive_cpus"].set_index("pod")["value"]
+    assert need["trainer"] == 8 and need["infer-a"] == 2
+    assert "notebook-0" not in need.index  # the shared pool is not exclusive
+    assert set(s["collector_success"]["collector"]) >= {"gpu", "pod_resources"}
+
+
+class BadPrometheus:
+    def __init__(self) -> None:
+        self.mode = "garbage"
+        self.hits = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        if self.mode == "slow":
+            await asyncio.sleep(2)
+        if self.mode == "500":
+            return web.Response(status=500, text="internal error")
+        if self.mode == "html":
+            return web.Response(text="<html>proxy error</html>", content_type="text/html")
+        if self.mode == "error":
+            return web.json_response(
+                {"status": "error", "errorType": "bad_data", "error": "parse error"}, status=400
+            )
+        if self.mode == "matrix":
+            return web.json_response({"status": "success", "data": {"resultType": "matrix"}})
+        if self.mode == "bad_value":
+            body = {
+                "status": "success",
+                "data": {
+                    "resultType": "vector",
+                    "result": [{"metric": {"node": "n1"}, "value": [1, "not-a-number"]}],
+                },
+            }
+            return web.json_response(body)
+        return web.Response(text=json.dumps({"unexpected": True}))
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason", "attempts"),
+    [
+        ("slow", "timeout", 2),
+        ("500", "http", 2),
+        ("html", "garbage", 1),
+        ("error", "query", 1),
+        ("matrix", "garbage", 1),
+        ("bad_value", "garbage", 1),
+        ("garbage", "garbage", 1),
+    ],
+)
+async def test_a_bad_prometheus_gives_no_signals(mode, reason, attempts):
+    bad = BadPrometheus()
+    bad.mode = mode
+    app = web.Application()
+    app.router.add_post("/api/v1/query", bad.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            client = Prometheus(f"http://127.0.0.1:{port}", session, timeout=0.5, retries=1)
+            with pytest.raises(SignalsError) as err:
+                await client.query("up", time.time())
+    finally:
+        await runner.cleanup()
+    assert err.value.reason == reason
+    assert bad.hits == attempts  # retried only what a retry can fix
+
+
+async def test_prometheus_down():
+    async with aiohttp.ClientSession() as session:
+        client = Prometheus(f"http://127.0.0.1:{free_port()}", session, retries=0)
+        with pytest.raises(SignalsError) as err:
+            await client.fetch()
+    assert err.value.reason == "unreachable"
+
+
+def test_empty_answers_and_nan_samples():
+    empty = frame("x", {"status": "success", "data": {"resultType": "vector", "result": []}})
+    assert empty.empty and list(empty.columns) == ["value"]
+    body = {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [
+                {"metric": {"__name__": "m", "node": "a"}, "value": [1, "NaN"]},
+                {"metric": {"node": "b"}, "value": [1, "2.5"]},
+            ],
+        },
+    }
+    df = frame("x", body)
+    assert df.to_dict("records") == [{"node": "b", "value": 2.5}]
