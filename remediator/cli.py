@@ -1,11 +1,49 @@
-"""``numaguard-remediator``: command line (the control loop arrives with its own issue)."""
+"""``numaguard-remediator``: ``run`` (the control loop) and ``plan`` (one cycle against the
+live Prometheus and cluster, printed; never writes)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
 import sys
+import time
+from dataclasses import fields, replace
 
-from exporter import __version__
+import aiohttp
+import yaml
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from exporter import __version__, logs
+from exporter.sources.kube import KubeconfigError, api_client
+from remediator.controller import Controller, CycleReport
+from remediator.findings import Sizing
+from remediator.kube import Kube
+from remediator.leader import LeaderElector
+from remediator.metrics import Metrics
+from remediator.planner import Policy
+from remediator.queries import Windows
+from remediator.signals import Prometheus
+
+SECTIONS = {"policy": Policy, "sizing": Sizing, "windows": Windows}
+
+
+class ConfigError(Exception):
+    pass
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown, except where the default is "from the config"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -13,18 +51,295 @@ def parser() -> argparse.ArgumentParser:
         prog="numaguard-remediator",
         description=(
             "Cluster controller that finds cross-socket, GPU-starved and badly sized MIG "
-            "workloads from the exporter's metrics and fixes them safely (dry-run by "
-            "default). Not implemented in this release: it only prints this help."
+            "workloads from the numaguard exporters' metrics in Prometheus and fixes them "
+            "safely: evictions through the Eviction API only when an aligned NUMA zone "
+            "exists somewhere, opt-in MIG resizes, every guard on, dry-run by default."
         ),
+        formatter_class=_Help,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("run", "the control loop (leader-elected); dry-run unless --no-dry-run"),
+        (
+            "plan",
+            "one cycle against the live Prometheus and cluster: print the findings "
+            "and the actions it would take; never writes",
+        ),
+    ):
+        s = sub.add_parser(
+            name,
+            help=text,
+            description=text,
+            formatter_class=_Help,
+        )
+        s.add_argument(
+            "--prometheus",
+            default="http://127.0.0.1:9090",
+            metavar="URL",
+            help="Prometheus that scrapes the numaguard exporters",
+        )
+        s.add_argument(
+            "--config",
+            metavar="FILE",
+            help="YAML with sections policy, sizing and windows (field names as "
+            "in docs/remediator.md); flags override it",
+        )
+        s.add_argument(
+            "--kubeconfig",
+            metavar="FILE",
+            help="kubeconfig; in a cluster the service account is used without it",
+        )
+        s.add_argument("--max-per-cycle", type=int, metavar="N", help="actions per cycle")
+        s.add_argument("--max-per-node", type=int, metavar="N", help="actions per node per cycle")
+        s.add_argument(
+            "--max-per-namespace", type=int, metavar="N", help="actions per namespace per cycle"
+        )
+        s.add_argument(
+            "--min-pod-age",
+            type=float,
+            metavar="SECONDS",
+            help="pods younger than this are never touched",
+        )
+        s.add_argument(
+            "--protected-namespace",
+            action="append",
+            metavar="NS",
+            help="never act in this namespace (repeatable; kube-system always)",
+        )
+        s.add_argument(
+            "--finding-window",
+            metavar="DURATION",
+            help="how long a condition must hold to be a finding (PromQL duration)",
+        )
+        s.add_argument("--log-format", choices=("json", "text"), default="json", help=" ")
+        s.add_argument(
+            "--log-level", choices=("debug", "info", "warning", "error"), default="info", help=" "
+        )
+        if name == "plan":
+            s.add_argument("--output", choices=("table", "json"), default="table", help=" ")
+        else:
+            s.add_argument(
+                "--interval",
+                type=float,
+                default=60.0,
+                metavar="SECONDS",
+                help="time between cycles",
+            )
+            dry = s.add_mutually_exclusive_group()
+            dry.add_argument(
+                "--dry-run",
+                dest="dry_run",
+                action="store_true",
+                default=True,
+                help="plan and record Events, change nothing (the default)",
+            )
+            dry.add_argument(
+                "--no-dry-run",
+                dest="dry_run",
+                action="store_false",
+                help="evict and patch for real",
+            )
+            s.add_argument(
+                "--listen",
+                default="0.0.0.0:9848",
+                metavar="HOST:PORT",
+                help="where to serve /metrics and /healthz",
+            )
+            s.add_argument(
+                "--lease-namespace",
+                default=os.environ.get("POD_NAMESPACE", "numaguard"),
+                help="namespace of the leader-election Lease (env POD_NAMESPACE)",
+            )
+            s.add_argument(
+                "--lease-name",
+                default="numaguard-remediator",
+                help="the Lease; annotate it numaguard.io/paused=true to pause",
+            )
+            s.add_argument(
+                "--identity",
+                default=os.environ.get("POD_NAME", socket.gethostname()),
+                help="this replica's name in the Lease (env POD_NAME)",
+            )
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser().parse_args(argv)
-    parser().print_help()
+def settings(args: argparse.Namespace) -> tuple[Policy, Sizing, Windows]:
+    sections = {"policy": {}, "sizing": {}, "windows": {}}
+    if args.config:
+        try:
+            with open(args.config) as f:
+                loaded = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise ConfigError(f"{args.config}: {err}") from None
+        if not isinstance(loaded, dict) or set(loaded) - set(SECTIONS):
+            raise ConfigError(f"{args.config}: top-level keys must be among {sorted(SECTIONS)}")
+        for section, values in loaded.items():
+            known = {f.name for f in fields(SECTIONS[section])}
+            if not isinstance(values, dict) or set(values) - known:
+                raise ConfigError(f"{args.config}: {section} takes {sorted(known)}, got {values!r}")
+            sections[section] = values
+    policy = Policy(**{**sections["policy"]})
+    overrides = {
+        "max_per_cycle": args.max_per_cycle,
+        "max_per_node": args.max_per_node,
+        "max_per_namespace": args.max_per_namespace,
+        "min_pod_age_seconds": args.min_pod_age,
+    }
+    policy = replace(policy, **{k: v for k, v in overrides.items() if v is not None})
+    if args.protected_namespace:
+        policy = replace(
+            policy,
+            protected_namespaces=tuple(
+                dict.fromkeys(
+                    ("kube-system", *policy.protected_namespaces, *args.protected_namespace)
+                )
+            ),
+        )
+    if getattr(args, "dry_run", True) is False:
+        policy = replace(policy, dry_run=False)
+    else:
+        policy = replace(policy, dry_run=True)
+    windows = Windows(**sections["windows"])
+    if args.finding_window:
+        windows = replace(windows, finding=args.finding_window)
+    return policy, Sizing(**sections["sizing"]), windows
+
+
+async def _controller(args, session, kube, elector, metrics) -> Controller:
+    policy, sizing, windows = settings(args)
+    prometheus = Prometheus(args.prometheus, session, windows=windows)
+    return Controller(prometheus, kube, policy, sizing, elector, metrics)
+
+
+async def plan_command(args) -> int:
+    api = await api_client(args.kubeconfig)
+    async with aiohttp.ClientSession() as session:
+        try:
+            controller = await _controller(args, session, Kube(api) if api else None, None, None)
+            report = await controller.cycle(write=False)
+        finally:
+            if api is not None:
+                await api.close()
+    print(render(report, args.output))
+    return 1 if report.error else 0
+
+
+def render(report: CycleReport, output: str) -> str:
+    if output == "json":
+        return json.dumps(
+            {
+                "error": report.error,
+                "findings": [vars(f) for f in report.findings],
+                "actions": [
+                    {
+                        "kind": a.kind,
+                        "pod": f"{a.finding.namespace}/{a.finding.pod}",
+                        "finding": a.finding.kind,
+                        "reason": a.finding.reason,
+                        "detail": a.detail,
+                        "dry_run": a.dry_run,
+                    }
+                    for a in (report.plan.actions if report.plan else ())
+                ],
+                "refusals": [
+                    {
+                        "pod": f"{r.finding.namespace}/{r.finding.pod}",
+                        "finding": r.finding.kind,
+                        "reason": r.finding.reason,
+                        "guard": r.guard,
+                        "detail": r.detail,
+                    }
+                    for r in (report.plan.refusals if report.plan else ())
+                ],
+            },
+            indent=1,
+        )
+    if report.error:
+        return f"no plan: {report.error}"
+    lines = [f"{len(report.findings)} findings"]
+    rows = [("pod", "finding", "decision", "why")]
+    for a in report.plan.actions:
+        rows.append(
+            (
+                f"{a.finding.namespace}/{a.finding.pod}",
+                f"{a.finding.kind}:{a.finding.reason}",
+                a.kind,
+                a.detail,
+            )
+        )
+    for r in report.plan.refusals:
+        rows.append(
+            (
+                f"{r.finding.namespace}/{r.finding.pod}",
+                f"{r.finding.kind}:{r.finding.reason}",
+                f"refused ({r.guard})",
+                r.detail,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        lines.append(
+            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[3]
+        )
+    return "\n".join(lines)
+
+
+async def run_command(args) -> int:
+    api = await api_client(args.kubeconfig)
+    if api is None:
+        raise KubeconfigError("no kubeconfig and not in a cluster: run needs the API server")
+    kube = Kube(api)
+    metrics = Metrics()
+    elector = LeaderElector(kube, args.lease_namespace, args.lease_name, args.identity)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    last_cycle = [time.monotonic()]
+
+    async def serve_metrics(_):
+        return web.Response(
+            body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def healthz(_):
+        ok = time.monotonic() - last_cycle[0] < 3 * args.interval + 60
+        return web.Response(status=200 if ok else 503, text="ok" if ok else "stuck")
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", serve_metrics), web.get("/healthz", healthz)])
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    host, _, port = args.listen.rpartition(":")
+    await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            controller = await _controller(args, session, kube, elector, metrics)
+            while not stop.is_set():
+                await controller.cycle()
+                last_cycle[0] = time.monotonic()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), args.interval)
+    finally:
+        await runner.cleanup()
+        await api.close()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        settings(args)
+    except (ConfigError, TypeError, ValueError) as err:
+        p.error(str(err))
+    logs.setup(args.log_format, args.log_level)
+    try:
+        return asyncio.run(plan_command(args) if args.command == "plan" else run_command(args))
+    except KubeconfigError as err:
+        print(f"numaguard-remediator: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -82,23 +82,23 @@ def _placement(signals: Signals, which: str) -> list[Finding]:
         out.append(
             Finding(
                 "cross_numa",
-                row["node"],
-                row["namespace"],
-                row["pod"],
-                row["pod_uid"],
-                row["reason"],
+                row.get("node", ""),
+                row.get("namespace", ""),
+                row.get("pod", ""),
+                row.get("pod_uid", ""),
+                row.get("reason", ""),
             )
         )
     for row in _rows(signals[f"starved_{which}"]):
         out.append(
             Finding(
                 "starved",
-                row["node"],
-                row["namespace"],
-                row["pod"],
-                row["pod_uid"],
-                row["reason"],
-                device=row["mig_uuid"] or row["gpu_uuid"],
+                row.get("node", ""),
+                row.get("namespace", ""),
+                row.get("pod", ""),
+                row.get("pod_uid", ""),
+                row.get("reason", ""),
+                device=row.get("mig_uuid") or row.get("gpu_uuid", ""),
             )
         )
     return out
@@ -121,7 +121,7 @@ def sizing_findings(signals: Signals, sizing: Sizing) -> list[Finding]:
             return []
         df = df.merge(other[[*key, "value"]].rename(columns={"value": column}), on=key)
     holders = signals["holders"]
-    if holders.empty:
+    if holders.empty or "mig_uuid" not in holders:
         return []
     holders = holders[holders["mig_uuid"] != ""][
         ["node", "mig_uuid", "namespace", "pod", "pod_uid", "resource"]

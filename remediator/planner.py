@@ -131,12 +131,16 @@ def plan(
     for finding in sorted(findings, key=_priority):
         pod = pods.get(finding.pod_uid)
         intent = _intent(finding)
+        if policy.paused or finding.node in stale:  # not even a recommendation
+            guard = "paused" if policy.paused else "stale_data"
+            refusals.append(Refusal(finding, guard, stale.get(finding.node, "paused")))
+            continue
         if intent == "recommend" or (intent == "resize" and not _opted_in(pod)):
             actions.append(Action("recommend", finding, pod, _advice(finding), True))
             continue
         if finding.pod_uid in acted:
             continue
-        guard, detail = _guard(finding, pod, policy, history, stale, now)
+        guard, detail = _guard(finding, pod, policy, history, now)
         if guard is None and intent == "evict":
             need = capacity.need(finding)
             target = capacity.fit(need)
@@ -192,11 +196,7 @@ def _advice(f: Finding) -> str:
     return f"GPU starved by {f.reason} on an aligned pod: give the feeder more CPU"
 
 
-def _guard(f, pod, policy, history, stale, now) -> tuple[str | None, str]:
-    if policy.paused:
-        return "paused", "remediation is paused"
-    if f.node in stale:
-        return "stale_data", stale[f.node]
+def _guard(f, pod, policy, history, now) -> tuple[str | None, str]:
     if pod is None:
         return "pod_gone", "the API server does not know the pod"
     if pod.namespace in policy.protected_namespaces:

@@ -117,4 +117,10 @@ def frame(expr: str, body) -> pd.DataFrame:
         labels.pop("__name__", None)
         labels["value"] = value
         rows.append(labels)
-    return pd.DataFrame(rows) if rows else pd.DataFrame({"value": pd.Series(dtype=float)})
+    if not rows:
+        return pd.DataFrame({"value": pd.Series(dtype=float)})
+    df = pd.DataFrame(rows)
+    # Prometheus drops empty labels: a series without one had it empty
+    labels = [c for c in df.columns if c != "value"]
+    df[labels] = df[labels].fillna("")
+    return df

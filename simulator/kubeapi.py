@@ -20,8 +20,18 @@ from aiohttp import web
 
 from simulator.host import FakeHost
 
-# Core (v1) resources the fake knows; later parts of the simulator add more.
-CORE_RESOURCES = {"pods": "Pod", "nodes": "Node"}
+# Resources the fake knows: name -> (API group path, kind).
+RESOURCES = {
+    "pods": ("api/v1", "Pod"),
+    "nodes": ("api/v1", "Node"),
+    "events": ("api/v1", "Event"),
+    "replicasets": ("apis/apps/v1", "ReplicaSet"),
+    "deployments": ("apis/apps/v1", "Deployment"),
+    "statefulsets": ("apis/apps/v1", "StatefulSet"),
+    "daemonsets": ("apis/apps/v1", "DaemonSet"),
+    "poddisruptionbudgets": ("apis/policy/v1", "PodDisruptionBudget"),
+    "leases": ("apis/coordination.k8s.io/v1", "Lease"),
+}
 
 
 @dataclass(frozen=True)
@@ -34,7 +44,11 @@ class _Event:
 
 class FakeApiServer:
     def __init__(self, history: int = 1000) -> None:
-        self.objects: dict[str, dict[tuple[str, str], dict]] = {r: {} for r in CORE_RESOURCES}
+        self.objects: dict[str, dict[tuple[str, str], dict]] = {r: {} for r in RESOURCES}
+        # A pod evicted from a ReplicaSet comes back through this: given the evicted pod,
+        # it returns its replacement (placed as the kubelet would admit it), or None.
+        self.recreate = lambda evicted: None
+        self.evictions: list[tuple[str, str, int]] = []  # (namespace, name, HTTP status)
         self.version = 1
         self._events: list[_Event] = []
         self._history = history
@@ -49,14 +63,20 @@ class FakeApiServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         app = web.Application(middlewares=[self._middleware])
-        app.add_routes(
-            [
-                web.get("/api/v1/{resource}", self._list_or_watch),
-                web.get("/api/v1/namespaces/{namespace}/{resource}", self._list_or_watch),
-                web.get("/api/v1/namespaces/{namespace}/{resource}/{name}", self._get),
-                web.get("/api/v1/{resource}/{name}", self._get),
+        routes = []
+        for group in {g for g, _ in RESOURCES.values()}:
+            ns = f"/{group}/namespaces/{{namespace}}/{{resource}}"
+            routes += [
+                web.get(f"/{group}/{{resource}}", self._list_or_watch),
+                web.get(ns, self._list_or_watch),
+                web.get(f"{ns}/{{name}}", self._get),
+                web.get(f"/{group}/{{resource}}/{{name}}", self._get),
+                web.post(ns, self._create),
+                web.put(f"{ns}/{{name}}", self._replace),
+                web.patch(f"{ns}/{{name}}", self._patch),
             ]
-        )
+        routes.append(web.post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", self._evict))
+        app.add_routes(routes)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -152,11 +172,11 @@ class FakeApiServer:
         if request.query.get("watch") in ("true", "1"):
             return await self._watch(request, resource, match)
         items = [o for o in self.objects[resource].values() if match(o)]
-        kind = CORE_RESOURCES[resource]
+        group, kind = RESOURCES[resource]
         return web.json_response(
             {
                 "kind": f"{kind}List",
-                "apiVersion": "v1",
+                "apiVersion": group.removeprefix("apis/").removeprefix("api/"),
                 "metadata": {"resourceVersion": str(self.version)},
                 "items": items,
             }
@@ -197,6 +217,107 @@ class FakeApiServer:
         with contextlib.suppress(Exception):
             await response.write_eof()
         return response
+
+    async def _create(self, request: web.Request) -> web.Response:
+        resource = request.match_info["resource"]
+        if resource not in self.objects:
+            return _status(404, f"the server could not find resource {resource}")
+        obj = await request.json()
+        meta = obj.setdefault("metadata", {})
+        meta["namespace"] = request.match_info["namespace"]
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if (meta["namespace"], meta.get("name")) in self.objects[resource]:
+            return _status(409, f'{resource} "{meta["name"]}" already exists', "AlreadyExists")
+        return web.json_response(self.put(resource, obj), status=201)
+
+    async def _replace(self, request: web.Request) -> web.Response:
+        """PUT with optimistic concurrency: a stale resourceVersion gets 409 Conflict."""
+        resource = request.match_info["resource"]
+        key = (request.match_info["namespace"], request.match_info["name"])
+        current = self.objects.get(resource, {}).get(key)
+        if current is None:
+            return _status(404, f'{resource} "{key[1]}" not found', "NotFound")
+        obj = await request.json()
+        sent = obj.get("metadata", {}).get("resourceVersion")
+        if sent != current["metadata"]["resourceVersion"]:
+            return _status(
+                409,
+                "the object has been modified; please apply your changes "
+                "to the latest version and try again",
+            )
+        obj["metadata"]["uid"] = current["metadata"]["uid"]
+        return web.json_response(self.put(resource, obj))
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        """JSON merge patch (and strategic merge patch, read as one: enough for the
+        fields the remediator patches, whose lists it sends whole)."""
+        resource = request.match_info["resource"]
+        key = (request.match_info["namespace"], request.match_info["name"])
+        current = self.objects.get(resource, {}).get(key)
+        if current is None:
+            return _status(404, f'{resource} "{key[1]}" not found', "NotFound")
+        patched = _merge(json.loads(json.dumps(current)), await request.json())
+        return web.json_response(self.put(resource, patched))
+
+    async def _evict(self, request: web.Request) -> web.Response:
+        """policy/v1 Eviction: 201 and the pod gone (its ReplicaSet brings a replacement)
+        when every PodDisruptionBudget over it allows a disruption, else 429."""
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        pod = self.objects["pods"].get((namespace, name))
+        if pod is None:
+            self.evictions.append((namespace, name, 404))
+            return _status(404, f'pods "{name}" not found', "NotFound")
+        for pdb in self.objects["poddisruptionbudgets"].values():
+            if pdb["metadata"]["namespace"] == namespace and not _disruption_allowed(
+                pdb, pod, self.objects["pods"].values()
+            ):
+                self.evictions.append((namespace, name, 429))
+                return _status(
+                    429,
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                    "TooManyRequests",
+                )
+        self.delete("pods", namespace, name)
+        self.evictions.append((namespace, name, 201))
+        replacement = self.recreate(pod)
+        if replacement is not None:
+            self.put("pods", replacement)
+        return web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201},
+            status=201,
+        )
+
+
+def _merge(target, patch):
+    if not isinstance(patch, dict):
+        return patch
+    if not isinstance(target, dict):
+        target = {}
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = _merge(target.get(key), value)
+    return target
+
+
+def _disruption_allowed(pdb: dict, pod: dict, pods) -> bool:
+    want = pdb["spec"].get("selector", {}).get("matchLabels", {})
+    labels = pod["metadata"].get("labels") or {}
+    if not want or any(labels.get(k) != v for k, v in want.items()):
+        return True  # not covered by this budget
+    covered = [
+        p
+        for p in pods
+        if p["metadata"]["namespace"] == pod["metadata"]["namespace"]
+        and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())
+    ]
+    healthy = sum(1 for p in covered if p.get("status", {}).get("phase") == "Running")
+    spec = pdb["spec"]
+    if "minAvailable" in spec:
+        return healthy - 1 >= int(spec["minAvailable"])
+    return len(covered) - healthy + 1 <= int(spec.get("maxUnavailable", 0))
 
 
 def _selector(namespace: str | None, query):

@@ -1,0 +1,126 @@
+"""The actuator: the only code that writes to the Kubernetes API. Evictions through the
+Eviction API (so PodDisruptionBudgets hold), owner patches for opted-in MIG resizes,
+and an Event for every action and refusal. Leadership is confirmed before each write;
+in dry-run only Events are written, saying what would have been done."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+
+from remediator.kube import Kube
+from remediator.leader import LeaderElector
+from remediator.planner import Action, PodInfo, Refusal
+
+log = logging.getLogger(__name__)
+COMPONENT = "numaguard-remediator"
+
+
+class Actuator:
+    def __init__(self, kube: Kube, elector: LeaderElector | None, clock=time.time) -> None:
+        self.kube = kube
+        self.elector = elector
+        self.clock = clock
+
+    async def act(self, action: Action) -> str:
+        """Carry out one action; its result: evicted | resized | recommended | dry_run |
+        pdb_blocked (429, retried in a later cycle) | failed | gone | not_leader."""
+        pod = action.pod
+        if action.kind == "recommend":
+            await self.event(pod, "Recommendation", action.detail, "Normal")
+            return "recommended"
+        if action.dry_run:
+            await self.event(pod, "DryRun", f"would {action.detail}", "Normal")
+            return "dry_run"
+        if self.elector is not None and not await self.elector.confirm():
+            return "not_leader"
+        if action.kind == "evict":
+            result = await self._evict(pod)
+        else:
+            result = await self._resize(pod, action.finding.profile, action.finding.recommended)
+        kind = "Normal" if result in ("evicted", "resized") else "Warning"
+        await self.event(pod, f"Remediation{result.title().replace('_', '')}", action.detail, kind)
+        return result
+
+    async def refused(self, refusal: Refusal, pod: PodInfo | None) -> None:
+        if pod is not None:
+            await self.event(
+                pod, "RemediationRefused", f"{refusal.guard}: {refusal.detail}", "Normal"
+            )
+
+    async def _evict(self, pod: PodInfo) -> str:
+        answer = await self.kube.post(
+            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/eviction",
+            {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": pod.name, "namespace": pod.namespace},
+                # only this pod: if it was replaced by another of the same name, no-op
+                "deleteOptions": {"preconditions": {"uid": pod.uid}},
+            },
+        )
+        if answer.ok:
+            return "evicted"
+        if answer.status == 429:
+            return "pdb_blocked"
+        if answer.status == 404:
+            return "gone"
+        log.warning("eviction of %s/%s: HTTP %s", pod.namespace, pod.name, answer.status)
+        return "failed"
+
+    async def _resize(self, pod: PodInfo, old: str, new: str) -> str:
+        """Swap nvidia.com/mig-<old> for nvidia.com/mig-<new> in the owner's pod template."""
+        kind, namespace, name = pod.workload.split("/")
+        path = f"/apis/apps/v1/namespaces/{namespace}/{kind.lower()}s/{name}"
+        answer = await self.kube.get(path)
+        if not answer.ok:
+            return "gone" if answer.status == 404 else "failed"
+        containers = answer.body["spec"]["template"]["spec"]["containers"]
+        before, after = f"nvidia.com/mig-{old}", f"nvidia.com/mig-{new}"
+        changed = False
+        for c in containers:
+            for part in ("requests", "limits"):
+                values = c.setdefault("resources", {}).get(part) or {}
+                if before in values:
+                    values[after] = values.pop(before)
+                    c["resources"][part] = values
+                    changed = True
+        if not changed:
+            return "failed"  # the template no longer asks for that profile
+        patch = {
+            "metadata": {"resourceVersion": answer.body["metadata"]["resourceVersion"]},
+            "spec": {"template": {"spec": {"containers": containers}}},
+        }
+        patched = await self.kube.patch(path, patch)
+        return "resized" if patched.ok else "failed"
+
+    async def event(self, pod: PodInfo | None, reason: str, message: str, kind: str) -> None:
+        if pod is None:
+            return
+        now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        answer = await self.kube.post(
+            f"/api/v1/namespaces/{pod.namespace}/events",
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod.name,
+                    "namespace": pod.namespace,
+                    "uid": pod.uid,
+                },
+                "reason": reason,
+                "message": message[:1024],
+                "type": kind,
+                "source": {"component": COMPONENT},
+                "reportingComponent": COMPONENT,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            },
+        )
+        if not answer.ok:  # an Event lost is not worth failing the cycle for
+            log.info("event %s on %s/%s: HTTP %s", reason, pod.namespace, pod.name, answer.status)

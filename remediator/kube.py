@@ -1,0 +1,80 @@
+"""A thin layer over the official client's asyncio API (``kubernetes.aio``): requests
+made at its lower level (its own credentials, TLS and timeouts) with plain JSON in and
+out, so that every answer's status code is seen as it is (201, 409, 429, 500...)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kubernetes.aio import client
+
+REQUEST_TIMEOUT_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.requests = 0
+
+    async def get(self, path: str, **query: str) -> Answer:
+        return await self.call("GET", path, query=query)
+
+    async def post(self, path: str, body: dict) -> Answer:
+        return await self.call("POST", path, body=body)
+
+    async def put(self, path: str, body: dict) -> Answer:
+        return await self.call("PUT", path, body=body)
+
+    async def patch(self, path: str, body: dict) -> Answer:
+        return await self.call(
+            "PATCH", path, body=body, content_type="application/merge-patch+json"
+        )
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        query: dict | None = None,
+        body: dict | None = None,
+        content_type: str = "application/json",
+    ) -> Answer:
+        """One request; a status the server gives is returned, never raised. Transport
+        failures (refused, timeouts) raise as the client raises them."""
+        self.requests += 1
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        _, url, headers, body_out, _ = await self.api.param_serialize(
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        answer = await self.api.call_api(
+            method,
+            url,
+            header_params=headers,
+            body=body_out,
+            _request_timeout=REQUEST_TIMEOUT_SECONDS,
+        )
+        response = answer.response
+        try:
+            text = await response.text()
+        finally:
+            response.release()
+        try:
+            parsed = json.loads(text) if text else {}
+        except ValueError:
+            parsed = {"message": text[:200]}
+        return Answer(response.status, parsed if isinstance(parsed, dict) else {})

@@ -1,0 +1,286 @@
+"""Remediation scenarios end to end: the exporter on the simulated GPU node (fake NVML,
+fake kubelet over gRPC), a real Prometheus scraping it, the fake API server with
+Deployments, ReplicaSets and the Eviction API, and the remediator's controller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+
+import aiohttp
+import pytest
+
+from exporter.sources.kube import api_client
+from remediator.controller import Controller
+from remediator.kube import Kube
+from remediator.planner import Policy
+from remediator.queries import Windows
+from remediator.signals import Prometheus
+from simulator import presets
+from simulator.host import FakeContainer, FakePod
+from simulator.kubeapi import FakeApiServer, pod_objects
+from simulator.kubelet import FakeKubelet
+from simulator.processes import exporter_process, free_port
+from simulator.prometheus import PrometheusServer
+
+NODE = "gpu-node-3"
+
+
+def owned(api: FakeApiServer, obj: dict) -> dict:
+    """Give a pod a Deployment and ReplicaSet, as `kubectl create deployment` would."""
+    name = obj["metadata"]["name"].split(".")[0]
+    namespace = obj["metadata"]["namespace"]
+    labels = {"app": name}
+    obj["metadata"]["labels"] = labels
+    obj["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": f"{name}-rs",
+            "uid": "rs",
+            "controller": True,
+        }
+    ]
+    if (namespace, name) not in api.objects["deployments"]:
+        api.put(
+            "deployments",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name, "namespace": namespace, "annotations": {}},
+                "spec": {
+                    "selector": {"matchLabels": labels},
+                    "template": {"metadata": {"labels": labels}, "spec": {"containers": []}},
+                },
+            },
+        )
+        api.put(
+            "replicasets",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {
+                    "name": f"{name}-rs",
+                    "namespace": namespace,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "Deployment",
+                            "name": name,
+                            "uid": "d",
+                            "controller": True,
+                        }
+                    ],
+                },
+            },
+        )
+    return obj
+
+
+class Cluster:
+    """The node, its exporter, Prometheus and the API server, up and scraped."""
+
+    async def start(self, tmp_path, fake_root, prepare=None):
+        self.host, self.nvml = presets.gpu_node()
+        if prepare:
+            prepare(self.host, self.nvml)
+        self.root = fake_root(self.host)
+        description = tmp_path / "gpus.json"
+        description.write_text(self.nvml.description())
+        self.short = tempfile.mkdtemp(prefix="kl", dir="/tmp")
+        self.kubelet = FakeKubelet(f"{self.short}/kubelet.sock", self.host, self.nvml)
+        await self.kubelet.start()
+        self.api = FakeApiServer()
+        await self.api.start()
+        for obj in pod_objects(self.host, NODE):
+            self.api.put("pods", owned(self.api, obj))
+        kubeconfig = self.api.kubeconfig(tmp_path / "kubeconfig")
+        self.stack = contextlib.AsyncExitStack()
+        url, _ = await self.stack.enter_async_context(
+            exporter_process(
+                "--host-root",
+                str(self.root.root),
+                "--node-name",
+                NODE,
+                "--interval",
+                "1",
+                "--kubeconfig",
+                kubeconfig,
+                "--gpu-backend",
+                f"fake:{description}",
+                "--pod-resources-socket",
+                self.kubelet.socket_path,
+            )
+        )
+        self.prom = await self.stack.enter_async_context(
+            PrometheusServer([url.removeprefix("http://")], free_port())
+        )
+        self.session = await self.stack.enter_async_context(aiohttp.ClientSession())
+        self.client = await api_client(kubeconfig)
+        return self
+
+    def controller(self, **policy) -> Controller:
+        prometheus = Prometheus(self.prom.url, self.session, windows=Windows("4s", "4s"))
+        settings = dict(dry_run=False, min_pod_age_seconds=0, stale_after_seconds=10)
+        return Controller(
+            prometheus,
+            Kube(self.client),
+            Policy(**{**settings, **policy}),
+            verify_after_seconds=8,
+        )
+
+    async def stop(self):
+        await self.client.close()
+        await self.stack.aclose()
+        await self.kubelet.stop()
+        await self.api.stop()
+        shutil.rmtree(self.short, ignore_errors=True)
+
+
+@pytest.fixture
+async def cluster(tmp_path, fake_root):
+    clusters = []
+
+    async def make(prepare=None):
+        c = await Cluster().start(tmp_path, fake_root, prepare)
+        clusters.append(c)
+        return c
+
+    yield make
+    for c in clusters:
+        await c.stop()
+
+
+async def cycles_until(controller, done, timeout=40.0):
+    deadline = time.monotonic() + timeout
+    reports = []
+    while time.monotonic() < deadline:
+        reports.append(await controller.cycle())
+        if done(reports):
+            return reports
+        await asyncio.sleep(1)
+    raise AssertionError(f"not done in {timeout}s: {[r.results for r in reports]}")
+
+
+async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
+    c = await cluster()
+    gpu3 = c.nvml.gpus[3].uuid
+
+    def recreate(evicted: dict):
+        """The ReplicaSet makes a new pod; the kubelet admits it on NUMA node 0, next to
+        GPU 3 (the Topology Manager's single-numa-node policy)."""
+        name = evicted["metadata"]["name"] + ".2"
+        pod = FakePod(
+            name,
+            presets.pod_uid(name),
+            "guaranteed",
+            [
+                FakeContainer(
+                    "main",
+                    "18-23",
+                    {0: 32 << 30},
+                    exclusive_cpus=True,
+                    devices={"nvidia.com/gpu": [gpu3]},
+                )
+            ],
+            "ml",
+        )
+        c.host.pods = [p for p in c.host.pods if p.name != "trainer-remote"] + [pod]
+        c.root.write()
+        new = next(o for o in pod_objects(c.host, NODE) if o["metadata"]["name"] == name)
+        return owned(c.api, new)
+
+    c.api.recreate = recreate
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    controller = c.controller()
+    reports = await cycles_until(controller, lambda rs: any(r.verified for r in rs))
+    evictions = [e for e in c.api.evictions if e[2] == 201]
+    assert evictions == [("ml", "trainer-remote", 201)]  # once, whatever the cycles saw
+    acted = [(a.kind, a.pod.name, result) for r in reports for a, result in r.results]
+    assert [a for a in acted if a[0] != "recommend"] == [("evict", "trainer-remote", "evicted")]
+    # the idle slices get one recommendation each, not one per cycle
+    recommended = [a[1] for a in acted if a[0] == "recommend"]
+    assert sorted(recommended) == sorted(set(recommended))
+    assert "infer-d" in recommended
+    assert [v for r in reports for v in r.verified] == [("Deployment/ml/trainer-remote", "held")]
+    verdict = await c.prom.query('numaguard_pod_cross_numa{pod="trainer-remote.2"}')
+    assert {(r["metric"]["reason"], r["value"][1]) for r in verdict} >= {("device_remote", "0")}
+    events = [e["reason"] for e in c.api.objects["events"].values()]
+    assert "RemediationEvicted" in events
+
+
+async def test_no_aligned_capacity_means_no_eviction(cluster):
+    def fill(host, nvml):
+        # the two free GPUs go to pods that hold them without running anything
+        for gpu, name, cpus in ((3, "hold-a", "24-25"), (7, "hold-b", "60-61")):
+            host.pods.append(
+                FakePod(
+                    name,
+                    presets.pod_uid(name),
+                    "guaranteed",
+                    [
+                        FakeContainer(
+                            "main",
+                            cpus,
+                            {0: 1 << 30},
+                            exclusive_cpus=True,
+                            devices={"nvidia.com/gpu": [nvml.gpus[gpu].uuid]},
+                        )
+                    ],
+                    "ml",
+                )
+            )
+
+    c = await cluster(fill)
+    await c.prom.wait_for('numaguard_zone_devices_free{resource="nvidia.com/gpu"} == 0')
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    controller = c.controller()
+    reports = []
+    for _ in range(8):
+        reports.append(await controller.cycle())
+        await asyncio.sleep(1)
+    assert c.api.evictions == []
+    refused = {(r.finding.pod, r.guard) for rep in reports if rep.plan for r in rep.plan.refusals}
+    assert ("trainer-remote", "no_fit") in refused
+    assert controller.metrics.unremediable._value.get() >= 1
+
+
+async def test_a_pdb_at_its_limit_gets_429_and_is_not_hammered(cluster):
+    c = await cluster()
+    c.api.put(
+        "poddisruptionbudgets",
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "trainer-remote", "namespace": "ml"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer-remote"}}},
+        },
+    )
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    controller = c.controller(cooldown_seconds=3600)
+    results = []
+    for _ in range(6):
+        report = await controller.cycle()
+        results += [result for _, result in report.results]
+        await asyncio.sleep(1)
+    assert c.api.evictions == [("ml", "trainer-remote", 429)]  # asked once, then held off
+    assert [r for r in results if r != "recommended"] == ["pdb_blocked"]
+    refused = {r.guard for rep in [report] for r in rep.plan.refusals}
+    assert "cooldown" in refused
+
+
+async def test_stale_data_and_a_dead_prometheus_mean_no_action(cluster):
+    c = await cluster()
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    controller = c.controller(stale_after_seconds=0.001)  # every sample is too old
+    report = await controller.cycle()
+    assert report.results == [] and c.api.evictions == []
+    assert {r.guard for r in report.plan.refusals} == {"stale_data"}
+    dead = Prometheus(f"http://127.0.0.1:{free_port()}", c.session, retries=0)
+    controller.prometheus = dead
+    report = await controller.cycle()
+    assert report.error.startswith("unreachable") and report.plan is None
+    assert c.api.evictions == []
