@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
+import sys
 import tempfile
 import time
 
@@ -284,3 +286,122 @@ async def test_stale_data_and_a_dead_prometheus_mean_no_action(cluster):
     report = await controller.cycle()
     assert report.error.startswith("unreachable") and report.plan is None
     assert c.api.evictions == []
+
+
+async def test_an_opted_in_oversized_slice_is_resized_and_others_only_advised(cluster):
+    c = await cluster()
+    # infer-d holds a 3g.40gb slice and uses none of it; its Deployment opted in
+    deployment = c.api.objects["deployments"][("ml", "infer-d")]
+    deployment["metadata"]["annotations"]["numaguard.io/auto-resize"] = "true"
+    deployment["spec"]["template"]["spec"]["containers"] = [
+        {
+            "name": "main",
+            "image": "infer:1",
+            "resources": {
+                "requests": {"cpu": "2", "nvidia.com/mig-3g.40gb": "1"},
+                "limits": {"cpu": "2", "nvidia.com/mig-3g.40gb": "1"},
+            },
+        }
+    ]
+    c.api.put("deployments", deployment)
+    await c.prom.wait_for('numaguard_mig_utilization_ratio{kind="sm"}')
+    await asyncio.sleep(5)  # a sizing window of data
+    controller = c.controller(max_per_node=3)  # the eviction of trainer-remote is one
+    report = await controller.cycle()
+    done = {(a.kind, a.pod.name): (a.detail, result) for a, result in report.results}
+    assert done[("resize", "infer-d")] == (
+        "resize 3g.40gb -> 1g.10gb (Deployment/ml/infer-d)",
+        "resized",
+    )
+    resources = c.api.objects["deployments"][("ml", "infer-d")]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["resources"]
+    assert resources == {
+        "requests": {"cpu": "2", "nvidia.com/mig-1g.10gb": "1"},
+        "limits": {"cpu": "2", "nvidia.com/mig-1g.10gb": "1"},
+    }
+    # the notebooks sit on the smallest profile already: nothing to say about them (an
+    # oversized slice whose Deployment did not opt in is only advised: see the first test)
+    assert not [k for k in done if k[1].startswith("notebook")]
+
+
+async def test_only_the_leader_acts_and_a_successor_does_not_repeat(cluster):
+    c = await cluster()
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    from remediator.leader import LeaderElector
+
+    first, second = c.controller(), c.controller()
+    first.elector = LeaderElector(
+        first.actuator.kube, "numaguard", "lease", "replica-a", lease_seconds=3
+    )
+    second.elector = LeaderElector(
+        second.actuator.kube, "numaguard", "lease", "replica-b", lease_seconds=3
+    )
+    first.actuator.elector, second.actuator.elector = first.elector, second.elector
+    a = await first.cycle()
+    b = await second.cycle()
+    assert a.leader and not b.leader
+    assert [r for _, r in a.results if r != "recommended"] == ["evicted"]
+    assert b.results == []
+    # the leader dies; once its Lease expires the other takes over, and the pod it
+    # evicted is gone: no second eviction
+    await asyncio.sleep(4)
+    b = await second.cycle()
+    assert b.leader
+    assert [e for e in c.api.evictions if e[2] == 201] == [("ml", "trainer-remote", 201)]
+    assert [r for _, r in b.results if r not in ("recommended",)] == []
+
+
+async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path):
+    c = await cluster()
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(4)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "remediator",
+        "plan",
+        "--prometheus",
+        c.prom.url,
+        "--kubeconfig",
+        str(tmp_path / "kubeconfig"),
+        "--finding-window",
+        "4s",
+        "--min-pod-age",
+        "0",
+        "--output",
+        "json",
+        "--log-level",
+        "warning",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    answer = json.loads(out)
+    evict = [a for a in answer["actions"] if a["kind"] == "evict"]
+    assert evict == [
+        {
+            "kind": "evict",
+            "pod": "ml/trainer-remote",
+            "finding": "cross_numa",
+            "reason": "device_remote",
+            "dry_run": True,
+            "detail": evict[0]["detail"],
+        }
+    ]
+    assert c.api.evictions == []
+    assert not [r for r in c.api.requests if not r.startswith("GET")]
+
+
+async def test_api_server_errors_mean_no_action(cluster):
+    c = await cluster()
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    controller = c.controller()
+    c.api.fail_next(500, times=50)
+    report = await controller.cycle()
+    assert report.error.startswith("api_server") and report.results == []
+    assert controller.metrics.errors.labels("api_server")._value.get() == 1
+    c.api._failures.clear()
+    report = await controller.cycle()
+    assert [r for _, r in report.results if r != "recommended"] == ["evicted"]
