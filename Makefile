@@ -34,6 +34,7 @@ test: $(VENV)/.installed system-deps
 
 bench: $(VENV)/.installed
 	$(PY) bench/cycle.py
+	$(PY) bench/planning.py
 
 docs: $(VENV)/.installed
 	$(PY) -m exporter.docs

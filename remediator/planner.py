@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from remediator.findings import Finding
@@ -123,7 +124,7 @@ def plan(
 ) -> Plan:
     """``pods``: by UID, the pods the findings name that the API server knows."""
     stale = stale_nodes(signals, policy.stale_after_seconds)
-    capacity = Capacity.from_signals(signals)
+    capacity = Capacity.from_signals(signals, {f.pod_uid for f in findings})
     taken: Counter[str] = Counter()
     actions: list[Action] = []
     refusals: list[Refusal] = []
@@ -157,7 +158,8 @@ def plan(
             continue
         if intent == "evict":
             capacity.take(target, need)
-            detail = f"evict: fits aligned on {target[0]} NUMA node {target[1]}"
+            node, numa = capacity.name(target)
+            detail = f"evict: fits aligned on {node} NUMA node {numa}"
         else:
             capacity.take_slice(target, finding.recommended)
             detail = f"resize {finding.profile} -> {finding.recommended} ({pod.workload})"
@@ -267,80 +269,98 @@ class Need:
 
 
 class Capacity:
-    """Free capacity per (node, NUMA node), as the exporters report it."""
+    """Free capacity per (node, NUMA node), as the exporters report it, as arrays: the
+    fit check runs once per finding over every zone of the cluster."""
 
-    def __init__(self, zones: pd.DataFrame, devices: pd.DataFrame, needs: dict) -> None:
-        self.zones = zones  # index (node, numa_node); columns cpus, memory
-        self.devices = devices  # index (node, numa_node); a column per resource
+    def __init__(
+        self,
+        zones: list[tuple[str, str]],
+        cpus: np.ndarray,
+        memory: np.ndarray,
+        devices: dict[str, np.ndarray],
+        needs: dict,
+    ) -> None:
+        self.zones = zones
+        self.cpus = cpus
+        self.memory = memory
+        self.devices = devices  # resource -> free count per zone
         self.needs = needs  # pod uid -> (cpus, memory, {resource: count})
 
     @classmethod
-    def from_signals(cls, s: Signals) -> Capacity:
+    def from_signals(cls, s: Signals, pods: set[str]) -> Capacity:
+        """``pods``: UIDs whose needs are wanted (the findings' pods)."""
         key = ["node", "numa_node"]
 
-        def by_zone(name: str, column: str) -> pd.DataFrame:
+        def by_zone(name: str) -> pd.Series:
             df = s[name]
-            if df.empty:
-                return pd.DataFrame(
-                    columns=[column], index=pd.MultiIndex.from_tuples([], names=key)
-                )
-            return (
-                df[df["numa_node"] != ""]
-                .set_index(key)[["value"]]
-                .rename(columns={"value": column})
-            )
+            if df.empty or "numa_node" not in df:
+                return pd.Series(dtype=float)
+            df = df[df["numa_node"] != ""]
+            return df.groupby(key, sort=False)["value"].sum()
 
-        zones = by_zone("zone_free_cpus", "cpus").join(
-            by_zone("zone_free_memory", "memory"), how="inner"
-        )
+        zone_cpus, zone_memory = by_zone("zone_free_cpus"), by_zone("zone_free_memory")
+        index = zone_cpus.index.intersection(zone_memory.index)
+        devices: dict[str, np.ndarray] = {}
         dev = s["zone_free_devices"]
-        if dev.empty:
-            devices = pd.DataFrame(index=zones.index)
-        else:
-            devices = dev[dev["numa_node"] != ""].pivot_table(
-                index=key, columns="resource", values="value", aggfunc="sum", fill_value=0
-            )
+        if not dev.empty and "numa_node" in dev:
+            dev = dev[dev["numa_node"] != ""]
+            for resource, rows in dev.groupby("resource", sort=False):
+                free = rows.groupby(key, sort=False)["value"].sum()
+                devices[resource] = np.array(free.reindex(index, fill_value=0), dtype=float)
         needs: dict[str, list] = {}
         for name, slot in (("pod_exclusive_cpus", 0), ("pod_memory", 1)):
             df = s[name]
-            for uid, value in zip(df.get("pod_uid", []), df.get("value", []), strict=False):
-                needs.setdefault(uid, [0.0, 0.0, Counter()])[slot] = value
+            if "pod_uid" in df:
+                df = df[df["pod_uid"].isin(pods)]
+                for uid, value in zip(df["pod_uid"], df["value"], strict=True):
+                    needs.setdefault(uid, [0.0, 0.0, Counter()])[slot] = value
         holders = s["holders"]
-        if not holders.empty:
+        if not holders.empty and "pod_uid" in holders:
+            holders = holders[holders["pod_uid"].isin(pods)]
             for uid, resource in zip(holders["pod_uid"], holders["resource"], strict=True):
                 needs.setdefault(uid, [0.0, 0.0, Counter()])[2][resource] += 1
-        return cls(zones, devices, needs)
+        return cls(
+            list(index),
+            np.array(zone_cpus.reindex(index), dtype=float),
+            np.array(zone_memory.reindex(index), dtype=float),
+            devices,
+            needs,
+        )
 
     def need(self, f: Finding) -> Need:
         cpus, memory, devices = self.needs.get(f.pod_uid, (0.0, 0.0, Counter()))
         return Need(cpus, memory, dict(devices))
 
-    def fit(self, need: Need) -> tuple[str, str] | None:
-        """A zone that can take the pod aligned; the roomiest, so that fixes spread."""
-        ok = (self.zones["cpus"] >= need.cpus) & (self.zones["memory"] >= need.memory)
+    def fit(self, need: Need) -> int | None:
+        """The zone that can take the pod aligned; the roomiest, so that fixes spread."""
+        ok = (self.cpus >= need.cpus) & (self.memory >= need.memory)
         for resource, count in need.devices.items():
-            if resource not in self.devices.columns:
+            free = self.devices.get(resource)
+            if free is None:
                 return None
-            free = self.devices[resource].reindex(self.zones.index, fill_value=0)
             ok &= free >= count
-        candidates = self.zones[ok]
-        if candidates.empty:
+        candidates = np.flatnonzero(ok)
+        if candidates.size == 0:
             return None
-        return candidates.sort_values(["cpus", "memory"], ascending=False).index[0]
+        # most free CPUs, then most free memory (bytes stay far below 1e12 per zone)
+        score = self.cpus[candidates] * 1e12 + self.memory[candidates]
+        return int(candidates[np.argmax(score)])
 
-    def take(self, zone: tuple[str, str], need: Need) -> None:
-        self.zones.loc[zone, "cpus"] -= need.cpus
-        self.zones.loc[zone, "memory"] -= need.memory
+    def take(self, zone: int, need: Need) -> None:
+        self.cpus[zone] -= need.cpus
+        self.memory[zone] -= need.memory
         for resource, count in need.devices.items():
-            self.devices.loc[zone, resource] -= count
+            self.devices[resource][zone] -= count
 
-    def free_slice(self, profile: str) -> tuple[str, str] | None:
-        resource = f"nvidia.com/mig-{profile}"
-        if resource not in self.devices.columns:
+    def free_slice(self, profile: str) -> int | None:
+        free = self.devices.get(f"nvidia.com/mig-{profile}")
+        if free is None:
             return None
-        free = self.devices[resource]
-        free = free[free > 0]
-        return None if free.empty else free.index[0]
+        found = np.flatnonzero(free > 0)
+        return int(found[0]) if found.size else None
 
-    def take_slice(self, zone: tuple[str, str], profile: str) -> None:
-        self.devices.loc[zone, f"nvidia.com/mig-{profile}"] -= 1
+    def take_slice(self, zone: int, profile: str) -> None:
+        self.devices[f"nvidia.com/mig-{profile}"][zone] -= 1
+
+    def name(self, zone: int) -> tuple[str, str]:
+        return self.zones[zone]
