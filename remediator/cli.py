@@ -187,15 +187,9 @@ def settings(args: argparse.Namespace) -> tuple[Policy, Sizing, Windows]:
         "min_pod_age_seconds": args.min_pod_age,
     }
     policy = replace(policy, **{k: v for k, v in overrides.items() if v is not None})
-    if args.protected_namespace:
-        policy = replace(
-            policy,
-            protected_namespaces=tuple(
-                dict.fromkeys(
-                    ("kube-system", *policy.protected_namespaces, *args.protected_namespace)
-                )
-            ),
-        )
+    protected = (*policy.protected_namespaces, *(args.protected_namespace or ()))
+    policy = replace(policy, protected_namespaces=tuple(dict.fromkeys(("kube-system", *protected))))
+
     if getattr(args, "dry_run", True) is False:
         policy = replace(policy, dry_run=False)
     else:
