@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -405,3 +406,109 @@ async def test_api_server_errors_mean_no_action(cluster):
     c.api._failures.clear()
     report = await controller.cycle()
     assert [r for _, r in report.results if r != "recommended"] == ["evicted"]
+
+
+async def test_a_fix_that_does_not_hold_backs_off_then_stops(cluster):
+    c = await cluster()
+    gpu4 = c.nvml.gpus[4].uuid
+    generation = [0]
+
+    def recreate(evicted: dict):
+        """A kubelet with the best-effort Topology Manager admits it misaligned again."""
+        generation[0] += 1
+        name = f"trainer-remote.{generation[0]}"
+        pod = FakePod(
+            name,
+            presets.pod_uid(name),
+            "guaranteed",
+            [
+                FakeContainer(
+                    "main",
+                    "10-15",
+                    {0: 32 << 30},
+                    exclusive_cpus=True,
+                    devices={"nvidia.com/gpu": [gpu4]},
+                )
+            ],
+            "ml",
+        )
+        c.host.pods = [p for p in c.host.pods if not p.name.startswith("trainer-remote")]
+        c.host.pods.append(pod)
+        c.root.write()
+        new = next(o for o in pod_objects(c.host, NODE) if o["metadata"]["name"] == name)
+        return owned(c.api, new)
+
+    c.api.recreate = recreate
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    controller = c.controller(cooldown_seconds=2, backoff_factor=2, give_up_after=2)
+    reports = await cycles_until(
+        controller,
+        lambda rs: (
+            [v for r in rs for v in r.verified][-1:]
+            == [("Deployment/ml/trainer-remote", "gave_up")]
+        ),
+        timeout=90,
+    )
+    outcomes = [v[1] for r in reports for v in r.verified]
+    assert outcomes == ["did_not_hold", "gave_up"]
+    assert len([e for e in c.api.evictions if e[2] == 201]) == 2
+    # and from then on it is left alone, saying why
+    for _ in range(3):
+        report = await controller.cycle()
+        await asyncio.sleep(1)
+    assert [e for e in c.api.evictions if e[2] == 201][2:] == []
+    assert "gave_up" in {r.guard for r in report.plan.refusals}
+
+
+async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
+    c = await cluster()
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "remediator",
+        "run",
+        "--prometheus",
+        c.prom.url,
+        "--kubeconfig",
+        str(tmp_path / "kubeconfig"),
+        "--finding-window",
+        "3s",
+        "--min-pod-age",
+        "0",
+        "--interval",
+        "1",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--lease-namespace",
+        "numaguard",
+        "--identity",
+        "replica-a",
+        "--log-level",
+        "warning",
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        metrics = ""
+        for _ in range(30):
+            await asyncio.sleep(1)
+            with contextlib.suppress(aiohttp.ClientError):
+                async with c.session.get(f"http://127.0.0.1:{port}/metrics") as r:
+                    metrics = await r.text()
+            if 'numaguard_remediator_actions_total{kind="evict",result="dry_run"}' in metrics:
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert 'numaguard_remediator_actions_total{kind="evict",result="dry_run"}' in metrics
+    assert "numaguard_remediator_leader 1.0" in metrics
+    assert c.api.evictions == []  # dry-run: Events only
+    reasons = {e["reason"] for e in c.api.objects["events"].values()}
+    assert "DryRun" in reasons
+    lease = c.api.objects["leases"][("numaguard", "numaguard-remediator")]
+    assert lease["spec"]["holderIdentity"] == "replica-a"
