@@ -64,7 +64,9 @@ def open_gpu_source(settings: Settings) -> NvmlSource | None:
         path = backend.removeprefix("fake:")
         try:
             with open(path) as f:
-                FakeNvml.from_description(f.read()).install()
+                fake = FakeNvml.from_description(f.read())
+            fake.follow(path)
+            fake.install()
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise GpuBackendError(f"cannot use the fake GPU node in {path}: {err!r}") from None
     elif backend != "nvml":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import os
 import threading
 import time
 import uuid as uuidlib
@@ -183,8 +184,10 @@ class FakeGpu:
 class FakeNvml:
     """Stands in for pynvml's ``nvmlLib``; ``install()`` puts it in place."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, node_id: int = 0) -> None:
         self.clock = clock
+        self.node_id = node_id  # keeps UUIDs apart between the nodes of a simulated cluster
+        self._followed: tuple[str, float] | None = None  # (description file, its mtime)
         self.gpus: list[FakeGpu] = []
         self.driver_version = "570.86.15"
         self.failures: dict[tuple[str, int | None], int] = {}  # (C function, gpu) -> code
@@ -209,7 +212,7 @@ class FakeNvml:
         index = len(self.gpus)
         gpu = FakeGpu(
             MODELS[model],
-            f"GPU-{uuidlib.UUID(int=0x6A0 << 100 | index)}",
+            f"GPU-{_uuid(0x6A0, self.node_id, index)}",
             f"00000000:{0x18 + 0x10 * index:02X}:00.0",
             numa_node,
             Activity(self.clock),
@@ -242,7 +245,7 @@ class FakeNvml:
                     next_id,
                     0,
                     start,
-                    f"MIG-{uuidlib.UUID(int=0x316 << 100 | gpu_index << 16 | next_id)}",
+                    f"MIG-{_uuid(0x316, self.node_id, gpu_index << 16 | next_id)}",
                     Activity(self.clock),
                 )
             )
@@ -263,21 +266,49 @@ class FakeNvml:
 
     @classmethod
     def from_description(cls, text: str, clock: Callable[[], float] = time.monotonic):
-        """A node from JSON: ``{"gpus": [{"model", "numa_node", "mig": [profiles],
-        "activity": {...}, "memory_used_bytes", "slices": [{"activity", "memory_used_bytes",
-        "processes": [{"pid", "used_bytes"}]}], "processes": [...]}]}``."""
-        nvml = cls(clock)
-        for g in json.loads(text)["gpus"]:
-            gpu = nvml.add_gpu(
-                g["model"], g["numa_node"], g.get("mig"), g.get("memory_used_bytes", 0)
-            )
-            gpu.activity.set(**g.get("activity", {}))
-            gpu.processes = [Process(**p) for p in g.get("processes", [])]
-            for s, d in zip(gpu.mig or [], g.get("slices", []), strict=False):
-                s.activity.set(**d.get("activity", {}))
-                s.memory_used_bytes = d.get("memory_used_bytes", 0)
-                s.processes = [Process(**p) for p in d.get("processes", [])]
+        """A node from JSON: ``{"node_id", "gpus": [{"model", "numa_node", "mig":
+        [profiles], "activity": {...}, "memory_used_bytes", "processes": [{"pid",
+        "used_bytes"}], "slices": [{"activity", "memory_used_bytes", "processes"}]}]}``."""
+        d = json.loads(text)
+        nvml = cls(clock, d.get("node_id", 0))
+        for g in d["gpus"]:
+            nvml.add_gpu(g["model"], g["numa_node"], g.get("mig"))
+        nvml.apply(text)
         return nvml
+
+    def apply(self, text: str) -> None:
+        """Move the node on to a new description of the same GPUs: activity, memory,
+        processes and MIG layouts change in place, as on a running node (GPM counters
+        carry on)."""
+        for i, (gpu, g) in enumerate(zip(self.gpus, json.loads(text)["gpus"], strict=True)):
+            if [s.profile.name for s in gpu.mig or []] != (g.get("mig") or []) or (
+                gpu.mig is None
+            ) != (g.get("mig") is None):
+                self.set_mig(i, g.get("mig"))
+            _set_rates(gpu.activity, g.get("activity", {}))
+            gpu.memory_used_bytes = g.get("memory_used_bytes", 0)
+            gpu.processes = [Process(**p) for p in g.get("processes", [])]
+            for sl, sd in zip(gpu.mig or [], g.get("slices", []), strict=False):
+                _set_rates(sl.activity, sd.get("activity", {}))
+                sl.memory_used_bytes = sd.get("memory_used_bytes", 0)
+                sl.processes = [Process(**p) for p in sd.get("processes", [])]
+
+    def follow(self, path: str) -> None:
+        """Re-read the description file whenever it changes (checked once per cycle, when
+        NVML is asked how many GPUs there are): a simulator moves the node on by
+        rewriting it."""
+        self._followed = (path, os.stat(path).st_mtime)
+
+    def _reload(self) -> None:
+        if self._followed is None:
+            return
+        path, seen = self._followed
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            mtime = os.stat(path).st_mtime
+            if mtime != seen:
+                with open(path) as f:
+                    self.apply(f.read())
+                self._followed = (path, mtime)
 
     def description(self) -> str:
         """The JSON that ``from_description`` takes, for ``--gpu-backend fake:PATH``."""
@@ -302,7 +333,7 @@ class FakeNvml:
                     for s in gpu.mig
                 ]
             gpus.append(d)
-        return json.dumps({"gpus": gpus}, indent=1)
+        return json.dumps({"node_id": self.node_id, "gpus": gpus}, indent=1)
 
     # -- installing ---------------------------------------------------------------
 
@@ -388,6 +419,7 @@ class FakeNvml:
         return N.NVML_SUCCESS
 
     def _nvmlDeviceGetCount_v2(self, count) -> int:
+        self._reload()
         count._obj.value = len(self.gpus)
         return N.NVML_SUCCESS
 
@@ -650,6 +682,14 @@ class FakeNvml:
             metric.value = average / MIB if kind in _PCIE else average * 100
             metric.nvmlReturn = N.NVML_SUCCESS
         return N.NVML_SUCCESS
+
+
+def _uuid(kind: int, node: int, serial: int) -> uuidlib.UUID:
+    return uuidlib.UUID(int=kind << 100 | node << 32 | serial)
+
+
+def _set_rates(activity: Activity, rates: dict[str, float]) -> None:
+    activity.set(**{**dict.fromkeys(activity.rates, 0.0), **rates})
 
 
 def _add_slices(integrals: dict[str, float], gpu: FakeGpu, slices: list[FakeSlice]) -> None:

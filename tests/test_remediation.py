@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import signal
 import sys
-import tempfile
 import time
 
 import aiohttp
@@ -23,100 +21,30 @@ from remediator.planner import Policy
 from remediator.queries import Windows
 from remediator.signals import Prometheus
 from simulator import presets
+from simulator.cluster import SimulatedCluster
 from simulator.host import FakeContainer, FakePod
-from simulator.kubeapi import FakeApiServer, pod_objects
-from simulator.kubelet import FakeKubelet
 from simulator.processes import exporter_process, free_port
 from simulator.prometheus import PrometheusServer
 
 NODE = "gpu-node-3"
 
 
-def owned(api: FakeApiServer, obj: dict) -> dict:
-    """Give a pod a Deployment and ReplicaSet, as `kubectl create deployment` would."""
-    name = obj["metadata"]["name"].split(".")[0]
-    namespace = obj["metadata"]["namespace"]
-    labels = {"app": name}
-    obj["metadata"]["labels"] = labels
-    obj["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "name": f"{name}-rs",
-            "uid": "rs",
-            "controller": True,
-        }
-    ]
-    if (namespace, name) not in api.objects["deployments"]:
-        api.put(
-            "deployments",
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": name, "namespace": namespace, "annotations": {}},
-                "spec": {
-                    "selector": {"matchLabels": labels},
-                    "template": {"metadata": {"labels": labels}, "spec": {"containers": []}},
-                },
-            },
-        )
-        api.put(
-            "replicasets",
-            {
-                "apiVersion": "apps/v1",
-                "kind": "ReplicaSet",
-                "metadata": {
-                    "name": f"{name}-rs",
-                    "namespace": namespace,
-                    "ownerReferences": [
-                        {
-                            "apiVersion": "apps/v1",
-                            "kind": "Deployment",
-                            "name": name,
-                            "uid": "d",
-                            "controller": True,
-                        }
-                    ],
-                },
-            },
-        )
-    return obj
-
-
 class Cluster:
-    """The node, its exporter, Prometheus and the API server, up and scraped."""
+    """One simulated GPU node with its exporter, scraped by a real Prometheus."""
 
-    async def start(self, tmp_path, fake_root, prepare=None):
-        self.host, self.nvml = presets.gpu_node()
+    async def start(self, tmp_path, prepare=None, policy="single-numa-node"):
+        self.sim = SimulatedCluster(str(tmp_path / "cluster"))
+        host, nvml = presets.gpu_node()
         if prepare:
-            prepare(self.host, self.nvml)
-        self.root = fake_root(self.host)
-        description = tmp_path / "gpus.json"
-        description.write_text(self.nvml.description())
-        self.short = tempfile.mkdtemp(prefix="kl", dir="/tmp")
-        self.kubelet = FakeKubelet(f"{self.short}/kubelet.sock", self.host, self.nvml)
-        await self.kubelet.start()
-        self.api = FakeApiServer()
-        await self.api.start()
-        for obj in pod_objects(self.host, NODE):
-            self.api.put("pods", owned(self.api, obj))
+            prepare(host, nvml)
+        self.node = self.sim.add_node(NODE, host, nvml, policy)
+        self.host, self.nvml, self.api = host, nvml, self.sim.api
+        self.sim.demand["trainer-remote"] = 0.8
+        await self.sim.start()
         kubeconfig = self.api.kubeconfig(tmp_path / "kubeconfig")
         self.stack = contextlib.AsyncExitStack()
         url, _ = await self.stack.enter_async_context(
-            exporter_process(
-                "--host-root",
-                str(self.root.root),
-                "--node-name",
-                NODE,
-                "--interval",
-                "1",
-                "--kubeconfig",
-                kubeconfig,
-                "--gpu-backend",
-                f"fake:{description}",
-                "--pod-resources-socket",
-                self.kubelet.socket_path,
-            )
+            exporter_process(*self.sim.exporter_args(self.node, kubeconfig), "--interval", "1")
         )
         self.prom = await self.stack.enter_async_context(
             PrometheusServer([url.removeprefix("http://")], free_port())
@@ -138,17 +66,15 @@ class Cluster:
     async def stop(self):
         await self.client.close()
         await self.stack.aclose()
-        await self.kubelet.stop()
-        await self.api.stop()
-        shutil.rmtree(self.short, ignore_errors=True)
+        await self.sim.stop()
 
 
 @pytest.fixture
-async def cluster(tmp_path, fake_root):
+async def cluster(tmp_path):
     clusters = []
 
-    async def make(prepare=None):
-        c = await Cluster().start(tmp_path, fake_root, prepare)
+    async def make(prepare=None, policy="single-numa-node"):
+        c = await Cluster().start(tmp_path, prepare, policy)
         clusters.append(c)
         return c
 
@@ -169,34 +95,7 @@ async def cycles_until(controller, done, timeout=40.0):
 
 
 async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
-    c = await cluster()
-    gpu3 = c.nvml.gpus[3].uuid
-
-    def recreate(evicted: dict):
-        """The ReplicaSet makes a new pod; the kubelet admits it on NUMA node 0, next to
-        GPU 3 (the Topology Manager's single-numa-node policy)."""
-        name = evicted["metadata"]["name"] + ".2"
-        pod = FakePod(
-            name,
-            presets.pod_uid(name),
-            "guaranteed",
-            [
-                FakeContainer(
-                    "main",
-                    "18-23",
-                    {0: 32 << 30},
-                    exclusive_cpus=True,
-                    devices={"nvidia.com/gpu": [gpu3]},
-                )
-            ],
-            "ml",
-        )
-        c.host.pods = [p for p in c.host.pods if p.name != "trainer-remote"] + [pod]
-        c.root.write()
-        new = next(o for o in pod_objects(c.host, NODE) if o["metadata"]["name"] == name)
-        return owned(c.api, new)
-
-    c.api.recreate = recreate
+    c = await cluster(policy="single-numa-node")
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
     controller = c.controller()
     reports = await cycles_until(controller, lambda rs: any(r.verified for r in rs))
@@ -209,7 +108,7 @@ async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
     assert sorted(recommended) == sorted(set(recommended))
     assert "infer-d" in recommended
     assert [v for r in reports for v in r.verified] == [("Deployment/ml/trainer-remote", "held")]
-    verdict = await c.prom.query('numaguard_pod_cross_numa{pod="trainer-remote.2"}')
+    verdict = await c.prom.query('numaguard_pod_cross_numa{pod="trainer-remote.1"}')
     assert {(r["metric"]["reason"], r["value"][1]) for r in verdict} >= {("device_remote", "0")}
     events = [e["reason"] for e in c.api.objects["events"].values()]
     assert "RemediationEvicted" in events
@@ -409,36 +308,29 @@ async def test_api_server_errors_mean_no_action(cluster):
 
 
 async def test_a_fix_that_does_not_hold_backs_off_then_stops(cluster):
-    c = await cluster()
-    gpu4 = c.nvml.gpus[4].uuid
-    generation = [0]
-
-    def recreate(evicted: dict):
-        """A kubelet with the best-effort Topology Manager admits it misaligned again."""
-        generation[0] += 1
-        name = f"trainer-remote.{generation[0]}"
-        pod = FakePod(
-            name,
-            presets.pod_uid(name),
-            "guaranteed",
-            [
-                FakeContainer(
-                    "main",
-                    "10-15",
-                    {0: 32 << 30},
-                    exclusive_cpus=True,
-                    devices={"nvidia.com/gpu": [gpu4]},
-                )
-            ],
-            "ml",
+    def take_gpu3(host, nvml):
+        # GPU 3 is taken: the first free GPU is then GPU 7, on the other socket
+        host.pods.append(
+            FakePod(
+                "hold-a",
+                presets.pod_uid("hold-a"),
+                "guaranteed",
+                [
+                    FakeContainer(
+                        "main",
+                        "24-25",
+                        {0: 1 << 30},
+                        exclusive_cpus=True,
+                        devices={"nvidia.com/gpu": [nvml.gpus[3].uuid]},
+                    )
+                ],
+                "ml",
+            )
         )
-        c.host.pods = [p for p in c.host.pods if not p.name.startswith("trainer-remote")]
-        c.host.pods.append(pod)
-        c.root.write()
-        new = next(o for o in pod_objects(c.host, NODE) if o["metadata"]["name"] == name)
-        return owned(c.api, new)
 
-    c.api.recreate = recreate
+    # a kubelet without a Topology Manager policy takes the lowest CPUs (socket 0) and
+    # the first free GPU (socket 1): every replacement is as misaligned as the last
+    c = await cluster(take_gpu3, policy="none")
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
     controller = c.controller(cooldown_seconds=2, backoff_factor=2, give_up_after=2)
     reports = await cycles_until(
