@@ -40,7 +40,11 @@ class Actuator:
         else:
             result = await self._resize(pod, action.finding.profile, action.finding.recommended)
         kind = "Normal" if result in ("evicted", "resized") else "Warning"
-        await self.event(pod, f"Remediation{result.title().replace('_', '')}", action.detail, kind)
+        reason = f"Remediation{result.title().replace('_', '')}"
+        await self.event(pod, reason, action.detail, kind)
+        await self.event(
+            pod, reason, f"{pod.namespace}/{pod.name}: {action.detail}", kind, owner=True
+        )
         return result
 
     async def refused(self, refusal: Refusal, pod: PodInfo | None) -> None:
@@ -95,9 +99,28 @@ class Actuator:
         patched = await self.kube.patch(path, patch)
         return "resized" if patched.ok else "failed"
 
-    async def event(self, pod: PodInfo | None, reason: str, message: str, kind: str) -> None:
-        if pod is None:
+    async def event(
+        self, pod: PodInfo | None, reason: str, message: str, kind: str, owner: bool = False
+    ) -> None:
+        """An Event on the pod, or (``owner``) on the workload that owns it."""
+        if pod is None or (owner and not pod.workload):
             return
+        if owner:
+            workload_kind, _, name = pod.workload.split("/")
+            involved = {
+                "apiVersion": "apps/v1",
+                "kind": workload_kind,
+                "name": name,
+                "namespace": pod.namespace,
+            }
+        else:
+            involved = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": pod.uid,
+            }
         now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         answer = await self.kube.post(
             f"/api/v1/namespaces/{pod.namespace}/events",
@@ -105,13 +128,7 @@ class Actuator:
                 "apiVersion": "v1",
                 "kind": "Event",
                 "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": pod.name,
-                    "namespace": pod.namespace,
-                    "uid": pod.uid,
-                },
+                "involvedObject": involved,
                 "reason": reason,
                 "message": message[:1024],
                 "type": kind,

@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from exporter import __version__, logs
 from exporter.sources.kube import KubeconfigError, api_client
 from remediator.controller import Controller, CycleReport
-from remediator.findings import Sizing
+from remediator.findings import Detection
 from remediator.kube import Kube
 from remediator.leader import LeaderElector
 from remediator.metrics import Metrics
@@ -30,7 +30,7 @@ from remediator.planner import Policy
 from remediator.queries import Windows
 from remediator.signals import Prometheus
 
-SECTIONS = {"policy": Policy, "sizing": Sizing, "windows": Windows}
+SECTIONS = {"policy": Policy, "detection": Detection, "windows": Windows}
 
 
 class ConfigError(Exception):
@@ -82,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument(
             "--config",
             metavar="FILE",
-            help="YAML with sections policy, sizing and windows (field names as "
+            help="YAML with sections policy, detection and windows (field names as "
             "in docs/remediator.md); flags override it",
         )
         s.add_argument(
@@ -164,8 +164,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def settings(args: argparse.Namespace) -> tuple[Policy, Sizing, Windows]:
-    sections = {"policy": {}, "sizing": {}, "windows": {}}
+def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows]:
+    sections = {"policy": {}, "detection": {}, "windows": {}}
     if args.config:
         try:
             with open(args.config) as f:
@@ -197,13 +197,13 @@ def settings(args: argparse.Namespace) -> tuple[Policy, Sizing, Windows]:
     windows = Windows(**sections["windows"])
     if args.finding_window:
         windows = replace(windows, finding=args.finding_window)
-    return policy, Sizing(**sections["sizing"]), windows
+    return policy, Detection(**sections["detection"]), windows
 
 
 async def _controller(args, session, kube, elector, metrics) -> Controller:
-    policy, sizing, windows = settings(args)
+    policy, detection, windows = settings(args)
     prometheus = Prometheus(args.prometheus, session, windows=windows)
-    return Controller(prometheus, kube, policy, sizing, elector, metrics)
+    return Controller(prometheus, kube, policy, detection, elector, metrics)
 
 
 async def plan_command(args) -> int:

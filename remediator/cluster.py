@@ -23,6 +23,10 @@ class ClusterError(Exception):
 async def pods_of(kube: Kube, findings: list[Finding]) -> dict[str, PodInfo]:
     """UID -> PodInfo for the findings' pods that still exist (same UID)."""
     wanted = {(f.namespace, f.pod): f.pod_uid for f in findings if f.namespace and f.pod}
+    for f in findings:  # a noisy neighbour is judged against the pod it crowds out
+        if f.feeder_uid:
+            namespace, _, name = f.feeder.partition("/")
+            wanted[(namespace, name)] = f.feeder_uid
     owners: dict[str, dict | None] = {}
     limit = asyncio.Semaphore(_CONCURRENCY)
 

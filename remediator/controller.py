@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from remediator.actuator import Actuator
 from remediator.cluster import ClusterError, pods_of
-from remediator.findings import Finding, FindingState, Sizing, update
+from remediator.findings import Detection, Finding, FindingState, update
 from remediator.kube import Kube
 from remediator.leader import LeaderElector
 from remediator.metrics import Metrics
@@ -46,7 +46,7 @@ class Controller:
         prometheus: Prometheus,
         kube: Kube | None,
         policy: Policy,
-        sizing: Sizing = Sizing(),
+        detection: Detection = Detection(),
         elector: LeaderElector | None = None,
         metrics: Metrics | None = None,
         verify_after_seconds: float = 900.0,
@@ -55,7 +55,7 @@ class Controller:
         self.prometheus = prometheus
         self.kube = kube
         self.policy = policy
-        self.sizing = sizing
+        self.detection = detection
         self.elector = elector
         self.metrics = metrics or Metrics()
         self.verify_after = verify_after_seconds
@@ -81,7 +81,7 @@ class Controller:
             signals = await self.prometheus.fetch(self.clock())
         except SignalsError as err:
             return self._failed(report, err.reason, str(err))
-        self.state = update(self.state, signals, self.sizing)
+        self.state = update(self.state, signals, self.detection)
         report.findings = list(self.state.open.values())
         try:
             pods = await pods_of(self.kube, report.findings) if self.kube else {}
@@ -94,7 +94,7 @@ class Controller:
         if not write:
             policy = _with(policy, dry_run=True)
         report.plan = plan(report.findings, pods, signals, policy, self.history, now)
-        for kind in ("cross_numa", "starved", "oversized", "undersized"):
+        for kind in ("cross_numa", "starved", "noisy_neighbour", "oversized", "undersized"):
             m.findings.labels(kind).set(sum(f.kind == kind for f in report.findings))
         m.unremediable.set(len(report.plan.unremediable))
         if write:

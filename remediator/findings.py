@@ -2,7 +2,7 @@
 
 A finding opens when its condition held over the whole window (``*_sustained``) and
 stays open while it was seen at all in the window (``*_seen``); it closes only when the
-window holds no trace of it. Sizing findings compare what a MIG slice did over the
+window holds no trace of it. Detection findings compare what a MIG slice did over the
 sizing window with the profiles of its GPU family.
 """
 
@@ -28,7 +28,7 @@ GIB = 1 << 30
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # cross_numa | starved | oversized | undersized
+    kind: str  # cross_numa | starved | oversized | undersized | noisy_neighbour
     node: str
     namespace: str
     pod: str
@@ -38,6 +38,8 @@ class Finding:
     profile: str = ""  # the slice's profile, for sizing findings
     recommended: str = ""  # the profile that fits, for sizing findings
     resource: str = ""  # the extended resource it holds
+    feeder_uid: str = ""  # noisy_neighbour: the starved pod it crowds out
+    feeder: str = ""  # its namespace/name
 
     @property
     def key(self) -> tuple:
@@ -45,11 +47,13 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class Sizing:
+class Detection:
     low_utilization: float = 0.3  # sustained SM activity below this: could be smaller
     saturated: float = 0.9  # at or above this, or memory nearly full: needs larger
     memory_full: float = 0.95
     headroom: float = 0.25  # kept free in the recommended profile
+    llc_dominant_share: float = 0.5  # a pod holding this much of an L3 with a starved
+    # GPU feeder on it is a noisy neighbour
 
 
 @dataclass
@@ -60,7 +64,9 @@ class FindingState:
     opened_at: dict[tuple, float] = field(default_factory=dict)
 
 
-def update(state: FindingState, signals: Signals, sizing: Sizing = Sizing()) -> FindingState:
+def update(
+    state: FindingState, signals: Signals, detection: Detection = Detection()
+) -> FindingState:
     """This cycle's open findings from the last cycle's and the signals."""
     sustained = {f.key: f for f in _placement(signals, "sustained")}
     seen = {f.key for f in _placement(signals, "seen")}
@@ -69,8 +75,12 @@ def update(state: FindingState, signals: Signals, sizing: Sizing = Sizing()) -> 
         if key in sustained or key in seen:
             new.open[key] = sustained.get(key, finding)
             new.opened_at[key] = state.opened_at.get(key, signals.at)
+    # neighbours are judged against the starved pods open now
+    for finding in noisy_neighbours(signals, new.open.values(), detection):
+        new.open[finding.key] = finding
+        new.opened_at[finding.key] = state.opened_at.get(finding.key, signals.at)
     # sizing is judged on averages over its own, longer window: no extra hysteresis
-    for finding in sizing_findings(signals, sizing):
+    for finding in sizing_findings(signals, detection):
         new.open[finding.key] = finding
         new.opened_at[finding.key] = state.opened_at.get(finding.key, signals.at)
     return new
@@ -104,7 +114,41 @@ def _placement(signals: Signals, which: str) -> list[Finding]:
     return out
 
 
-def sizing_findings(signals: Signals, sizing: Sizing) -> list[Finding]:
+def noisy_neighbours(signals: Signals, open_findings, detection: Detection) -> list[Finding]:
+    """Pods holding most of an L3 domain that a starved GPU's feeder also uses."""
+    share = signals["llc_share"]
+    starved = {f.pod_uid: f for f in open_findings if f.kind == "starved"}
+    if share.empty or not starved or "pod_uid" not in share:
+        return []
+    rows = share.to_dict("records")
+    fed = {(r["node"], r["l3_domain"]): r["pod_uid"] for r in rows if r["pod_uid"] in starved}
+    out = []
+    for r in rows:
+        feeder_uid = fed.get((r.get("node", ""), r.get("l3_domain", "")))
+        if (
+            feeder_uid is None
+            or r["pod_uid"] == feeder_uid
+            or r["value"] < detection.llc_dominant_share
+        ):
+            continue
+        feeder = starved[feeder_uid]
+        out.append(
+            Finding(
+                "noisy_neighbour",
+                r["node"],
+                r.get("namespace", ""),
+                r.get("pod", ""),
+                r["pod_uid"],
+                "llc",
+                device=f"l3:{r['l3_domain']}",
+                feeder_uid=feeder_uid,
+                feeder=f"{feeder.namespace}/{feeder.pod}",
+            )
+        )
+    return out
+
+
+def sizing_findings(signals: Signals, detection: Detection) -> list[Finding]:
     """Slices whose pod would fit a smaller profile, or that are saturated."""
     sm = signals["slice_sm"]
     if sm.empty:
@@ -133,14 +177,15 @@ def sizing_findings(signals: Signals, sizing: Sizing) -> list[Finding]:
         if family is None:
             continue
         saturated = (
-            row.sm >= sizing.saturated or row.memory_peak >= sizing.memory_full * row.memory_total
+            row.sm >= detection.saturated
+            or row.memory_peak >= detection.memory_full * row.memory_total
         )
         if saturated:
             bigger = family[family.index(row.mig_profile) + 1 :]
             kind, recommended = "undersized", (bigger[0] if bigger else "")
-        elif row.sm < sizing.low_utilization:
+        elif row.sm < detection.low_utilization:
             kind = "oversized"
-            recommended = smallest_fit(family, row.mig_profile, row.sm, row.memory_peak, sizing)
+            recommended = smallest_fit(family, row.mig_profile, row.sm, row.memory_peak, detection)
         else:
             continue
         if not recommended or recommended == row.mig_profile:
@@ -163,15 +208,15 @@ def sizing_findings(signals: Signals, sizing: Sizing) -> list[Finding]:
 
 
 def smallest_fit(
-    family: list[str], current: str, sm: float, memory_peak: float, sizing: Sizing
+    family: list[str], current: str, sm: float, memory_peak: float, detection: Detection
 ) -> str:
     """The smallest profile whose compute and memory cover what the slice used, plus
     headroom."""
     used_slices = sm * _geometry(current)[0]
     for profile in family:
         slices, gb = _geometry(profile)
-        if slices >= used_slices * (1 + sizing.headroom) and gb * 1e9 >= memory_peak * (
-            1 + sizing.headroom
+        if slices >= used_slices * (1 + detection.headroom) and gb * 1e9 >= memory_peak * (
+            1 + detection.headroom
         ):
             return profile
     return current

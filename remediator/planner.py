@@ -36,6 +36,7 @@ GUARDS = (
     "too_young",
     "gave_up",
     "cooldown",
+    "not_lower_priority",
     "no_fit",
     "cap_cycle",
     "cap_node",
@@ -142,6 +143,11 @@ def plan(
         if finding.pod_uid in acted:
             continue
         guard, detail = _guard(finding, pod, policy, history, now)
+        if guard is None and finding.kind == "noisy_neighbour":
+            feeder = pods.get(finding.feeder_uid)
+            if feeder is None or pod.priority >= feeder.priority:
+                guard = "not_lower_priority"
+                detail = f"not of lower priority than the starved {finding.feeder}"
         if guard is None and intent == "evict":
             need = capacity.need(finding)
             target = capacity.fit(need)
@@ -172,12 +178,14 @@ def plan(
 
 def _priority(f: Finding) -> tuple:
     """Placement findings first (they cost throughput now), then sizing; stable."""
-    order = {"cross_numa": 0, "starved": 1, "undersized": 2, "oversized": 3}
+    order = {"cross_numa": 0, "starved": 1, "noisy_neighbour": 2, "undersized": 3, "oversized": 4}
     return (order.get(f.kind, 9), f.node, f.namespace, f.pod, f.reason)
 
 
 def _intent(f: Finding) -> str:
-    if f.kind == "cross_numa" or (f.kind == "starved" and f.reason in _MOVABLE_STARVED):
+    if f.kind in ("cross_numa", "noisy_neighbour") or (
+        f.kind == "starved" and f.reason in _MOVABLE_STARVED
+    ):
         return "evict"
     if f.kind in ("oversized", "undersized"):
         return "resize"

@@ -247,6 +247,7 @@ class FakeApiServer:
                 "to the latest version and try again",
             )
         obj["metadata"]["uid"] = current["metadata"]["uid"]
+        obj["metadata"]["namespace"] = key[0]
         return web.json_response(self.put(resource, obj))
 
     async def _patch(self, request: web.Request) -> web.Response:

@@ -8,7 +8,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from remediator.findings import FindingState, Sizing, smallest_fit, update
+from remediator.findings import Detection, FindingState, smallest_fit, update
 from remediator.planner import (
     GUARDS,
     PodInfo,
@@ -359,7 +359,7 @@ def test_saturated_slice_is_undersized():
 
 def test_smallest_fit_covers_use_with_headroom():
     family = ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
-    sizing = Sizing(headroom=0.25)
+    sizing = Detection(headroom=0.25)
     # 3 slices at 10% = 0.3 slice of compute; 6 GB: 1g.10gb
     assert smallest_fit(family, "3g.40gb", 0.1, 6e9, sizing) == "1g.10gb"
     # 9 GB used needs 11.25 GB: 1g.20gb
@@ -387,3 +387,36 @@ def test_findings_open_when_sustained_and_close_when_gone():
     assert next(iter(state.opened_at.values())) == opened
     state = update(state, signals())  # no trace in the window: closed
     assert not state.open
+
+
+def test_a_noisy_neighbour_of_lower_priority_is_evicted():
+    feeder = {"node": "n1", "namespace": "ml", "pod": "feeder", "pod_uid": "uid-feeder"}
+    noisy = {"node": "n1", "namespace": "batch", "pod": "noisy", "pod_uid": "uid-noisy"}
+    quiet = {"node": "n1", "namespace": "batch", "pod": "quiet", "pod_uid": "uid-quiet"}
+    elsewhere = {"node": "n1", "namespace": "batch", "pod": "far", "pod_uid": "uid-far"}
+    sig = signals(
+        **merge(
+            healthy("n1", "n2"),
+            starved_row("feeder", "cpu_pressure"),
+            {
+                "llc_share": [
+                    {**feeder, "l3_domain": "0", "value": 0.1},
+                    {**noisy, "l3_domain": "0", "value": 0.7},
+                    {**quiet, "l3_domain": "0", "value": 0.1},
+                    {**elsewhere, "l3_domain": "1", "value": 0.9},  # not the feeder's L3
+                ]
+            },
+            needs("noisy", 2, 4),
+            zone("n2", "0", 64, 512, devices={"nvidia.com/gpu": 8}),
+        )
+    )
+    pods = [pod_info("feeder", priority=1000), pod_info("noisy", namespace="batch")]
+    result = run(sig, pods)
+    evicted = [(a.kind, a.pod.name) for a in result.actions if a.kind == "evict"]
+    assert evicted == [("evict", "noisy")]
+    (eviction,) = [a for a in result.actions if a.kind == "evict"]
+    assert eviction.finding.feeder == "ml/feeder"
+    # the same neighbour with the feeder's priority stays
+    pods = [pod_info("feeder", priority=1000), pod_info("noisy", namespace="batch", priority=1000)]
+    result = run(sig, pods)
+    assert [(r.finding.pod, r.guard) for r in result.refusals] == [("noisy", "not_lower_priority")]

@@ -110,8 +110,12 @@ async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
     assert [v for r in reports for v in r.verified] == [("Deployment/ml/trainer-remote", "held")]
     verdict = await c.prom.query('numaguard_pod_cross_numa{pod="trainer-remote.1"}')
     assert {(r["metric"]["reason"], r["value"][1]) for r in verdict} >= {("device_remote", "0")}
-    events = [e["reason"] for e in c.api.objects["events"].values()]
-    assert "RemediationEvicted" in events
+    evicted = {
+        e["involvedObject"]["kind"]
+        for e in c.api.objects["events"].values()
+        if e["reason"] == "RemediationEvicted"
+    }
+    assert evicted == {"Pod", "Deployment"}  # on the pod and on its owner
 
 
 async def test_no_aligned_capacity_means_no_eviction(cluster):
