@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -29,6 +30,8 @@ from remediator.metrics import Metrics
 from remediator.planner import Policy
 from remediator.queries import Windows
 from remediator.signals import Prometheus
+
+log = logging.getLogger("remediator")
 
 SECTIONS = {"policy": Policy, "detection": Detection, "windows": Windows}
 
@@ -311,7 +314,11 @@ async def run_command(args) -> int:
         async with aiohttp.ClientSession() as session:
             controller = await _controller(args, session, kube, elector, metrics)
             while not stop.is_set():
-                await controller.cycle()
+                try:
+                    await controller.cycle()
+                except Exception:  # one bad cycle must not end the loop
+                    log.exception("remediation cycle failed")
+                    metrics.errors.labels("internal").inc()
                 last_cycle[0] = time.monotonic()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), args.interval)

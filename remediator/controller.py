@@ -4,9 +4,12 @@ server not answering as they should) ends the cycle with no action."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field, replace
+
+import aiohttp
 
 from remediator.actuator import Actuator
 from remediator.cluster import ClusterError, pods_of
@@ -72,7 +75,11 @@ class Controller:
         report = CycleReport()
         m = self.metrics
         if write and self.elector is not None:
-            report.leader = await self.elector.acquire_or_renew()
+            try:
+                report.leader = await self.elector.acquire_or_renew()
+            except (aiohttp.ClientError, OSError, TimeoutError) as err:
+                report.leader = False  # cannot show we lead: we do not
+                self._failed(report, "api_server", str(err) or type(err).__name__)
             m.leader.set(int(report.leader))
             m.paused.set(int(self.elector.paused))
             if not report.leader:
@@ -85,8 +92,8 @@ class Controller:
         report.findings = list(self.state.open.values())
         try:
             pods = await pods_of(self.kube, report.findings) if self.kube else {}
-        except (ClusterError, OSError, TimeoutError) as err:
-            return self._failed(report, "api_server", str(err))
+        except (ClusterError, aiohttp.ClientError, OSError, TimeoutError) as err:
+            return self._failed(report, "api_server", str(err) or type(err).__name__)
         now = self.clock()
         policy = self.policy
         if self.elector is not None and self.elector.paused:
@@ -108,7 +115,8 @@ class Controller:
         for refusal in report.plan.refusals:
             self.metrics.refusals.labels(refusal.guard).inc()
             if self.actuator is not None:
-                await self.actuator.refused(refusal, pods.get(refusal.finding.pod_uid))
+                with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                    await self.actuator.refused(refusal, pods.get(refusal.finding.pod_uid))
         open_keys = {f.key for f in report.findings}
         self.recommended &= open_keys
         for action in report.plan.actions:
@@ -116,7 +124,17 @@ class Controller:
                 if action.finding.key in self.recommended:
                     continue
                 self.recommended.add(action.finding.key)
-            result = await self.actuator.act(action) if self.actuator else "no_api"
+            try:
+                result = await self.actuator.act(action) if self.actuator else "no_api"
+            except (aiohttp.ClientError, OSError, TimeoutError) as err:
+                log.warning(
+                    "%s of %s/%s failed: %r",
+                    action.kind,
+                    action.finding.namespace,
+                    action.finding.pod,
+                    err,
+                )
+                result = "failed"
             report.results.append((action, result))
             self.metrics.actions.labels(action.kind, result).inc()
             if result == "pdb_blocked":  # 429: its budget says not now; ask again later

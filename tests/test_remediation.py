@@ -408,3 +408,21 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
     assert "DryRun" in reasons
     lease = c.api.objects["leases"][("numaguard", "numaguard-remediator")]
     assert lease["spec"]["holderIdentity"] == "replica-a"
+
+
+async def test_an_unreachable_api_server_means_no_action(cluster, tmp_path):
+    c = await cluster()
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    dead = tmp_path / "dead-kubeconfig"
+    dead.write_text(
+        (tmp_path / "kubeconfig").read_text().replace(c.api.url, f"http://127.0.0.1:{free_port()}")
+    )
+    client = await api_client(str(dead))
+    try:
+        controller = c.controller()
+        controller.kube = controller.actuator.kube = Kube(client)
+        report = await controller.cycle()
+    finally:
+        await client.close()
+    assert report.error.startswith("api_server") and report.results == []
+    assert c.api.evictions == []
