@@ -10,10 +10,12 @@ import json
 import signal
 import sys
 import time
+from collections import Counter
 
 import aiohttp
 import pytest
 
+from exporter.readers.nvml import sysfs_pci_address
 from exporter.sources.kube import api_client
 from remediator.controller import Controller
 from remediator.kube import Kube
@@ -22,7 +24,8 @@ from remediator.queries import Windows
 from remediator.signals import Prometheus
 from simulator import presets
 from simulator.cluster import SimulatedCluster
-from simulator.host import FakeContainer, FakePod
+from simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
+from simulator.nvml import FakeNvml, Process
 from simulator.processes import exporter_process, free_port
 from simulator.prometheus import PrometheusServer
 
@@ -426,3 +429,145 @@ async def test_an_unreachable_api_server_means_no_action(cluster, tmp_path):
         await client.close()
     assert report.error.startswith("api_server") and report.results == []
     assert c.api.evictions == []
+
+
+def crowded_node(clock=time.monotonic):
+    """256 CPUs on 2 NUMA nodes; 100 Guaranteed pods whose two exclusive CPUs sit one on
+    each node (cpu_span), paired into 50 Deployments across 10 namespaces; a shared-pool
+    pod; and an aligned GPU feeder that is CPU-throttled."""
+    host = FakeHost(
+        nodes=[
+            FakeNumaNode("0-127", socket=0, memory_total_bytes=512 << 30),
+            FakeNumaNode("128-255", socket=1, memory_total_bytes=512 << 30),
+        ]
+    )
+    for i in range(100):
+        name = f"w{i // 2}.{i % 2}"
+        host.pods.append(
+            FakePod(
+                name,
+                presets.pod_uid(name),
+                "guaranteed",
+                [FakeContainer("main", f"{i},{128 + i}", {0: 1 << 30}, exclusive_cpus=True)],
+                f"team-{(i // 2) % 10}",
+            )
+        )
+    host.pods.append(
+        FakePod(
+            "web",
+            presets.pod_uid("web"),
+            "burstable",
+            [FakeContainer("app", "100-127,228-255", {0: 1 << 30})],
+        )
+    )
+    nvml = FakeNvml(clock)
+    gpu = nvml.add_gpu("H100-80GB", 0, None, 8 << 30, sm=0.1, graphics=0.1)
+    host.pci_devices[sysfs_pci_address(gpu.pci_bus_id)] = 0
+    feeder = FakePod(
+        "feeder",
+        presets.pod_uid("feeder"),
+        "guaranteed",
+        [
+            FakeContainer(
+                "main",
+                "96-99",
+                {0: 4 << 30},
+                exclusive_cpus=True,
+                devices={"nvidia.com/gpu": [gpu.uuid]},
+            )
+        ],
+        "ml",
+    )
+    host.pods.append(feeder)
+    gpu.processes.append(Process(host.pid(feeder, feeder.containers[0]), 8 << 30))
+    return host, nvml
+
+
+async def test_guards_and_caps_hold_under_a_hundred_findings(tmp_path):
+    sim = SimulatedCluster(str(tmp_path / "cluster"))
+    host, nvml = crowded_node()
+    node = sim.add_node(NODE, host, nvml, "single-numa-node")
+    await sim.start()
+    api = sim.api
+    old = "2026-01-01T00:00:00Z"
+    special = {  # pod -> (how it is special, the guard that must refuse it)
+        "w0.0": ("bare", "bare_pod"),
+        "w1.0": ("daemonset", "daemonset"),
+        "w2.0": ("opted_out", "opted_out"),
+        "w3.0": ("young", "too_young"),
+        "w4.0": ("critical", "system_critical"),
+        "w5.0": ("scratch", "local_storage"),
+    }
+    for (_, name), pod in list(api.objects["pods"].items()):
+        pod["metadata"]["creationTimestamp"] = old
+        how = special.get(name, ("", ""))[0]
+        if how == "bare":
+            del pod["metadata"]["ownerReferences"]
+        elif how == "daemonset":
+            pod["metadata"]["ownerReferences"][0].update(kind="DaemonSet", name="agent")
+        elif how == "opted_out":
+            pod["metadata"]["annotations"] = {"numaguard.io/remediate": "false"}
+        elif how == "young":
+            pod["metadata"]["creationTimestamp"] = time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime()
+            )
+        elif how == "critical":
+            pod["spec"].update(priority=2_000_001_000, priorityClassName="system-node-critical")
+        elif how == "scratch":
+            pod["spec"]["volumes"] = [{"name": "tmp", "emptyDir": {}}]
+        api.put("pods", pod)
+    feeder = host.pod("feeder").containers[0]
+
+    async def throttle():  # the feeder's CPU quota is too small for its data loader
+        while True:
+            periods, throttled, seconds = feeder.throttling
+            feeder.throttling = (periods + 100, throttled + 50, seconds + 0.5)
+            node.root.write()
+            await asyncio.sleep(0.5)
+
+    ticker = asyncio.create_task(throttle())
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            url, _ = await stack.enter_async_context(
+                exporter_process(*sim.exporter_args(node, kubeconfig), "--interval", "1")
+            )
+            prom = await stack.enter_async_context(
+                PrometheusServer([url.removeprefix("http://")], free_port())
+            )
+            session = await stack.enter_async_context(aiohttp.ClientSession())
+            client = await api_client(kubeconfig)
+            stack.push_async_callback(client.close)
+            await prom.wait_for('count(numaguard_pod_cross_numa{reason="cpu_span"} == 1) >= 100')
+            await prom.wait_for('numaguard_gpu_starved{reason="cpu_throttled"} == 1')
+            await asyncio.sleep(5)  # a whole window of it
+            controller = Controller(
+                Prometheus(prom.url, session, windows=Windows("4s", "4s")),
+                Kube(client),
+                Policy(
+                    dry_run=False,
+                    max_per_cycle=8,
+                    max_per_node=100,
+                    max_per_namespace=2,
+                    stale_after_seconds=10,
+                ),
+            )
+            report = await controller.cycle()
+    finally:
+        ticker.cancel()
+        await sim.stop()
+    assert len([f for f in report.findings if f.kind == "cross_numa"]) == 100
+    refused = {r.finding.pod: r.guard for r in report.plan.refusals}
+    for pod, (_, guard) in special.items():
+        assert refused[pod] == guard, pod
+    evicted = [a.pod for a, result in report.results if result == "evicted"]
+    assert len(evicted) == 8
+    assert max(Counter(p.namespace for p in evicted).values()) <= 2
+    assert len({p.workload for p in evicted}) == 8  # one per Deployment
+    assert not set(special) & {p.name for p in evicted}
+    caps = Counter(g for g in refused.values() if g.startswith("cap_"))
+    assert set(caps) <= {"cap_cycle", "cap_namespace", "cap_workload"} and caps
+    # the throttled feeder is aligned: advice, never an eviction
+    feeder_actions = [(a.kind, r) for a, r in report.results if a.finding.pod == "feeder"]
+    assert feeder_actions == [("recommend", "recommended")]
+    assert [e for e in api.evictions if e[1] == "feeder"] == []
