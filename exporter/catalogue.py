@@ -721,6 +721,63 @@ ZONE_MEMORY_FREE = _m(
 )
 
 
+# -- the remediator's own metrics (served by numaguard-remediator, not the exporter) ------
+REMEDIATOR_FINDINGS = _m(
+    "remediator_findings", "gauge", "Open findings by kind.", ("kind",), "remediator"
+)
+REMEDIATOR_UNREMEDIABLE = _m(
+    "remediator_unremediable_findings",
+    "gauge",
+    "Open findings no NUMA zone anywhere can take aligned.",
+    (),
+    "remediator",
+)
+REMEDIATOR_ACTIONS = _m(
+    "remediator_actions_total",
+    "counter",
+    "Actions carried out, by kind (evict, resize, recommend) and result.",
+    ("kind", "result"),
+    "remediator",
+)
+REMEDIATOR_REFUSALS = _m(
+    "remediator_refusals_total",
+    "counter",
+    "Actions refused, by the guard that refused.",
+    ("guard",),
+    "remediator",
+)
+REMEDIATOR_VERIFICATIONS = _m(
+    "remediator_verifications_total",
+    "counter",
+    "Fixes checked after the fact, by outcome: held, did_not_hold, gave_up.",
+    ("outcome",),
+    "remediator",
+)
+REMEDIATOR_ERRORS = _m(
+    "remediator_cycle_errors_total",
+    "counter",
+    "Cycles that took no action because their data was doubtful, by reason.",
+    ("reason",),
+    "remediator",
+)
+REMEDIATOR_DURATION = _m(
+    "remediator_cycle_duration_seconds", "gauge", "Wall time of the last cycle.", (), "remediator"
+)
+REMEDIATOR_LEADER = _m(
+    "remediator_leader", "gauge", "1 while this replica leads.", (), "remediator"
+)
+REMEDIATOR_PAUSED = _m(
+    "remediator_paused", "gauge", "1 while remediation is paused.", (), "remediator"
+)
+REMEDIATOR_LAST_SUCCESS = _m(
+    "remediator_last_success_timestamp_seconds",
+    "gauge",
+    "When a remediation cycle last completed.",
+    (),
+    "remediator",
+)
+
+
 def markdown() -> str:
     """The catalogue as a Markdown reference (docs/metrics.md is generated from this)."""
     lines = [

@@ -1,56 +1,34 @@
-"""The remediator's own metrics (``/metrics`` of the controller)."""
+"""The remediator's own metrics (``/metrics`` of the controller); names, help and labels
+from the metric catalogue, like every other numaguard metric."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 
+from exporter import catalogue as c
 from remediator.planner import GUARDS
-
-PREFIX = "numaguard_remediator_"
 
 
 class Metrics:
     def __init__(self) -> None:
+        disable_created_metrics()  # *_created series are not in the catalogue: noise
         r = self.registry = CollectorRegistry()
-        self.findings = Gauge(PREFIX + "findings", "Open findings by kind.", ["kind"], registry=r)
-        self.unremediable = Gauge(
-            PREFIX + "unremediable_findings",
-            "Open findings no NUMA zone anywhere can take aligned.",
-            registry=r,
-        )
-        self.actions = Counter(
-            PREFIX + "actions",
-            "Actions carried out, by kind (evict, resize, recommend) and result.",
-            ["kind", "result"],
-            registry=r,
-        )
-        self.refusals = Counter(
-            PREFIX + "refusals",
-            "Actions refused, by the guard that refused.",
-            ["guard"],
-            registry=r,
-        )
-        self.verifications = Counter(
-            PREFIX + "verifications",
-            "Fixes checked after the fact: held, did_not_hold, gave_up.",
-            ["outcome"],
-            registry=r,
-        )
-        self.errors = Counter(
-            PREFIX + "cycle_errors",
-            "Cycles that took no action because their data was doubtful, by reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.duration = Gauge(
-            PREFIX + "cycle_duration_seconds", "Wall time of the last cycle.", registry=r
-        )
-        self.leader = Gauge(PREFIX + "leader", "1 while this replica leads.", registry=r)
-        self.paused = Gauge(PREFIX + "paused", "1 while remediation is paused.", registry=r)
-        self.last_success = Gauge(
-            PREFIX + "last_success_timestamp_seconds",
-            "When a cycle last completed.",
-            registry=r,
-        )
+
+        def make(spec: c.MetricSpec):
+            cls = Counter if spec.kind == "counter" else Gauge
+            # prometheus_client adds the _total of a counter itself
+            name = spec.name.removesuffix("_total") if spec.kind == "counter" else spec.name
+            return cls(name, spec.help, list(spec.labels), registry=r)
+
+        self.findings = make(c.REMEDIATOR_FINDINGS)
+        self.unremediable = make(c.REMEDIATOR_UNREMEDIABLE)
+        self.actions = make(c.REMEDIATOR_ACTIONS)
+        self.refusals = make(c.REMEDIATOR_REFUSALS)
+        self.verifications = make(c.REMEDIATOR_VERIFICATIONS)
+        self.errors = make(c.REMEDIATOR_ERRORS)
+        self.duration = make(c.REMEDIATOR_DURATION)
+        self.leader = make(c.REMEDIATOR_LEADER)
+        self.paused = make(c.REMEDIATOR_PAUSED)
+        self.last_success = make(c.REMEDIATOR_LAST_SUCCESS)
         for guard in GUARDS:
             self.refusals.labels(guard)  # every guard starts at 0

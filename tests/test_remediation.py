@@ -14,6 +14,7 @@ from collections import Counter
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.readers.nvml import sysfs_pci_address
 from exporter.sources.kube import api_client
@@ -406,6 +407,13 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
     assert proc.returncode == 0, err.decode()[-2000:]
     assert 'numaguard_remediator_actions_total{kind="evict",result="dry_run"}' in metrics
     assert "numaguard_remediator_leader 1.0" in metrics
+    from exporter.catalogue import CATALOGUE
+
+    served = {
+        f.name + ("_total" if f.type == "counter" else "")
+        for f in text_string_to_metric_families(metrics)
+    }
+    assert served == {n for n, s in CATALOGUE.items() if s.group == "remediator"}
     assert c.api.evictions == []  # dry-run: Events only
     reasons = {e["reason"] for e in c.api.objects["events"].values()}
     assert "DryRun" in reasons
