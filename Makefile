@@ -19,10 +19,12 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 system-deps:
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
-	  echo "installing Debian package prometheus (Prometheus and promtool, used by the tests)"; \
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
+	    || ! command -v prometheus-alertmanager >/dev/null; then \
+	  echo "installing Debian packages prometheus and prometheus-alertmanager (used by the tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	    apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager \
+	    >/dev/null; \
 	fi
 
 demo: $(VENV)/.installed
@@ -38,6 +40,7 @@ bench: $(VENV)/.installed
 
 docs: $(VENV)/.installed
 	$(PY) -m exporter.docs
+	$(PY) -m alerts.rules
 
 proto: $(VENV)/.installed
 	$(PY) -m exporter.sources.podresources

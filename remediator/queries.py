@@ -25,11 +25,16 @@ def expressions(w: Windows = Windows()) -> dict[str, str]:
     cross = c.POD_CROSS_NUMA.name
     starved = c.GPU_STARVED.name
     return {
-        # a verdict that held at every scrape of the window opens a finding ...
-        "cross_numa_sustained": f"min_over_time({cross}[{w.finding}]) == 1",
+        # a verdict that held at every scrape of the window, and already existed at its
+        # start (a new series is not yet sustained), opens a finding ...
+        "cross_numa_sustained": (
+            f"min_over_time({cross}[{w.finding}]) == 1 and {cross} offset {w.finding}"
+        ),
         # ... and one that held at any scrape keeps it open (hysteresis)
         "cross_numa_seen": f"max_over_time({cross}[{w.finding}]) == 1",
-        "starved_sustained": f"min_over_time({starved}[{w.finding}]) == 1",
+        "starved_sustained": (
+            f"min_over_time({starved}[{w.finding}]) == 1 and {starved} offset {w.finding}"
+        ),
         "starved_seen": f"max_over_time({starved}[{w.finding}]) == 1",
         # MIG sizing: what each slice did over the sizing window, and what it is
         "slice_sm": (f'avg_over_time({c.MIG_UTILIZATION.name}{{kind="sm"}}[{w.sizing}])'),

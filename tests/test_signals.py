@@ -54,7 +54,7 @@ async def test_signals_from_a_real_prometheus(fake_root, tmp_path):
             target = url.removeprefix("http://")
             async with PrometheusServer([target], free_port()) as prom:
                 await prom.wait_for("numaguard_gpu_starved == 1")
-                await asyncio.sleep(2)  # a few scrapes inside the window
+                await asyncio.sleep(4)  # a whole window of scrapes
                 async with aiohttp.ClientSession() as session:
                     client = Prometheus(prom.url, session, windows=Windows("3s", "3s"))
                     s = await client.fetch()

@@ -1,0 +1,316 @@
+"""numaguard's Prometheus rules and their runbooks, written once here.
+
+``python -m alerts.rules`` (or ``make docs``) writes ``alerts/numaguard.rules.yml`` and
+``docs/runbooks/<Alert>.md``; a test fails when they are stale. The detection conditions
+are the remediator's own expressions (remediator/queries.py), so an alert and a
+remediation never disagree about what a finding is.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from exporter import catalogue as c
+from remediator.queries import Windows, expressions
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES_FILE = ROOT / "alerts" / "numaguard.rules.yml"
+RUNBOOKS = ROOT / "docs" / "runbooks"
+RUNBOOK_URL = "https://github.com/numaguard/numaguard/blob/main/docs/runbooks/{}.md"
+EXPORTER_JOB = "numaguard"  # the scrape job of the exporters (the ServiceMonitor's)
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str
+    severity: str  # critical | warning | info
+    summary: str  # may use {{ $labels.x }}
+    description: str
+    meaning: str  # runbook: what it means
+    action: str  # runbook: what to do
+
+
+def recording(windows: Windows = Windows()) -> dict[str, str]:
+    """Recording rules: name -> expression."""
+    q = expressions(windows)
+    return {
+        # what each NUMA zone can still give, for dashboards and capacity planning
+        "numaguard:zone_cpus_free": q["zone_free_cpus"],
+        # placement and starvation findings as the remediator sees them
+        "numaguard:pod_cross_numa:sustained": q["cross_numa_sustained"],
+        "numaguard:gpu_starved:sustained": q["starved_sustained"],
+        # per-slice SM activity over the sizing window, normalised to the slice
+        "numaguard:mig_sm_utilization:avg": q["slice_sm"],
+        # the worst remote-traffic share of any NUMA node, per node
+        "numaguard:node_remote_traffic_ratio:max": (
+            f"max by (node) ({c.NUMA_REMOTE_TRAFFIC.name})"
+        ),
+    }
+
+
+def alerts(windows: Windows = Windows()) -> list[Alert]:
+    """Alerting rules. They use the expressions themselves, not the recording rules
+    (Prometheus does not order rule groups: an alert must not see a record late)."""
+    q = expressions(windows)
+    return [
+        Alert(
+            "NumaguardPodCrossNUMA",
+            q["cross_numa_sustained"],
+            "0m",
+            "warning",
+            "Pod {{ $labels.namespace }}/{{ $labels.pod }} is placed across NUMA nodes "
+            "({{ $labels.reason }})",
+            "On node {{ $labels.node }}, pod {{ $labels.namespace }}/{{ $labels.pod }} has been "
+            "cross-NUMA for the whole finding window: {{ $labels.reason }}.",
+            "The pod's exclusive CPUs span NUMA nodes (cpu_span), much of its memory sits on "
+            "nodes none of its CPUs are on (memory_remote), or a GPU it uses hangs off another "
+            "NUMA node than its CPUs (device_remote). Every access across the socket link costs "
+            "1.5-1.9x the latency of a local one; host-to-device copies can run 3-5x slower.",
+            "Check the remediator's Events on the pod: it evicts such pods when some NUMA zone "
+            "can take them aligned, and says `no_fit` when none can. Without the remediator, "
+            "set the kubelet's Topology Manager policy to `single-numa-node` on GPU nodes and "
+            "delete the pod so that its owner recreates it aligned.",
+        ),
+        Alert(
+            "NumaguardGPUStarved",
+            q["starved_sustained"],
+            "0m",
+            "warning",
+            "GPU work of {{ $labels.namespace }}/{{ $labels.pod }} is starved by its host "
+            "({{ $labels.reason }})",
+            "On node {{ $labels.node }}, GPU {{ $labels.gpu }} (slice {{ $labels.mig_uuid }}) "
+            "has processes but was barely busy for the whole window while the pod's host side "
+            "held it back: {{ $labels.reason }}.",
+            "The device sits idle waiting for its feeder: the pod is placed across NUMA nodes "
+            "(device_remote, memory_remote, remote_traffic), throttled by its CPU limit "
+            "(cpu_throttled), or stalled on CPU or memory (cpu_pressure, memory_pressure).",
+            "For placement reasons the remediator moves the pod. For CPU-bound feeders raise "
+            "the pod's CPU request/limit or its data-loader workers; the remediator only "
+            "recommends that (an Event on the pod).",
+        ),
+        Alert(
+            "NumaguardMIGSliceOversized",
+            f"({q['slice_sm']}) < 0.1 and on (node, mig_uuid) {c.MIG_PROCESSES.name} > 0",
+            "0m",
+            "info",
+            "MIG slice {{ $labels.mig_uuid }} ({{ $labels.mig_profile }}) is nearly idle",
+            "On node {{ $labels.node }}, slice {{ $labels.mig_uuid }} of GPU {{ $labels.gpu }} "
+            "({{ $labels.mig_profile }}) has work on it but under 10% SM activity over the "
+            "sizing window.",
+            "A job holds a larger slice than it uses: other jobs queue for the capacity it "
+            "leaves idle.",
+            "See the remediator's recommended profile (Event on the pod, or `numaguard-remediator "
+            'plan`). Annotate the Deployment `numaguard.io/auto-resize: "true"` to let it '
+            "patch the pod template, or change the `nvidia.com/mig-*` request yourself.",
+        ),
+        Alert(
+            "NumaguardMIGSliceUndersized",
+            f"({q['slice_sm']}) >= 0.9 or ({q['slice_memory_peak']}) >= 0.95 * "
+            f"{c.MIG_MEMORY_TOTAL.name}",
+            "0m",
+            "info",
+            "MIG slice {{ $labels.mig_uuid }} ({{ $labels.mig_profile }}) is saturated",
+            "On node {{ $labels.node }}, slice {{ $labels.mig_uuid }} of GPU {{ $labels.gpu }} "
+            "({{ $labels.mig_profile }}) ran at 90% SM activity or 95% of its memory over the "
+            "sizing window.",
+            "The job is limited by its slice: it would run faster on the next larger profile.",
+            "Request the next larger `nvidia.com/mig-*` profile (the remediator recommends it), "
+            "or annotate the Deployment for automatic resizing.",
+        ),
+        Alert(
+            "NumaguardHighRemoteMemoryTraffic",
+            f"max by (node) ({c.NUMA_REMOTE_TRAFFIC.name}) > 0.5",
+            "15m",
+            "warning",
+            "Node {{ $labels.node }} sends most of its memory traffic across sockets",
+            "More than half of the memory traffic of some NUMA node of {{ $labels.node }} has "
+            "gone to remote memory for 15 minutes (resctrl).",
+            "Workloads on this node read and write memory attached to the other socket: every "
+            "such access pays the socket-link latency and bandwidth.",
+            "Look at `numaguard_pod_remote_traffic_ratio` for the pods responsible; check their "
+            "cpusets and memory placement (`numaguard_pod_memory_bytes` by NUMA node).",
+        ),
+        Alert(
+            "NumaguardLLCNoisyNeighbour",
+            f"max by (node, l3_domain, namespace, pod) ({c.POD_LLC_SHARE.name}) >= 0.5 "
+            f"and on (node) max by (node) ({c.GPU_STARVED.name}) == 1",
+            "10m",
+            "warning",
+            "Pod {{ $labels.namespace }}/{{ $labels.pod }} holds most of an L3 cache next to a "
+            "starved GPU",
+            "On node {{ $labels.node }}, {{ $labels.namespace }}/{{ $labels.pod }} occupies at "
+            "least half of L3 domain {{ $labels.l3_domain }} while a GPU on the node is starved.",
+            "A cache-hungry neighbour evicts the GPU feeder's working set from the shared last "
+            "level cache.",
+            "The remediator evicts such a neighbour when it has lower priority than the starved "
+            "pod. Otherwise give the feeder its own L3 domain (CPU manager, or resctrl "
+            "allocation) or move the neighbour.",
+        ),
+        Alert(
+            "NumaguardRMIDsExhausted",
+            f"{c.RESCTRL_UNMONITORED.name} > 0",
+            "15m",
+            "info",
+            "Node {{ $labels.node }} ran out of resctrl monitoring IDs",
+            "Some pods on {{ $labels.node }} have no resctrl monitoring group: their memory "
+            "traffic and LLC use are unknown (not zero).",
+            "The CPU has fewer RMIDs than the node has pods to watch; Guaranteed pods keep "
+            "theirs first.",
+            "Nothing breaks. If the unmonitored pods matter, move pods off the node or remove "
+            "resctrl groups other tools made (`sys/fs/resctrl/mon_groups`).",
+        ),
+        Alert(
+            "NumaguardExporterDown",
+            f'up{{job="{EXPORTER_JOB}"}} == 0',
+            "5m",
+            "critical",
+            "numaguard exporter {{ $labels.instance }} is down",
+            "Prometheus has not been able to scrape {{ $labels.instance }} for 5 minutes.",
+            "No placement, GPU or traffic data comes from that node; the remediator takes no "
+            "action there (its data is stale).",
+            "Check the DaemonSet pod on that node (`kubectl -n numaguard get pods -o wide`), "
+            "its logs, and that /metrics answers on port 9847.",
+        ),
+        Alert(
+            "NumaguardCollectorFailing",
+            f"{c.COLLECTOR_SUCCESS.name} == 0",
+            "10m",
+            "warning",
+            "Collector {{ $labels.collector }} fails on {{ $labels.node }}",
+            "The {{ $labels.collector }} collector on {{ $labels.node }} has not finished a "
+            "cycle cleanly for 10 minutes.",
+            "Part of the node's data is missing or doubtful; the remediator does not act on "
+            "that node.",
+            "See `numaguard_collector_errors_total{collector=...}` for the reason (missing, "
+            "permission, parse, timeout, gpu_lost, nvml, kubelet, ...) and the exporter's log "
+            "line for the file or call.",
+        ),
+        Alert(
+            "NumaguardExporterStale",
+            f"time() - {c.COLLECTOR_LAST_SUCCESS.name} > 300",
+            "5m",
+            "warning",
+            "numaguard data from {{ $labels.node }} is stale",
+            "The {{ $labels.collector }} collector on {{ $labels.node }} last succeeded more than "
+            "5 minutes ago.",
+            "The exporter answers but its data does not move: a hung source (NVML, kubelet, "
+            "cgroupfs) or a stuck collection loop.",
+            "Check `/healthz` of the exporter and its log for `timeout`; restart the pod if the "
+            "collection loop is stuck.",
+        ),
+        Alert(
+            "NumaguardRemediatorNoLeader",
+            f"max({c.REMEDIATOR_LEADER.name}) < 1",
+            "10m",
+            "warning",
+            "No numaguard remediator replica leads",
+            "For 10 minutes no remediator replica has held the leader Lease.",
+            "Nothing is remediated: findings pile up.",
+            "Check the remediator Deployment, its RBAC for leases, and its logs.",
+        ),
+        Alert(
+            "NumaguardRemediationActionsFailing",
+            f'increase({c.REMEDIATOR_ACTIONS.name}{{result=~"failed|not_leader"}}[30m]) > 3',
+            "0m",
+            "warning",
+            "numaguard remediation actions fail ({{ $labels.kind }})",
+            "More than 3 {{ $labels.kind }} actions failed in 30 minutes.",
+            "The API server refuses the remediator's writes (RBAC, admission webhooks, 5xx).",
+            "Read the remediator's Warning Events and logs; check its RBAC and any admission "
+            "policy on evictions and Deployment patches.",
+        ),
+        Alert(
+            "NumaguardRemediationNotHolding",
+            f"increase({c.REMEDIATOR_VERIFICATIONS.name}"
+            '{outcome=~"did_not_hold|gave_up"}[1h]) > 0',
+            "0m",
+            "warning",
+            "numaguard fixes do not hold",
+            "In the last hour a remediated workload came back with the same finding "
+            "({{ $labels.outcome }}).",
+            "The replacement pod was placed as badly as before: typically a node whose Topology "
+            "Manager policy is `none` or `best-effort`, or a scheduler that keeps choosing the "
+            "same node.",
+            "Set `single-numa-node` on GPU nodes; check the `RemediationDidNotHold` Events. The "
+            "remediator backs off and gives up on such workloads by itself.",
+        ),
+        Alert(
+            "NumaguardUnremediableFindingsPiling",
+            f"{c.REMEDIATOR_UNREMEDIABLE.name} > 5",
+            "30m",
+            "info",
+            "Cross-NUMA findings with nowhere to go",
+            "For 30 minutes more than 5 findings could not be fixed: no NUMA zone in the "
+            "cluster can take those pods aligned.",
+            "The cluster lacks aligned capacity (free exclusive CPUs, memory and devices on one "
+            "NUMA node).",
+            "Look at `numaguard_zone_*` per node; add capacity, defragment, or lower the pods' "
+            "requests.",
+        ),
+    ]
+
+
+RECORDING = recording()
+ALERTS = alerts()
+
+
+def rules_document(windows: Windows = Windows()) -> dict:
+    return {
+        "groups": [
+            {
+                "name": "numaguard.recording",
+                "rules": [
+                    {"record": name, "expr": expr} for name, expr in recording(windows).items()
+                ],
+            },
+            {
+                "name": "numaguard.alerts",
+                "rules": [
+                    {
+                        "alert": a.name,
+                        "expr": a.expr,
+                        **({"for": a.for_} if a.for_ != "0m" else {}),
+                        "labels": {"severity": a.severity},
+                        "annotations": {
+                            "summary": a.summary,
+                            "description": a.description,
+                            "runbook_url": RUNBOOK_URL.format(a.name),
+                        },
+                    }
+                    for a in alerts(windows)
+                ],
+            },
+        ]
+    }
+
+
+def rules_yaml(windows: Windows = Windows()) -> str:
+    header = "# Generated by `python -m alerts.rules` (make docs) from alerts/rules.py.\n"
+    return header + yaml.safe_dump(rules_document(windows), sort_keys=False, width=1000)
+
+
+def runbook(a: Alert) -> str:
+    return (
+        f"# {a.name}\n\nGenerated from alerts/rules.py.\n\n"
+        f"Severity: **{a.severity}**. Fires when `{a.expr}`"
+        + (f" has held for {a.for_}" if a.for_ != "0m" else "")
+        + f".\n\n## What it means\n\n{a.meaning}\n\n## What to do\n\n{a.action}\n"
+    )
+
+
+def write() -> None:
+    RULES_FILE.write_text(rules_yaml())
+    RUNBOOKS.mkdir(parents=True, exist_ok=True)
+    for a in ALERTS:
+        (RUNBOOKS / f"{a.name}.md").write_text(runbook(a))
+
+
+if __name__ == "__main__":
+    write()
+    sys.exit(0)

@@ -1,0 +1,238 @@
+"""The rules in alerts/: generated files current, `promtool check rules` clean, every
+expression parses and names only catalogue metrics or our recording rules, every alert
+has its runbook, and `promtool test rules` for every alert: firing, quiet, and the
+boundary of its window or `for:`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts import rules
+from exporter.catalogue import CATALOGUE
+from simulator.prometheus import binary
+from tests.test_queries import metric_names
+
+N = {"node": "n1"}
+POD = {**N, "namespace": "ml", "pod": "trainer", "pod_uid": "u1"}
+SLICE = {**N, "gpu": "1", "gpu_uuid": "GPU-1", "mig_uuid": "MIG-1", "mig_profile": "3g.40gb"}
+
+# alert -> (input series {series text: values}, [(eval time, expected label sets)])
+CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
+    "NumaguardPodCrossNUMA": (
+        {
+            'numaguard_pod_cross_numa{node="n1",namespace="ml",pod="trainer",pod_uid="u1",'
+            'reason="device_remote"}': "1x30",
+            # flapped at 2m: sustained only once ten clean minutes have passed
+            'numaguard_pod_cross_numa{node="n1",namespace="ml",pod="web",pod_uid="u2",'
+            'reason="memory_remote"}': "1 1 0 1x27",
+            'numaguard_pod_cross_numa{node="n1",namespace="ml",pod="ok",pod_uid="u3",'
+            'reason="cpu_span"}': "0x30",
+        },
+        [
+            ("9m", []),
+            ("10m", [{**POD, "reason": "device_remote"}]),
+            (
+                "13m",
+                [
+                    {**POD, "reason": "device_remote"},
+                    {
+                        **N,
+                        "namespace": "ml",
+                        "pod": "web",
+                        "pod_uid": "u2",
+                        "reason": "memory_remote",
+                    },
+                ],
+            ),
+        ],
+    ),
+    "NumaguardGPUStarved": (
+        {
+            'numaguard_gpu_starved{node="n1",gpu="4",gpu_uuid="GPU-4",mig_uuid="",namespace="ml",'
+            'pod="trainer",pod_uid="u1",reason="cpu_pressure"}': "1x20",
+            'numaguard_gpu_starved{node="n1",gpu="4",gpu_uuid="GPU-4",mig_uuid="",namespace="ml",'
+            'pod="trainer",pod_uid="u1",reason="cpu_throttled"}': "0x20",
+        },
+        [
+            ("9m", []),
+            ("10m", [{**POD, "gpu": "4", "gpu_uuid": "GPU-4", "reason": "cpu_pressure"}]),
+        ],
+    ),
+    "NumaguardMIGSliceOversized": (
+        {
+            'numaguard_mig_utilization_ratio{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-1",'
+            'mig_profile="3g.40gb",kind="sm"}': "0.05x70",
+            'numaguard_mig_processes{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-1",'
+            'mig_profile="3g.40gb"}': "1x70",
+            # idle and empty: nobody to tell
+            'numaguard_mig_utilization_ratio{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-2",'
+            'mig_profile="1g.10gb",kind="sm"}': "0x70",
+            'numaguard_mig_processes{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-2",'
+            'mig_profile="1g.10gb"}': "0x70",
+        },
+        [("30m", [{**SLICE, "kind": "sm"}])],
+    ),
+    "NumaguardMIGSliceUndersized": (
+        {
+            'numaguard_mig_utilization_ratio{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-1",'
+            'mig_profile="3g.40gb",kind="sm"}': "0.95x70",
+            'numaguard_mig_utilization_ratio{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-2",'
+            'mig_profile="1g.10gb",kind="sm"}': "0.5x70",
+        },
+        [("30m", [{**SLICE, "kind": "sm"}])],
+    ),
+    "NumaguardHighRemoteMemoryTraffic": (
+        {
+            'numaguard_numa_node_remote_traffic_ratio{node="n1",numa_node="0"}': "0.7x30",
+            'numaguard_numa_node_remote_traffic_ratio{node="n2",numa_node="0"}': "0.2x30",
+        },
+        [("14m", []), ("16m", [N])],
+    ),
+    "NumaguardLLCNoisyNeighbour": (
+        {
+            'numaguard_pod_llc_share_ratio{node="n1",l3_domain="0",namespace="batch",pod="noisy",'
+            'pod_uid="u9"}': "0.6x20",
+            'numaguard_pod_llc_share_ratio{node="n1",l3_domain="0",namespace="batch",pod="calm",'
+            'pod_uid="u8"}': "0.3x20",
+            'numaguard_gpu_starved{node="n1",gpu="4",gpu_uuid="GPU-4",mig_uuid="",namespace="ml",'
+            'pod="trainer",pod_uid="u1",reason="cpu_pressure"}': "1x20",
+        },
+        [
+            ("9m", []),
+            ("11m", [{**N, "l3_domain": "0", "namespace": "batch", "pod": "noisy"}]),
+        ],
+    ),
+    "NumaguardRMIDsExhausted": (
+        {'numaguard_resctrl_unmonitored_pods{node="n1"}': "2x30"},
+        [("14m", []), ("16m", [N])],
+    ),
+    "NumaguardExporterDown": (
+        {
+            'up{job="numaguard",instance="n1:9847"}': "0x10",
+            'up{job="numaguard",instance="n2:9847"}': "1x10",
+        },
+        [("4m", []), ("6m", [{"job": "numaguard", "instance": "n1:9847"}])],
+    ),
+    "NumaguardCollectorFailing": (
+        {
+            'numaguard_collector_success{node="n1",collector="gpu"}': "0x20",
+            'numaguard_collector_success{node="n1",collector="host_numa"}': "1x20",
+        },
+        [("9m", []), ("11m", [{**N, "collector": "gpu"}])],
+    ),
+    "NumaguardExporterStale": (
+        # last success at t=0, never again; it is stale from 5m on, alerting 5m later
+        {'numaguard_collector_last_success_timestamp_seconds{node="n1",collector="gpu"}': "0x20"},
+        [("9m", []), ("12m", [{**N, "collector": "gpu"}])],
+    ),
+    "NumaguardRemediatorNoLeader": (
+        {
+            'numaguard_remediator_leader{instance="a"}': "0x20",
+            'numaguard_remediator_leader{instance="b"}': "0x20",
+        },
+        [("9m", []), ("11m", [{}])],
+    ),
+    "NumaguardRemediationActionsFailing": (
+        {
+            'numaguard_remediator_actions_total{kind="evict",result="failed"}': "0+1x40",
+            'numaguard_remediator_actions_total{kind="evict",result="evicted"}': "0+1x40",
+        },
+        [("1m", []), ("10m", [{"kind": "evict", "result": "failed"}])],
+    ),
+    "NumaguardRemediationNotHolding": (
+        {
+            'numaguard_remediator_verifications_total{outcome="did_not_hold"}': "0 0 0 0 0 1x30",
+            'numaguard_remediator_verifications_total{outcome="held"}': "0+1x35",
+        },
+        [("3m", []), ("10m", [{"outcome": "did_not_hold"}])],
+    ),
+    "NumaguardUnremediableFindingsPiling": (
+        {"numaguard_remediator_unremediable_findings": "6x40"},
+        [("29m", []), ("31m", [{}])],
+    ),
+}
+
+
+def test_generated_rules_and_runbooks_are_current():
+    assert rules.RULES_FILE.read_text() == rules.rules_yaml(), "run: make docs"
+    for a in rules.ALERTS:
+        assert (rules.RUNBOOKS / f"{a.name}.md").read_text() == rules.runbook(a), "make docs"
+
+
+def test_promtool_check_rules_is_clean():
+    check = subprocess.run(
+        [binary("promtool"), "check", "rules", str(rules.RULES_FILE)],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"SUCCESS: {len(rules.RECORDING) + len(rules.ALERTS)} rules found" in check.stdout
+
+
+def test_every_rule_names_only_known_metrics_and_has_what_on_call_needs():
+    known = set(CATALOGUE) | set(rules.RECORDING) | {"up"}  # up: Prometheus's own
+    names = {a.name for a in rules.ALERTS}
+    assert len(names) == len(rules.ALERTS)
+    for expr in [*rules.RECORDING.values(), *(a.expr for a in rules.ALERTS)]:
+        assert metric_names(expr) <= known, (expr, metric_names(expr) - known)
+    for a in rules.ALERTS:
+        assert a.severity in ("critical", "warning", "info")
+        assert a.summary and a.description and a.meaning and a.action
+        url = rules.RUNBOOK_URL.format(a.name)
+        path = url.split("/blob/main/", 1)[1]
+        assert (Path(rules.ROOT) / path).is_file(), url
+
+
+def test_every_alert_has_unit_cases():
+    assert set(CASES) == {a.name for a in rules.ALERTS}
+
+
+def _annotations(alert: rules.Alert, labels: dict) -> dict:
+    def fill(text: str) -> str:
+        return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m[1], ""), text)
+
+    return {
+        "summary": fill(alert.summary),
+        "description": fill(alert.description),
+        "runbook_url": rules.RUNBOOK_URL.format(alert.name),
+    }
+
+
+@pytest.mark.parametrize("alert", rules.ALERTS, ids=lambda a: a.name)
+def test_promtool_unit_tests(alert, tmp_path):
+    series, checks = CASES[alert.name]
+    test = {
+        "rule_files": [str(rules.RULES_FILE)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "alert_rule_test": [
+                    {
+                        "eval_time": at,
+                        "alertname": alert.name,
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {**labels, "severity": alert.severity},
+                                "exp_annotations": _annotations(alert, labels),
+                            }
+                            for labels in expected
+                        ],
+                    }
+                    for at, expected in checks
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    run = subprocess.run(
+        [binary("promtool"), "test", "rules", str(path)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
