@@ -1,6 +1,7 @@
 # numaguard: `make demo` runs it on a simulated node, `make test` runs every test.
 # Both set up what they need first: a virtualenv in .venv and, for the tests, the
-# Debian packages of the real parts they use (prometheus, for prometheus and promtool).
+# Debian packages of the real parts they use (prometheus and promtool,
+# prometheus-alertmanager).
 
 PYTHON ?= python3
 VENV := .venv

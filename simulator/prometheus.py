@@ -37,11 +37,13 @@ class PrometheusServer:
         port: int,
         scrape_interval: str = "1s",
         rule_files: list[str] | None = None,
+        alertmanagers: list[str] | None = None,
     ) -> None:
         self.targets = targets
         self.port = port
         self.scrape_interval = scrape_interval
         self.rule_files = rule_files or []
+        self.alertmanagers = alertmanagers or []  # host:port
         self.url = f"http://127.0.0.1:{port}"
         self._dir: tempfile.TemporaryDirectory | None = None
         self._proc: subprocess.Popen | None = None
@@ -67,6 +69,10 @@ class PrometheusServer:
                 {"job_name": "numaguard", "static_configs": [{"targets": self.targets}]}
             ],
         }
+        if self.alertmanagers:
+            config["alerting"] = {
+                "alertmanagers": [{"static_configs": [{"targets": self.alertmanagers}]}]
+            }
         (d / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
         self._log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed in stop)
         self._proc = subprocess.Popen(

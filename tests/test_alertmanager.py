@@ -1,0 +1,122 @@
+"""Alerts end to end: the exporter on the simulated GPU node, a real Prometheus
+evaluating numaguard's rules (with short windows), a real Alertmanager delivering to a
+webhook this test serves. And the example Alertmanager configuration is valid."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from aiohttp import web
+
+from alerts import rules
+from remediator.queries import Windows
+from simulator import presets
+from simulator.alertmanager import AlertmanagerServer
+from simulator.kubeapi import FakeApiServer, pod_objects
+from simulator.kubelet import FakeKubelet
+from simulator.processes import exporter_process, free_port
+from simulator.prometheus import PrometheusServer
+
+
+def test_the_example_alertmanager_config_is_valid():
+    example = Path(rules.ROOT) / "alerts" / "alertmanager.example.yml"
+    check = subprocess.run(
+        [shutil.which("amtool") or "amtool", "check-config", str(example)],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+async def test_an_alert_reaches_a_webhook_through_alertmanager(fake_root, tmp_path):
+    received: list[dict] = []
+    got = asyncio.Event()
+
+    async def webhook(request: web.Request) -> web.Response:
+        received.append(await request.json())
+        got.set()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/hook", webhook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    hook_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", hook_port).start()
+
+    host, nvml = presets.gpu_node()
+    root = fake_root(host)
+    description = tmp_path / "gpus.json"
+    description.write_text(nvml.description())
+    rule_file = tmp_path / "rules.yml"
+    rule_file.write_text(rules.rules_yaml(Windows("5s", "5s")))
+    short = tempfile.mkdtemp(prefix="kl", dir="/tmp")
+    kubelet = FakeKubelet(f"{short}/kubelet.sock", host, nvml)
+    api = FakeApiServer()
+    await api.start()
+    for obj in pod_objects(host, "gpu-node-3"):
+        api.put("pods", obj)
+    config = {
+        "route": {
+            "receiver": "hook",
+            "group_by": ["alertname"],
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {"name": "hook", "webhook_configs": [{"url": f"http://127.0.0.1:{hook_port}/hook"}]}
+        ],
+    }
+    try:
+        await kubelet.start()
+        async with (
+            AlertmanagerServer(config, free_port()) as am,
+            exporter_process(
+                "--host-root",
+                str(root.root),
+                "--node-name",
+                "gpu-node-3",
+                "--interval",
+                "1",
+                "--kubeconfig",
+                api.kubeconfig(tmp_path / "kubeconfig"),
+                "--gpu-backend",
+                f"fake:{description}",
+                "--pod-resources-socket",
+                kubelet.socket_path,
+            ) as (url, _),
+            PrometheusServer(
+                [url.removeprefix("http://")],
+                free_port(),
+                rule_files=[str(rule_file)],
+                alertmanagers=[am.url.removeprefix("http://")],
+            ),
+        ):
+            while True:
+                await asyncio.wait_for(got.wait(), 60)
+                got.clear()
+                alerts = [a for m in received for a in m["alerts"]]
+                if any(a["labels"]["alertname"] == "NumaguardPodCrossNUMA" for a in alerts):
+                    break
+    finally:
+        await kubelet.stop()
+        await api.stop()
+        await runner.cleanup()
+        shutil.rmtree(short, ignore_errors=True)
+    (alert,) = [
+        a
+        for a in alerts
+        if a["labels"]["alertname"] == "NumaguardPodCrossNUMA" and a["status"] == "firing"
+    ][:1]
+    assert alert["labels"]["pod"] == "trainer-remote"
+    assert alert["labels"]["reason"] == "device_remote"
+    assert alert["labels"]["severity"] == "warning"
+    assert alert["annotations"]["summary"] == (
+        "Pod ml/trainer-remote is placed across NUMA nodes (device_remote)"
+    )
+    assert alert["annotations"]["runbook_url"].endswith("/docs/runbooks/NumaguardPodCrossNUMA.md")
