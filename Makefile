@@ -42,6 +42,7 @@ bench: $(VENV)/.installed
 docs: $(VENV)/.installed
 	$(PY) -m exporter.docs
 	$(PY) -m alerts.rules
+	$(PY) -m grafana.dashboards
 
 proto: $(VENV)/.installed
 	$(PY) -m exporter.sources.podresources

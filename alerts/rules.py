@@ -34,6 +34,7 @@ class Alert:
     description: str
     meaning: str  # runbook: what it means
     action: str  # runbook: what to do
+    dashboard: str  # uid of the Grafana dashboard to look at (grafana/)
 
 
 def recording(windows: Windows = Windows()) -> dict[str, str]:
@@ -76,6 +77,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "can take them aligned, and says `no_fit` when none can. Without the remediator, "
             "set the kubelet's Topology Manager policy to `single-numa-node` on GPU nodes and "
             "delete the pod so that its owner recreates it aligned.",
+            "numaguard-pods",
         ),
         Alert(
             "NumaguardGPUStarved",
@@ -93,6 +95,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "For placement reasons the remediator moves the pod. For CPU-bound feeders raise "
             "the pod's CPU request/limit or its data-loader workers; the remediator only "
             "recommends that (an Event on the pod).",
+            "numaguard-gpus",
         ),
         Alert(
             "NumaguardMIGSliceOversized",
@@ -108,6 +111,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "See the remediator's recommended profile (Event on the pod, or `numaguard-remediator "
             'plan`). Annotate the Deployment `numaguard.io/auto-resize: "true"` to let it '
             "patch the pod template, or change the `nvidia.com/mig-*` request yourself.",
+            "numaguard-gpus",
         ),
         Alert(
             "NumaguardMIGSliceUndersized",
@@ -122,6 +126,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "The job is limited by its slice: it would run faster on the next larger profile.",
             "Request the next larger `nvidia.com/mig-*` profile (the remediator recommends it), "
             "or annotate the Deployment for automatic resizing.",
+            "numaguard-gpus",
         ),
         Alert(
             "NumaguardHighRemoteMemoryTraffic",
@@ -135,6 +140,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "such access pays the socket-link latency and bandwidth.",
             "Look at `numaguard_pod_remote_traffic_ratio` for the pods responsible; check their "
             "cpusets and memory placement (`numaguard_pod_memory_bytes` by NUMA node).",
+            "numaguard-node",
         ),
         Alert(
             "NumaguardLLCNoisyNeighbour",
@@ -151,6 +157,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "The remediator evicts such a neighbour when it has lower priority than the starved "
             "pod. Otherwise give the feeder its own L3 domain (CPU manager, or resctrl "
             "allocation) or move the neighbour.",
+            "numaguard-node",
         ),
         Alert(
             "NumaguardRMIDsExhausted",
@@ -164,6 +171,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "theirs first.",
             "Nothing breaks. If the unmonitored pods matter, move pods off the node or remove "
             "resctrl groups other tools made (`sys/fs/resctrl/mon_groups`).",
+            "numaguard-node",
         ),
         Alert(
             "NumaguardExporterDown",
@@ -176,6 +184,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "action there (its data is stale).",
             "Check the DaemonSet pod on that node (`kubectl -n numaguard get pods -o wide`), "
             "its logs, and that /metrics answers on port 9847.",
+            "numaguard-health",
         ),
         Alert(
             "NumaguardCollectorFailing",
@@ -190,6 +199,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "See `numaguard_collector_errors_total{collector=...}` for the reason (missing, "
             "permission, parse, timeout, gpu_lost, nvml, kubelet, ...) and the exporter's log "
             "line for the file or call.",
+            "numaguard-health",
         ),
         Alert(
             "NumaguardExporterStale",
@@ -203,6 +213,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "cgroupfs) or a stuck collection loop.",
             "Check `/healthz` of the exporter and its log for `timeout`; restart the pod if the "
             "collection loop is stuck.",
+            "numaguard-health",
         ),
         Alert(
             "NumaguardRemediatorNoLeader",
@@ -213,6 +224,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "For 10 minutes no remediator replica has held the leader Lease.",
             "Nothing is remediated: findings pile up.",
             "Check the remediator Deployment, its RBAC for leases, and its logs.",
+            "numaguard-remediation",
         ),
         Alert(
             "NumaguardRemediationActionsFailing",
@@ -224,6 +236,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "The API server refuses the remediator's writes (RBAC, admission webhooks, 5xx).",
             "Read the remediator's Warning Events and logs; check its RBAC and any admission "
             "policy on evictions and Deployment patches.",
+            "numaguard-remediation",
         ),
         Alert(
             "NumaguardRemediationNotHolding",
@@ -239,6 +252,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "same node.",
             "Set `single-numa-node` on GPU nodes; check the `RemediationDidNotHold` Events. The "
             "remediator backs off and gives up on such workloads by itself.",
+            "numaguard-remediation",
         ),
         Alert(
             "NumaguardUnremediableFindingsPiling",
@@ -252,6 +266,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "NUMA node).",
             "Look at `numaguard_zone_*` per node; add capacity, defragment, or lower the pods' "
             "requests.",
+            "numaguard-remediation",
         ),
     ]
 
@@ -300,7 +315,8 @@ def runbook(a: Alert) -> str:
         f"# {a.name}\n\nGenerated from alerts/rules.py.\n\n"
         f"Severity: **{a.severity}**. Fires when `{a.expr}`"
         + (f" has held for {a.for_}" if a.for_ != "0m" else "")
-        + f".\n\n## What it means\n\n{a.meaning}\n\n## What to do\n\n{a.action}\n"
+        + f".\n\n## What it means\n\n{a.meaning}\n\n## What to do\n\n{a.action}\n\n"
+        f"Dashboard: `/d/{a.dashboard}` on your Grafana (grafana/{a.dashboard}.json).\n"
     )
 
 

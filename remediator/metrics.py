@@ -30,5 +30,7 @@ class Metrics:
         self.leader = make(c.REMEDIATOR_LEADER)
         self.paused = make(c.REMEDIATOR_PAUSED)
         self.last_success = make(c.REMEDIATOR_LAST_SUCCESS)
-        for guard in GUARDS:
-            self.refusals.labels(guard)  # every guard starts at 0
+        for guard in GUARDS:  # every guard and outcome starts at 0, so rate() sees the first
+            self.refusals.labels(guard)
+        for outcome in ("held", "did_not_hold", "gave_up"):
+            self.verifications.labels(outcome)

@@ -101,6 +101,7 @@ async def cycles_until(controller, done, timeout=40.0):
 async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
     c = await cluster(policy="single-numa-node")
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(5)  # a whole finding window of it
     controller = c.controller()
     reports = await cycles_until(controller, lambda rs: any(r.verified for r in rs))
     evictions = [e for e in c.api.evictions if e[2] == 201]
@@ -147,6 +148,7 @@ async def test_no_aligned_capacity_means_no_eviction(cluster):
     c = await cluster(fill)
     await c.prom.wait_for('numaguard_zone_devices_free{resource="nvidia.com/gpu"} == 0')
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(5)  # a whole finding window of it
     controller = c.controller()
     reports = []
     for _ in range(8):
@@ -170,6 +172,7 @@ async def test_a_pdb_at_its_limit_gets_429_and_is_not_hammered(cluster):
         },
     )
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(5)  # a whole finding window of it
     controller = c.controller(cooldown_seconds=3600)
     results = []
     for _ in range(6):
@@ -185,6 +188,7 @@ async def test_a_pdb_at_its_limit_gets_429_and_is_not_hammered(cluster):
 async def test_stale_data_and_a_dead_prometheus_mean_no_action(cluster):
     c = await cluster()
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(5)  # a whole finding window of it
     controller = c.controller(stale_after_seconds=0.001)  # every sample is too old
     report = await controller.cycle()
     assert report.results == [] and c.api.evictions == []
@@ -236,6 +240,7 @@ async def test_an_opted_in_oversized_slice_is_resized_and_others_only_advised(cl
 async def test_only_the_leader_acts_and_a_successor_does_not_repeat(cluster):
     c = await cluster()
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(5)  # a whole finding window of it
     from remediator.leader import LeaderElector
 
     first, second = c.controller(), c.controller()
@@ -263,7 +268,7 @@ async def test_only_the_leader_acts_and_a_successor_does_not_repeat(cluster):
 async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path):
     c = await cluster()
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(4)
+    await asyncio.sleep(5)  # a whole finding window of it
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -305,6 +310,7 @@ async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path
 async def test_api_server_errors_mean_no_action(cluster):
     c = await cluster()
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(5)  # a whole finding window of it
     controller = c.controller()
     c.api.fail_next(500, times=50)
     report = await controller.cycle()
@@ -340,6 +346,7 @@ async def test_a_fix_that_does_not_hold_backs_off_then_stops(cluster):
     # the first free GPU (socket 1): every replacement is as misaligned as the last
     c = await cluster(take_gpu3, policy="none")
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(5)  # a whole finding window of it
     controller = c.controller(cooldown_seconds=2, backoff_factor=2, give_up_after=2)
     reports = await cycles_until(
         controller,
@@ -363,6 +370,7 @@ async def test_a_fix_that_does_not_hold_backs_off_then_stops(cluster):
 async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
     c = await cluster()
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(5)  # a whole finding window of it
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -424,6 +432,7 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
 async def test_an_unreachable_api_server_means_no_action(cluster, tmp_path):
     c = await cluster()
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(5)  # a whole finding window of it
     dead = tmp_path / "dead-kubeconfig"
     dead.write_text(
         (tmp_path / "kubeconfig").read_text().replace(c.api.url, f"http://127.0.0.1:{free_port()}")

@@ -1,0 +1,385 @@
+"""numaguard's Grafana dashboards, generated from code.
+
+``python -m grafana.dashboards`` (or ``make docs``) writes ``grafana/<uid>.json``; a
+test fails when they are stale, when a query does not parse or names an unknown metric,
+when a panel has no unit, and when a panel returns no data from a real Prometheus
+scraping a simulated GPU node and the remediator.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter import catalogue as c
+
+HERE = Path(__file__).resolve().parent
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+NODE = 'node=~"$node"'
+POD = 'node=~"$node", namespace=~"$namespace", pod=~"$pod"'
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    expr: str
+    unit: str  # Grafana unit id: bytes, Bps, percentunit, s, short, watt, celsius
+    legend: str = ""
+    kind: str = "timeseries"  # timeseries | table | stat
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    variables: tuple[str, ...]  # of node, namespace, pod (datasource always)
+    panels: tuple[Panel, ...]
+    tags: tuple[str, ...] = field(default=("numaguard",))
+
+
+DASHBOARDS = (
+    Dashboard(
+        "numaguard-node",
+        "numaguard / Node NUMA overview",
+        "Memory, allocation locality, memory traffic and LLC per NUMA node; what each NUMA "
+        "zone can still give.",
+        ("node",),
+        (
+            Panel(
+                "Free memory per NUMA node",
+                f"{c.NUMA_MEMORY_FREE.name}{{{NODE}}}",
+                "bytes",
+                "{{node}} numa{{numa_node}}",
+            ),
+            Panel(
+                "Used memory per NUMA node",
+                f"{c.NUMA_MEMORY_USED.name}{{{NODE}}}",
+                "bytes",
+                "{{node}} numa{{numa_node}}",
+            ),
+            Panel(
+                "Allocations that went to another node",
+                f"{c.NUMA_REMOTE_ALLOC.name}{{{NODE}}}",
+                "percentunit",
+                "{{node}} numa{{numa_node}}",
+            ),
+            Panel(
+                "Memory bandwidth per NUMA node",
+                f"{c.NUMA_BANDWIDTH.name}{{{NODE}}}",
+                "Bps",
+                "{{node}} numa{{numa_node}}",
+            ),
+            Panel(
+                "Remote share of memory traffic",
+                f"{c.NUMA_REMOTE_TRAFFIC.name}{{{NODE}}}",
+                "percentunit",
+                "{{node}} numa{{numa_node}}",
+            ),
+            Panel(
+                "LLC occupancy per NUMA node",
+                f"{c.NUMA_OCCUPANCY.name}{{{NODE}}}",
+                "bytes",
+                "{{node}} numa{{numa_node}}",
+            ),
+            Panel(
+                "Free exclusive CPUs per NUMA zone",
+                f"numaguard:zone_cpus_free{{{NODE}}}",
+                "short",
+                "{{node}} numa{{numa_node}}",
+            ),
+            Panel(
+                "Free devices per NUMA zone",
+                f"{c.ZONE_DEVICES_FREE.name}{{{NODE}}}",
+                "short",
+                "{{node}} numa{{numa_node}} {{resource}}",
+            ),
+        ),
+    ),
+    Dashboard(
+        "numaguard-pods",
+        "numaguard / Pod alignment",
+        "Which pods are placed across NUMA nodes and why, where their CPUs and memory sit, "
+        "their memory traffic, throttling and stalls.",
+        ("node", "namespace", "pod"),
+        (
+            Panel(
+                "Cross-NUMA pods",
+                f"{c.POD_CROSS_NUMA.name}{{{POD}}} == 1",
+                "short",
+                kind="table",
+                description="One row per pod and reason.",
+            ),
+            Panel(
+                "Memory per NUMA node",
+                f"{c.POD_MEMORY.name}{{{POD}}}",
+                "bytes",
+                "{{namespace}}/{{pod}} numa{{numa_node}}",
+            ),
+            Panel(
+                "CPUs per NUMA node",
+                f"{c.POD_CPUS.name}{{{POD}}}",
+                "short",
+                "{{namespace}}/{{pod}} numa{{numa_node}}",
+            ),
+            Panel(
+                "Memory on NUMA nodes without its CPUs",
+                f"{c.POD_REMOTE_MEMORY.name}{{{POD}}}",
+                "percentunit",
+                "{{namespace}}/{{pod}}",
+            ),
+            Panel(
+                "Memory bandwidth",
+                f"{c.POD_BANDWIDTH.name}{{{POD}}}",
+                "Bps",
+                "{{namespace}}/{{pod}}",
+            ),
+            Panel(
+                "Remote share of memory traffic",
+                f"{c.POD_REMOTE_TRAFFIC.name}{{{POD}}}",
+                "percentunit",
+                "{{namespace}}/{{pod}}",
+            ),
+            Panel(
+                "CPU throttled time per second",
+                f"rate({c.CONTAINER_THROTTLED_SECONDS.name}{{{POD}}}[5m])",
+                "s",
+                "{{namespace}}/{{pod}} {{container}}",
+            ),
+            Panel(
+                "CPU stall time per second (PSI some)",
+                f'rate({c.CONTAINER_PRESSURE["cpu"].name}{{{POD}, stall="some"}}[5m])',
+                "s",
+                "{{namespace}}/{{pod}} {{container}}",
+            ),
+        ),
+    ),
+    Dashboard(
+        "numaguard-gpus",
+        "numaguard / GPUs and MIG slices",
+        "Per GPU and per MIG slice: activity (each slice on its own scale and in busy SMs), "
+        "memory, power, who holds what, and starvation.",
+        ("node", "namespace"),
+        (
+            Panel(
+                "Slice SM activity (of the slice)",
+                f'{c.MIG_UTILIZATION.name}{{{NODE}, kind="sm"}}',
+                "percentunit",
+                "{{node}} gpu{{gpu}} {{mig_profile}} {{mig_uuid}}",
+            ),
+            Panel(
+                "Busy SMs per slice (activity x slice size)",
+                f'{c.MIG_UTILIZATION.name}{{{NODE}, kind="sm"}} * on (node, mig_uuid) '
+                f"group_left {c.MIG_SMS.name}",
+                "short",
+                "{{node}} gpu{{gpu}} {{mig_profile}} {{mig_uuid}}",
+            ),
+            Panel(
+                "GPU SM activity",
+                f'{c.GPU_UTILIZATION.name}{{{NODE}, kind="sm"}}',
+                "percentunit",
+                "{{node}} gpu{{gpu}}",
+            ),
+            Panel(
+                "Slice memory in use",
+                f"{c.MIG_MEMORY_USED.name}{{{NODE}}} / {c.MIG_MEMORY_TOTAL.name}{{{NODE}}}",
+                "percentunit",
+                "{{node}} gpu{{gpu}} {{mig_profile}} {{mig_uuid}}",
+            ),
+            Panel(
+                "GPU memory in use",
+                f"{c.GPU_MEMORY_USED.name}{{{NODE}}}",
+                "bytes",
+                "{{node}} gpu{{gpu}}",
+            ),
+            Panel("GPU power", f"{c.GPU_POWER.name}{{{NODE}}}", "watt", "{{node}} gpu{{gpu}}"),
+            Panel(
+                "GPU temperature",
+                f"{c.GPU_TEMPERATURE.name}{{{NODE}}}",
+                "celsius",
+                "{{node}} gpu{{gpu}}",
+            ),
+            Panel(
+                "Who holds which device",
+                f'{c.GPU_HOLDER.name}{{{NODE}, namespace=~"$namespace"}}',
+                "short",
+                kind="table",
+            ),
+            Panel(
+                "Starved GPUs",
+                f'{c.GPU_STARVED.name}{{{NODE}, namespace=~"$namespace"}} == 1',
+                "short",
+                kind="table",
+                description="Devices held back by their pod's host.",
+            ),
+            Panel(
+                "Activity a slice cannot measure (A100: no GPM)",
+                f"{c.MIG_UTILIZATION_SUPPORTED.name}{{{NODE}}} == 0 or "
+                f"{c.GPU_UTILIZATION_SUPPORTED.name}{{{NODE}}} == 0",
+                "short",
+                kind="table",
+            ),
+        ),
+    ),
+    Dashboard(
+        "numaguard-remediation",
+        "numaguard / Remediation",
+        "What the remediator finds, does, refuses (by guard) and whether its fixes hold.",
+        (),
+        (
+            Panel(
+                "Open findings by kind",
+                f"sum by (kind) ({c.REMEDIATOR_FINDINGS.name})",
+                "short",
+                "{{kind}}",
+            ),
+            Panel("Unremediable findings", c.REMEDIATOR_UNREMEDIABLE.name, "short", kind="stat"),
+            Panel(
+                "Actions by kind and result (1h)",
+                f"sum by (kind, result) (increase({c.REMEDIATOR_ACTIONS.name}[1h]))",
+                "short",
+                "{{kind}} {{result}}",
+            ),
+            Panel(
+                "Refusals by guard (1h)",
+                f"sum by (guard) (increase({c.REMEDIATOR_REFUSALS.name}[1h]))",
+                "short",
+                "{{guard}}",
+            ),
+            Panel(
+                "Verifications by outcome (1h)",
+                f"sum by (outcome) (increase({c.REMEDIATOR_VERIFICATIONS.name}[1h]))",
+                "short",
+                "{{outcome}}",
+            ),
+            Panel("Cycle duration", c.REMEDIATOR_DURATION.name, "s", "{{instance}}"),
+            Panel("Leader", c.REMEDIATOR_LEADER.name, "short", "{{instance}}", kind="stat"),
+        ),
+    ),
+    Dashboard(
+        "numaguard-health",
+        "numaguard / Exporter health",
+        "Are the exporters up, and is every collector succeeding in time?",
+        ("node",),
+        (
+            Panel("Exporters up", 'up{job="numaguard"}', "short", "{{instance}}"),
+            Panel(
+                "Collector success",
+                f"{c.COLLECTOR_SUCCESS.name}{{{NODE}}}",
+                "short",
+                "{{node}} {{collector}}",
+            ),
+            Panel(
+                "Collector duration",
+                f"{c.COLLECTOR_DURATION.name}{{{NODE}}}",
+                "s",
+                "{{node}} {{collector}}",
+            ),
+            Panel(
+                "Collector errors per second by reason",
+                f"sum by (node, collector, reason) (rate({c.COLLECTOR_ERRORS.name}{{{NODE}}}[5m]))",
+                "short",
+                "{{node}} {{collector}} {{reason}}",
+            ),
+            Panel(
+                "Time since last success",
+                f"time() - {c.COLLECTOR_LAST_SUCCESS.name}{{{NODE}}}",
+                "s",
+                "{{node}} {{collector}}",
+            ),
+            Panel("Versions", f"{c.BUILD_INFO.name}{{{NODE}}}", "short", kind="table"),
+        ),
+    ),
+)
+
+
+def _variable(name: str) -> dict:
+    label = {
+        "node": ("node", c.NUMA_NODE_INFO.name),
+        "namespace": ("namespace", c.POD_CPUS.name),
+        "pod": ("pod", c.POD_CPUS.name),
+    }[name]
+    return {
+        "name": name,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": {"query": f"label_values({label[1]}, {label[0]})", "refId": name},
+        "includeAll": True,
+        "multi": True,
+        "allValue": ".*",
+        "current": {"text": "All", "value": "$__all"},
+        "refresh": 2,
+    }
+
+
+def render(d: Dashboard) -> dict:
+    panels = []
+    for i, p in enumerate(d.panels):
+        panels.append(
+            {
+                "id": i + 1,
+                "type": p.kind,
+                "title": p.title,
+                "description": p.description,
+                "datasource": DATASOURCE,
+                "gridPos": {
+                    "h": 8,
+                    "w": 24 if p.kind == "table" else 12,
+                    "x": 0 if p.kind == "table" else (i % 2) * 12,
+                    "y": i * 8,
+                },
+                "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
+                "options": {},
+                "targets": [
+                    {
+                        "refId": "A",
+                        "datasource": DATASOURCE,
+                        "expr": p.expr,
+                        "legendFormat": p.legend,
+                        **({"format": "table", "instant": True} if p.kind == "table" else {}),
+                    }
+                ],
+            }
+        )
+    return {
+        "uid": d.uid,
+        "title": d.title,
+        "description": d.description,
+        "tags": list(d.tags),
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "1m",
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                },
+                *(_variable(v) for v in d.variables),
+            ]
+        },
+        "links": [
+            {"title": "numaguard", "type": "dashboards", "tags": ["numaguard"], "asDropdown": True}
+        ],
+        "panels": panels,
+    }
+
+
+def files() -> dict[str, str]:
+    return {f"{d.uid}.json": json.dumps(render(d), indent=2) + "\n" for d in DASHBOARDS}
+
+
+def write() -> None:
+    for name, text in files().items():
+        (HERE / name).write_text(text)
+
+
+if __name__ == "__main__":
+    write()

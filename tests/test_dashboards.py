@@ -1,0 +1,180 @@
+"""The Grafana dashboards: generated files current, sound structure (datasource and
+filter variables, a unit on every panel), every query parses and names only catalogue
+metrics or our recording rules, and every panel returns data from a real Prometheus
+scraping the demo's simulated GPU node and a remediator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+from alerts import rules
+from exporter.catalogue import CATALOGUE
+from exporter.readers.nvml import sysfs_pci_address
+from exporter.server import Settings, serve
+from grafana import dashboards
+from remediator.queries import Windows
+from simulator import demo
+from simulator.cluster import owned
+from simulator.host import FakeHostRoot
+from simulator.kubeapi import FakeApiServer, pod_objects
+from simulator.kubelet import FakeKubelet
+from simulator.processes import free_port, wait_ok
+from simulator.prometheus import PrometheusServer
+from simulator.resctrl import FakeResctrl
+from tests.test_queries import metric_names
+
+UNITS = {"bytes", "Bps", "percentunit", "s", "short", "watt", "celsius"}
+
+
+def substituted(expr: str) -> str:
+    """A panel query as Grafana sends it with every variable set to All."""
+    return re.sub(r"\$(node|namespace|pod)\b", ".*", expr)
+
+
+def panels():
+    for d in dashboards.DASHBOARDS:
+        for p in d.panels:
+            yield d, p
+
+
+def test_generated_dashboards_are_current():
+    for name, text in dashboards.files().items():
+        assert (dashboards.HERE / name).read_text() == text, "run: make docs"
+
+
+def test_dashboards_are_sound():
+    for name in dashboards.files():
+        d = json.loads((dashboards.HERE / name).read_text())
+        variables = [v["name"] for v in d["templating"]["list"]]
+        assert variables[0] == "datasource"
+        used = {
+            m for p in d["panels"] for t in p["targets"] for m in re.findall(r"\$(\w+)", t["expr"])
+        }
+        assert used <= set(variables), (name, used - set(variables))
+        for p in d["panels"]:
+            assert p["fieldConfig"]["defaults"]["unit"] in UNITS, (name, p["title"])
+            assert p["datasource"]["uid"] == "${datasource}"
+            assert p["targets"] and p["title"]
+
+
+def test_every_query_parses_and_names_known_metrics():
+    known = set(CATALOGUE) | set(rules.RECORDING) | {"up"}
+    for d, p in panels():
+        names = metric_names(substituted(p.expr))
+        assert names and names <= known, (d.uid, p.title, names - known)
+
+
+def test_runbooks_link_to_dashboards():
+    uids = {d.uid for d in dashboards.DASHBOARDS}
+    for a in rules.ALERTS:
+        assert a.dashboard in uids, a.name
+        assert f"/d/{a.dashboard}" in rules.runbook(a)
+
+
+@pytest.fixture
+async def scraped(tmp_path):
+    """The demo node (plus an A100 without GPM) served in-process, a remediator in
+    dry-run, both scraped by a real Prometheus with numaguard's rules."""
+    host, nvml = demo.demo_node()
+    a100 = nvml.add_gpu("A100-40GB", 1, ["3g.20gb", "3g.20gb"])
+    host.pci_devices[sysfs_pci_address(a100.pci_bus_id)] = 1
+    root = FakeHostRoot(tmp_path / "host", host).write()
+    kernel = FakeResctrl(root.root, host).write()
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(nvml.description())
+    short = tempfile.mkdtemp(prefix="kl", dir="/tmp")
+    kubelet = await FakeKubelet(f"{short}/kubelet.sock", host, nvml).start()
+    api = FakeApiServer()
+    await api.start()
+    for obj in pod_objects(host, demo.NODE):
+        obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+        api.put("pods", owned(api, obj))
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+    rule_file = tmp_path / "rules.yml"
+    rule_file.write_text(rules.rules_yaml(Windows("3s", "3s")))
+    exporter_port, remediator_port, prom_port = free_port(), free_port(), free_port()
+    stop = asyncio.Event()
+    exporter = asyncio.create_task(
+        serve(
+            Settings(
+                host_root=str(root.root),
+                host="127.0.0.1",
+                port=exporter_port,
+                node_name=demo.NODE,
+                interval_seconds=1,
+                kubeconfig=kubeconfig,
+                resctrl_ops=kernel,
+                gpu_backend=f"fake:{gpus}",
+                pod_resources_socket=kubelet.socket_path,
+            ),
+            stop,
+        )
+    )
+
+    async def life():
+        tick = 0
+        while True:
+            demo.advance(host, kernel, tick)
+            root.write()
+            kernel.write()
+            tick += 1
+            await asyncio.sleep(1)
+
+    ticker = asyncio.create_task(life())
+    remediator = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "remediator",
+        "run",
+        "--prometheus",
+        f"http://127.0.0.1:{prom_port}",
+        "--kubeconfig",
+        kubeconfig,
+        "--interval",
+        "1",
+        "--finding-window",
+        "3s",
+        "--min-pod-age",
+        "0",
+        "--listen",
+        f"127.0.0.1:{remediator_port}",
+        "--lease-namespace",
+        "numaguard",
+        "--log-level",
+        "error",
+    )
+    try:
+        await wait_ok(f"http://127.0.0.1:{exporter_port}/readyz")
+        await wait_ok(f"http://127.0.0.1:{remediator_port}/healthz")
+        async with PrometheusServer(
+            [f"127.0.0.1:{exporter_port}", f"127.0.0.1:{remediator_port}"],
+            prom_port,
+            rule_files=[str(rule_file)],
+        ) as prom:
+            await prom.wait_for('numaguard_remediator_actions_total{result="dry_run"} > 0', 60)
+            await asyncio.sleep(3)
+            yield prom
+    finally:
+        remediator.terminate()
+        await remediator.wait()
+        ticker.cancel()
+        stop.set()
+        await exporter
+        await kubelet.stop()
+        await api.stop()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+async def test_every_panel_returns_data(scraped):
+    empty = []
+    for d, p in panels():
+        if not await scraped.query(substituted(p.expr)):
+            empty.append(f"{d.uid}: {p.title}: {p.expr}")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
