@@ -217,7 +217,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardRemediatorNoLeader",
-            f"max({c.REMEDIATOR_LEADER.name}) < 1",
+            f"max({c.REMEDIATOR_LEADER.name}) < 1 or absent({c.REMEDIATOR_LEADER.name})",
             "10m",
             "warning",
             "No numaguard remediator replica leads",
