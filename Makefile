@@ -43,6 +43,7 @@ docs: $(VENV)/.installed
 	$(PY) -m exporter.docs
 	$(PY) -m alerts.rules
 	$(PY) -m grafana.dashboards
+	$(PY) -m deploy.generate
 
 proto: $(VENV)/.installed
 	$(PY) -m exporter.sources.podresources

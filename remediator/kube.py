@@ -11,6 +11,21 @@ from kubernetes.aio import client
 
 REQUEST_TIMEOUT_SECONDS = 15.0
 
+# Every (API group, resource, verb) the remediator uses; deploy/ grants exactly these.
+API_USE = {
+    ("", "pods", "get"),
+    ("", "pods/eviction", "create"),
+    ("", "events", "create"),
+    ("apps", "replicasets", "get"),
+    ("apps", "deployments", "get"),
+    ("apps", "deployments", "patch"),
+    ("apps", "statefulsets", "get"),
+    ("apps", "statefulsets", "patch"),
+    ("coordination.k8s.io", "leases", "get"),
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
+}
+
 
 @dataclass(frozen=True)
 class Answer:

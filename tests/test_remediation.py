@@ -17,8 +17,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.readers.nvml import sysfs_pci_address
+from exporter.sources.kube import API_USE as EXPORTER_API_USE
 from exporter.sources.kube import api_client
 from remediator.controller import Controller
+from remediator.kube import API_USE as REMEDIATOR_API_USE
 from remediator.kube import Kube
 from remediator.planner import Policy
 from remediator.queries import Windows
@@ -29,6 +31,7 @@ from simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from simulator.nvml import FakeNvml, Process
 from simulator.processes import exporter_process, free_port
 from simulator.prometheus import PrometheusServer
+from tests.test_deploy import used
 
 NODE = "gpu-node-3"
 
@@ -232,6 +235,9 @@ async def test_an_opted_in_oversized_slice_is_resized_and_others_only_advised(cl
         "requests": {"cpu": "2", "nvidia.com/mig-1g.10gb": "1"},
         "limits": {"cpu": "2", "nvidia.com/mig-1g.10gb": "1"},
     }
+    # every request made (exporter and remediator) is one deploy/'s RBAC grants
+    assert used(c.api.requests) <= REMEDIATOR_API_USE | EXPORTER_API_USE
+    assert ("apps", "deployments", "patch") in used(c.api.requests)
     # the notebooks sit on the smallest profile already: nothing to say about them (an
     # oversized slice whose Deployment did not opt in is only advised: see the first test)
     assert not [k for k in done if k[1].startswith("notebook")]
@@ -263,6 +269,8 @@ async def test_only_the_leader_acts_and_a_successor_does_not_repeat(cluster):
     assert b.leader
     assert [e for e in c.api.evictions if e[2] == 201] == [("ml", "trainer-remote", 201)]
     assert [r for _, r in b.results if r not in ("recommended",)] == []
+    assert used(c.api.requests) <= REMEDIATOR_API_USE | EXPORTER_API_USE
+    assert ("coordination.k8s.io", "leases", "update") in used(c.api.requests)
 
 
 async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path):

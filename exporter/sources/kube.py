@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300  # the server ends each watch after this; we resume from its version
 REQUEST_TIMEOUT_SECONDS = 30.0
+# Every (API group, resource, verb) the exporter uses; deploy/ grants exactly these.
+API_USE = {("", "pods", "list"), ("", "pods", "watch")}
 _QUERY_NAMES = {
     "watch": "watch",
     "resource_version": "resourceVersion",
