@@ -1,4 +1,4 @@
-# numaguard: `make demo` runs it on a simulated node, `make test` runs every test.
+# numaguard: `make demo` runs the whole loop on a simulated cluster, `make test` every test.
 # Both set up what they need first: a virtualenv in .venv and, for the tests, the
 # Debian packages of the real parts they use (prometheus and promtool,
 # prometheus-alertmanager).
@@ -28,8 +28,8 @@ system-deps:
 	    >/dev/null; \
 	fi
 
-demo: $(VENV)/.installed
-	$(PY) -m simulator.demo
+demo: $(VENV)/.installed system-deps
+	$(PY) -m simulator.loop_demo
 
 test: $(VENV)/.installed system-deps
 	$(PY) -m pytest

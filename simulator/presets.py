@@ -204,7 +204,9 @@ def reference_node() -> FakeHost:
     return FakeHost(nodes=nodes, pods=pods, cgroup_version=2, cgroup_driver="systemd")
 
 
-def gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHost, FakeNvml]:
+def gpu_node(
+    clock: Callable[[], float] = time.monotonic, node_id: int = 0
+) -> tuple[FakeHost, FakeNvml]:
     """2 sockets (NUMA node 0: CPUs 0-31, node 1: 32-63), 8 H100-80GB, GPUs 0-3 on node 0
     and 4-7 on node 1, MIG mixed, pods using them through their processes:
 
@@ -237,7 +239,7 @@ def gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHost, Fak
         host.pods.append(p)
         return p
 
-    nvml = FakeNvml(clock)
+    nvml = FakeNvml(clock, node_id)  # node_id keeps GPU UUIDs apart between nodes
     gpus = [
         nvml.add_gpu("H100-80GB", 0, None, 60 * GIB, sm=0.9, graphics=0.95, tensor=0.7),
         nvml.add_gpu("H100-80GB", 0, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]),

@@ -1,4 +1,5 @@
-"""``make demo`` runs the exporter on the simulated GPU node and shows what it finds."""
+"""The demos: ``make demo`` (the whole loop on a simulated cluster) and the single-node
+exporter view (``python -m simulator.demo``)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,25 @@ def test_demo_shows_the_findings_and_stops_cleanly():
     assert "gpu1 3g.40gb" in rows["ml/infer-a"] and "60%" in rows["ml/infer-a"]
     assert rows["ml/trainer"].endswith("aligned")
     assert "the exporter shut down cleanly" in run.stdout
+
+
+def test_the_whole_loop_demo():
+    run = subprocess.run(
+        [sys.executable, "-m", "simulator.loop_demo", "--seconds", "22"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout
+    assert "Prometheus (rules loaded): http://127.0.0.1:" in out
+    assert "evict team-gpu-a/trainer-remote (cross_numa:device_remote) -> evicted" in out
+    assert "-> pdb_blocked" in out  # gpu-b's budget
+    assert "verified Deployment/team-gpu-a/trainer-remote: held" in out
+    assert "verified Deployment/team-gpu-c/trainer-remote: did_not_hold" in out
+    summary = out.rsplit("before / after", 1)[1]
+    assert "protected_namespace" in summary  # the kube-system pod, never touched
+    before, after = (
+        int(x) for x in summary.split("pods placed across NUMA nodes")[1].split()[0:3:2]
+    )
+    assert after < before
