@@ -35,9 +35,12 @@ test: $(VENV)/.installed system-deps
 	$(PY) -m pytest
 	$(VENV)/bin/ruff check .
 
-bench: $(VENV)/.installed
-	$(PY) bench/cycle.py
-	$(PY) bench/planning.py
+bench: $(VENV)/.installed system-deps
+	@command -v prometheus-node-exporter >/dev/null || { \
+	  echo "installing Debian package prometheus-node-exporter (the scrape benchmark's peer)"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends prometheus-node-exporter >/dev/null; }
+	$(PY) bench/all.py
 
 docs: $(VENV)/.installed
 	$(PY) -m exporter.docs
