@@ -16,7 +16,11 @@ A GPU job keeps its GPU busy only when fed from its own NUMA node: its device sh
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from exporter.readers import format_id_list, parse_id_list
@@ -25,6 +29,7 @@ from simulator.host import FakeContainer, FakeHost, FakeHostRoot, FakePod
 from simulator.kubeapi import FakeApiServer, pod_objects
 from simulator.kubelet import FakeKubelet
 from simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
+from simulator.processes import exporter_process
 
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand
@@ -277,3 +282,25 @@ def owned(api: FakeApiServer, obj: dict) -> dict:
             },
         )
     return obj
+
+
+@contextlib.asynccontextmanager
+async def one_node(
+    host: FakeHost, nvml: FakeNvml, name: str = "gpu-node-3", policy: str = "single-numa-node"
+) -> AsyncIterator[tuple[SimulatedCluster, str]]:
+    """A one-node simulated cluster with its exporter process scraping every second:
+    yields (the cluster, the exporter's URL)."""
+    directory = tempfile.mkdtemp(prefix="ng", dir="/tmp")  # unix socket paths are short
+    sim = SimulatedCluster(directory)
+    node = sim.add_node(name, host, nvml, policy)
+    await sim.start()
+    try:
+        kubeconfig = sim.api.kubeconfig(f"{directory}/kubeconfig")
+        async with exporter_process(*sim.exporter_args(node, kubeconfig), "--interval", "1") as (
+            url,
+            _,
+        ):
+            yield sim, url
+    finally:
+        await sim.stop()
+        shutil.rmtree(directory, ignore_errors=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from aiohttp import web
@@ -16,9 +15,8 @@ from alerts import rules
 from remediator.queries import Windows
 from simulator import presets
 from simulator.alertmanager import AlertmanagerServer
-from simulator.kubeapi import FakeApiServer, pod_objects
-from simulator.kubelet import FakeKubelet
-from simulator.processes import exporter_process, free_port
+from simulator.cluster import one_node
+from simulator.processes import free_port
 from simulator.prometheus import PrometheusServer
 
 
@@ -32,7 +30,7 @@ def test_the_example_alertmanager_config_is_valid():
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-async def test_an_alert_reaches_a_webhook_through_alertmanager(fake_root, tmp_path):
+async def test_an_alert_reaches_a_webhook_through_alertmanager(tmp_path):
     received: list[dict] = []
     got = asyncio.Event()
 
@@ -49,17 +47,8 @@ async def test_an_alert_reaches_a_webhook_through_alertmanager(fake_root, tmp_pa
     await web.TCPSite(runner, "127.0.0.1", hook_port).start()
 
     host, nvml = presets.gpu_node()
-    root = fake_root(host)
-    description = tmp_path / "gpus.json"
-    description.write_text(nvml.description())
     rule_file = tmp_path / "rules.yml"
     rule_file.write_text(rules.rules_yaml(Windows("5s", "5s")))
-    short = tempfile.mkdtemp(prefix="kl", dir="/tmp")
-    kubelet = FakeKubelet(f"{short}/kubelet.sock", host, nvml)
-    api = FakeApiServer()
-    await api.start()
-    for obj in pod_objects(host, "gpu-node-3"):
-        api.put("pods", obj)
     config = {
         "route": {
             "receiver": "hook",
@@ -73,23 +62,9 @@ async def test_an_alert_reaches_a_webhook_through_alertmanager(fake_root, tmp_pa
         ],
     }
     try:
-        await kubelet.start()
         async with (
             AlertmanagerServer(config, free_port()) as am,
-            exporter_process(
-                "--host-root",
-                str(root.root),
-                "--node-name",
-                "gpu-node-3",
-                "--interval",
-                "1",
-                "--kubeconfig",
-                api.kubeconfig(tmp_path / "kubeconfig"),
-                "--gpu-backend",
-                f"fake:{description}",
-                "--pod-resources-socket",
-                kubelet.socket_path,
-            ) as (url, _),
+            one_node(host, nvml) as (_, url),
             PrometheusServer(
                 [url.removeprefix("http://")],
                 free_port(),
@@ -104,10 +79,7 @@ async def test_an_alert_reaches_a_webhook_through_alertmanager(fake_root, tmp_pa
                 if any(a["labels"]["alertname"] == "NumaguardPodCrossNUMA" for a in alerts):
                     break
     finally:
-        await kubelet.stop()
-        await api.stop()
         await runner.cleanup()
-        shutil.rmtree(short, ignore_errors=True)
     (alert,) = [
         a
         for a in alerts

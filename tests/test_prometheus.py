@@ -4,15 +4,13 @@ finds nothing to say about the exposition."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
 
 import pytest
 
 from simulator import presets
+from simulator.cluster import one_node
 from simulator.kubeapi import FakeApiServer, pod_objects
-from simulator.kubelet import FakeKubelet
 from simulator.processes import exporter_process, free_port, get
 from simulator.prometheus import PrometheusServer, binary
 
@@ -69,57 +67,28 @@ async def test_promtool_check_metrics_is_silent(exporter):
     assert check.stdout.decode() == "" and check.stderr.decode() == ""
 
 
-async def test_prometheus_on_a_simulated_8_gpu_mig_node(fake_root, tmp_path):
+async def test_prometheus_on_a_simulated_8_gpu_mig_node():
     """The exporter process with the fake NVML node and the fake kubelet; PromQL finds
     per-slice utilization and the starved verdict."""
     host, nvml = presets.gpu_node()
-    root = fake_root(host)
-    description = tmp_path / "gpus.json"
-    description.write_text(nvml.description())
-    short = tempfile.mkdtemp(prefix="kl", dir="/tmp")
-    kubelet = FakeKubelet(f"{short}/kubelet.sock", host, nvml)
-    api = FakeApiServer()
-    await api.start()
-    for obj in pod_objects(host, "gpu-node-3"):
-        api.put("pods", obj)
-    args = (
-        "--host-root",
-        str(root.root),
-        "--node-name",
-        "gpu-node-3",
-        "--interval",
-        "1",
-        "--kubeconfig",
-        api.kubeconfig(tmp_path / "kubeconfig"),
-        "--gpu-backend",
-        f"fake:{description}",
-        "--pod-resources-socket",
-        kubelet.socket_path,
-    )
-    try:
-        await kubelet.start()
-        async with exporter_process(*args) as (url, _):
-            target = url.removeprefix("http://")
-            async with PrometheusServer([target], free_port()) as prom:
-                sm = await prom.wait_for(
-                    'numaguard_mig_utilization_ratio{kind="sm", mig_profile="3g.40gb", gpu="1"}'
-                )
-                assert len(sm) == 1
-                assert sm[0]["metric"]["mig_uuid"] == nvml.gpus[1].mig[0].uuid
-                assert float(sm[0]["value"][1]) == pytest.approx(0.6, abs=1e-6)
-                slices = await prom.query("count(numaguard_mig_info)")
-                assert float(slices[0]["value"][1]) == 13
-                # which pod holds the busiest slice, through a join on the holder series
-                busiest = await prom.query(
-                    "topk(1, numaguard_mig_utilization_ratio{kind='sm'}) "
-                    "* on (mig_uuid) group_left(pod) numaguard_gpu_holder_info{mig_uuid!=''}"
-                )
-                assert busiest[0]["metric"]["pod"] == "infer-c"
-                starved = await prom.wait_for("numaguard_gpu_starved == 1")
-                assert {(r["metric"]["pod"], r["metric"]["reason"]) for r in starved} == {
-                    ("trainer-remote", "device_remote")
-                }
-    finally:
-        await kubelet.stop()
-        await api.stop()
-        shutil.rmtree(short, ignore_errors=True)
+    async with one_node(host, nvml) as (_, url):
+        target = url.removeprefix("http://")
+        async with PrometheusServer([target], free_port()) as prom:
+            sm = await prom.wait_for(
+                'numaguard_mig_utilization_ratio{kind="sm", mig_profile="3g.40gb", gpu="1"}'
+            )
+            assert len(sm) == 1
+            assert sm[0]["metric"]["mig_uuid"] == nvml.gpus[1].mig[0].uuid
+            assert float(sm[0]["value"][1]) == pytest.approx(0.6, abs=1e-6)
+            slices = await prom.query("count(numaguard_mig_info)")
+            assert float(slices[0]["value"][1]) == 13
+            # which pod holds the busiest slice, through a join on the holder series
+            busiest = await prom.query(
+                "topk(1, numaguard_mig_utilization_ratio{kind='sm'}) "
+                "* on (mig_uuid) group_left(pod) numaguard_gpu_holder_info{mig_uuid!=''}"
+            )
+            assert busiest[0]["metric"]["pod"] == "infer-c"
+            starved = await prom.wait_for("numaguard_gpu_starved == 1")
+            assert {(r["metric"]["pod"], r["metric"]["reason"]) for r in starved} == {
+                ("trainer-remote", "device_remote")
+            }

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
 import time
 
 import aiohttp
@@ -17,52 +15,23 @@ from aiohttp import web
 from remediator.queries import Windows
 from remediator.signals import Prometheus, SignalsError, frame
 from simulator import presets
-from simulator.kubeapi import FakeApiServer, pod_objects
-from simulator.kubelet import FakeKubelet
-from simulator.processes import exporter_process, free_port
+from simulator.cluster import one_node
+from simulator.processes import free_port
 from simulator.prometheus import PrometheusServer
 
 
-async def test_signals_from_a_real_prometheus(fake_root, tmp_path):
+async def test_signals_from_a_real_prometheus():
     host, nvml = presets.gpu_node()
-    root = fake_root(host)
-    description = tmp_path / "gpus.json"
-    description.write_text(nvml.description())
-    short = tempfile.mkdtemp(prefix="kl", dir="/tmp")
-    kubelet = FakeKubelet(f"{short}/kubelet.sock", host, nvml)
-    api = FakeApiServer()
-    await api.start()
-    for obj in pod_objects(host, "gpu-node-3"):
-        api.put("pods", obj)
-    args = (
-        "--host-root",
-        str(root.root),
-        "--node-name",
-        "gpu-node-3",
-        "--interval",
-        "1",
-        "--kubeconfig",
-        api.kubeconfig(tmp_path / "kubeconfig"),
-        "--gpu-backend",
-        f"fake:{description}",
-        "--pod-resources-socket",
-        kubelet.socket_path,
-    )
-    try:
-        await kubelet.start()
-        async with exporter_process(*args) as (url, _):
-            target = url.removeprefix("http://")
-            async with PrometheusServer([target], free_port()) as prom:
-                await prom.wait_for("numaguard_gpu_starved == 1")
-                await asyncio.sleep(4)  # a whole window of scrapes
-                async with aiohttp.ClientSession() as session:
-                    client = Prometheus(prom.url, session, windows=Windows("3s", "3s"))
-                    s = await client.fetch()
-                    assert client.queries_made == len(client.queries)
-    finally:
-        await kubelet.stop()
-        await api.stop()
-        shutil.rmtree(short, ignore_errors=True)
+    async with (
+        one_node(host, nvml) as (_, url),
+        PrometheusServer([url.removeprefix("http://")], free_port()) as prom,
+    ):
+        await prom.wait_for("numaguard_gpu_starved == 1")
+        await asyncio.sleep(4)  # a whole window of scrapes
+        async with aiohttp.ClientSession() as session:
+            client = Prometheus(prom.url, session, windows=Windows("3s", "3s"))
+            s = await client.fetch()
+            assert client.queries_made == len(client.queries)
     assert abs(s.at - time.time()) < 60
     cross = s["cross_numa_sustained"]
     assert set(zip(cross["pod"], cross["reason"], strict=True)) == {
