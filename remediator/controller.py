@@ -68,6 +68,7 @@ class Controller:
         self.history: dict[str, WorkloadHistory] = {}
         self.pending: list[Pending] = []
         self.recommended: set[tuple] = set()  # said once per open finding, not each cycle
+        self.refused: dict[tuple, str] = {}  # finding -> the guard its last Event named
 
     async def cycle(self, write: bool = True) -> CycleReport:
         """One cycle. ``write`` False: plan only (the ``plan`` command)."""
@@ -112,12 +113,16 @@ class Controller:
         return report
 
     async def _carry_out(self, report: CycleReport, pods, now: float) -> None:
+        open_keys = {f.key for f in report.findings}
+        self.refused = {k: g for k, g in self.refused.items() if k in open_keys}
         for refusal in report.plan.refusals:
             self.metrics.refusals.labels(refusal.guard).inc()
-            if self.actuator is not None:
-                with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                    await self.actuator.refused(refusal, pods.get(refusal.finding.pod_uid))
-        open_keys = {f.key for f in report.findings}
+            key = refusal.finding.key
+            if self.actuator is None or self.refused.get(key) == refusal.guard:
+                continue  # an Event when the reason changes, not one per cycle
+            self.refused[key] = refusal.guard
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                await self.actuator.refused(refusal, pods.get(refusal.finding.pod_uid))
         self.recommended &= open_keys
         for action in report.plan.actions:
             if action.kind == "recommend":

@@ -161,6 +161,13 @@ async def test_no_aligned_capacity_means_no_eviction(cluster):
     refused = {(r.finding.pod, r.guard) for rep in reports if rep.plan for r in rep.plan.refusals}
     assert ("trainer-remote", "no_fit") in refused
     assert controller.metrics.unremediable._value.get() >= 1
+    # one Event per finding (cross_numa and starved) says so, not one per cycle
+    refused = [
+        e
+        for e in c.api.objects["events"].values()
+        if e["reason"] == "RemediationRefused" and e["involvedObject"]["name"] == "trainer-remote"
+    ]
+    assert [e["message"].split(":")[0] for e in refused] == ["no_fit", "no_fit"]
 
 
 async def test_a_pdb_at_its_limit_gets_429_and_is_not_hammered(cluster):
