@@ -81,22 +81,17 @@ def observe(
             rows["collector_success"].append(
                 {"node": node.name, "collector": collector, "value": 1}
             )
-        free = sim._free_cpus(node)
+        free = sim.free_cpus(node)
+        held = {
+            u for p in host.pods for c in p.containers for ids in c.devices.values() for u in ids
+        }
         for i, numa in enumerate(host.nodes):
             ids = {"node": node.name, "numa_node": str(i)}
             rows["zone_free_cpus"].append({**ids, "value": len(parse_id_list(numa.cpus) & free)})
             rows["zone_free_memory"].append({**ids, "value": 1 << 40})
-            free_gpus = 0
-            for gpu in nvml.gpus:
-                held = {
-                    u
-                    for p in host.pods
-                    for c in p.containers
-                    for ids_ in c.devices.values()
-                    for u in ids_
-                }
-                if gpu.numa_node == i and gpu.mig is None and gpu.uuid not in held:
-                    free_gpus += 1
+            free_gpus = sum(
+                1 for g in nvml.gpus if g.numa_node == i and g.mig is None and g.uuid not in held
+            )
             rows["zone_free_devices"].append(
                 {**ids, "resource": "nvidia.com/gpu", "value": free_gpus}
             )

@@ -98,9 +98,9 @@ class Controller:
         now = self.clock()
         policy = self.policy
         if self.elector is not None and self.elector.paused:
-            policy = _with(policy, paused=True)
+            policy = replace(policy, paused=True)
         if not write:
-            policy = _with(policy, dry_run=True)
+            policy = replace(policy, dry_run=True)
         report.plan = plan(report.findings, pods, signals, policy, self.history, now)
         for kind in ("cross_numa", "starved", "noisy_neighbour", "oversized", "undersized"):
             m.findings.labels(kind).set(sum(f.kind == kind for f in report.findings))
@@ -183,7 +183,3 @@ class Controller:
         self.metrics.errors.labels(reason).inc()
         report.error = f"{reason}: {detail}"
         return report
-
-
-def _with(policy: Policy, **changes) -> Policy:
-    return replace(policy, **changes)

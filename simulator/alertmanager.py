@@ -48,9 +48,11 @@ class AlertmanagerServer:
         await wait_ok(
             f"{self.url}/-/ready",
             30,
-            died=lambda: (d / "alertmanager.log").read_text()[-2000:]
-            if self._proc.poll() is not None
-            else None,
+            died=lambda: (
+                (d / "alertmanager.log").read_text()[-2000:]
+                if self._proc.poll() is not None
+                else None
+            ),
         )
         return self
 

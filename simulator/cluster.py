@@ -144,12 +144,12 @@ class SimulatedCluster:
     def _by_room(self, need: int) -> list[SimNode]:
         """The scheduler: NUMA-blind, it looks at the node's totals only."""
         return sorted(
-            (n for n in self.nodes.values() if len(self._free_cpus(n)) >= need),
-            key=lambda n: (-len(self._free_cpus(n)), n.name),
+            (n for n in self.nodes.values() if len(self.free_cpus(n)) >= need),
+            key=lambda n: (-len(self.free_cpus(n)), n.name),
         )
 
     def _admit(self, node: SimNode, need: int, resources: list[str]):
-        free = self._free_cpus(node)
+        free = self.free_cpus(node)
         by_numa = {i: sorted(parse_id_list(n.cpus) & free) for i, n in enumerate(node.host.nodes)}
         units_by_numa = {i: [self._free_unit(node, r, i) for r in resources] for i in by_numa}
         aligned = [
@@ -167,7 +167,7 @@ class SimulatedCluster:
             return None
         return frozenset(sorted(free)[:need]), units
 
-    def _free_cpus(self, node: SimNode) -> frozenset[int]:
+    def free_cpus(self, node: SimNode) -> frozenset[int]:
         """CPUs the CPU manager can give exclusively: all but those already given (the
         shared pool shrinks as it does)."""
         taken: set[int] = set()

@@ -98,7 +98,6 @@ class GpuRecord:
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    driver_version: str
     gpus: tuple[GpuRecord, ...]
     issues: list[Issue] = field(default_factory=list)
 
@@ -128,7 +127,6 @@ class NvmlSource:
         self._gpm_support: dict[str, bool] = {}  # by GPU uuid
         # GPU index -> (GPM sample, when taken) per GPU or slice
         self._samples: dict[int, dict[tuple, tuple[Any, float]]] = {}
-        self.driver_version = ""
 
     def start(self) -> None:
         """Initialise NVML; GpuUnavailable when the host has no NVIDIA driver."""
@@ -137,10 +135,6 @@ class NvmlSource:
             n.nvmlInit()
         except (n.NVMLError_LibraryNotFound, n.NVMLError_DriverNotLoaded) as err:
             raise GpuUnavailable(str(err)) from None
-        try:
-            self.driver_version = n.nvmlSystemGetDriverVersion()
-        except n.NVMLError:
-            self.driver_version = ""
 
     def close(self, timeout: float = 5.0) -> None:
         """Wait a while for reads in flight; shut NVML down unless one is still stuck."""
@@ -157,9 +151,7 @@ class NvmlSource:
         try:
             count = n.nvmlDeviceGetCount()
         except n.NVMLError as err:
-            return GpuReading(
-                self.driver_version, (), [Issue("nvml", "nvmlDeviceGetCount", str(err))]
-            )
+            return GpuReading((), [Issue("nvml", "nvmlDeviceGetCount", str(err))])
         futures = {}
         for index in range(count):
             future = self._in_flight.get(index)
@@ -185,7 +177,7 @@ class NvmlSource:
                 del self._in_flight[index]
             gpus.append(record)
             issues.extend(gpu_issues)
-        return GpuReading(self.driver_version, tuple(gpus), issues)
+        return GpuReading(tuple(gpus), issues)
 
     # -- one GPU, in a worker thread -----------------------------------------------
 
