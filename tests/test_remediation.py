@@ -570,7 +570,10 @@ async def test_guards_and_caps_hold_under_a_hundred_findings(tmp_path):
             session = await stack.enter_async_context(aiohttp.ClientSession())
             client = await api_client(kubeconfig)
             stack.push_async_callback(client.close)
-            await prom.wait_for('count(numaguard_pod_cross_numa{reason="cpu_span"} == 1) >= 100')
+            await prom.wait_for(
+                # named series: before the pod names arrive the series carry none
+                'count(numaguard_pod_cross_numa{reason="cpu_span", pod=~"w.+"} == 1) >= 100'
+            )
             await prom.wait_for('numaguard_gpu_starved{reason="cpu_throttled"} == 1')
             await asyncio.sleep(5)  # a whole window of it
             controller = Controller(
