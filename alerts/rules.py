@@ -15,13 +15,21 @@ from pathlib import Path
 import yaml
 
 from exporter import catalogue as c
-from remediator.queries import Windows, expressions
+from remediator.findings import Detection
+from remediator.queries import DEFAULT_SELECTOR, Windows, expressions, selected
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_FILE = ROOT / "alerts" / "numaguard.rules.yml"
 RUNBOOKS = ROOT / "docs" / "runbooks"
 RUNBOOK_URL = "https://github.com/numaguard/numaguard/blob/main/docs/runbooks/{}.md"
-EXPORTER_JOB = "numaguard"  # the scrape job of the exporters (the ServiceMonitor's)
+# The exporters' own series only, as the remediator reads them (the ServiceMonitor's job)
+SELECTOR = DEFAULT_SELECTOR
+D = Detection()  # the remediator's thresholds: an alert says what it would act on
+
+
+def e(spec: c.MetricSpec, *matchers: str) -> str:
+    """An exporter metric, selected as the remediator selects it."""
+    return selected(spec.name, SELECTOR, *matchers)
 
 
 @dataclass(frozen=True)
@@ -49,9 +57,7 @@ def recording(windows: Windows = Windows()) -> dict[str, str]:
         # per-slice SM activity over the sizing window, normalised to the slice
         "numaguard:mig_sm_utilization:avg": q["slice_sm"],
         # the worst remote-traffic share of any NUMA node, per node
-        "numaguard:node_remote_traffic_ratio:max": (
-            f"max by (node) ({c.NUMA_REMOTE_TRAFFIC.name})"
-        ),
+        "numaguard:node_remote_traffic_ratio:max": (f"max by (node) ({e(c.NUMA_REMOTE_TRAFFIC)})"),
     }
 
 
@@ -99,12 +105,14 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardMIGSliceOversized",
-            f"({q['slice_sm']}) < 0.1 and on (node, mig_uuid) {c.MIG_PROCESSES.name} > 0",
+            f"({q['slice_sm']}) < {D.low_utilization:g} "
+            f"and on (node, mig_uuid) {e(c.MIG_PROCESSES)} > 0",
             "0m",
             "info",
             "MIG slice {{ $labels.mig_uuid }} ({{ $labels.mig_profile }}) is nearly idle",
             "On node {{ $labels.node }}, slice {{ $labels.mig_uuid }} of GPU {{ $labels.gpu }} "
-            "({{ $labels.mig_profile }}) has work on it but under 10% SM activity over the "
+            f"({{{{ $labels.mig_profile }}}}) has work on it but under {D.low_utilization:.0%} "
+            "SM activity over the "
             "sizing window.",
             "A job holds a larger slice than it uses: other jobs queue for the capacity it "
             "leaves idle.",
@@ -115,14 +123,14 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardMIGSliceUndersized",
-            f"({q['slice_sm']}) >= 0.9 or ({q['slice_memory_peak']}) >= 0.95 * "
-            f"{c.MIG_MEMORY_TOTAL.name}",
+            f"({q['slice_sm']}) >= {D.saturated:g} or ({q['slice_memory_peak']}) >= "
+            f"{D.memory_full:g} * {e(c.MIG_MEMORY_TOTAL)}",
             "0m",
             "info",
             "MIG slice {{ $labels.mig_uuid }} ({{ $labels.mig_profile }}) is saturated",
             "On node {{ $labels.node }}, slice {{ $labels.mig_uuid }} of GPU {{ $labels.gpu }} "
-            "({{ $labels.mig_profile }}) ran at 90% SM activity or 95% of its memory over the "
-            "sizing window.",
+            f"({{{{ $labels.mig_profile }}}}) ran at {D.saturated:.0%} SM activity or "
+            f"{D.memory_full:.0%} of its memory over the sizing window.",
             "The job is limited by its slice: it would run faster on the next larger profile.",
             "Request the next larger `nvidia.com/mig-*` profile (the remediator recommends it), "
             "or annotate the Deployment for automatic resizing.",
@@ -130,7 +138,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardHighRemoteMemoryTraffic",
-            f"max by (node) ({c.NUMA_REMOTE_TRAFFIC.name}) > 0.5",
+            f"max by (node) ({e(c.NUMA_REMOTE_TRAFFIC)}) > 0.5",
             "15m",
             "warning",
             "Node {{ $labels.node }} sends most of its memory traffic across sockets",
@@ -144,8 +152,8 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardLLCNoisyNeighbour",
-            f"max by (node, l3_domain, namespace, pod) ({c.POD_LLC_SHARE.name}) >= 0.5 "
-            f"and on (node) max by (node) ({c.GPU_STARVED.name}) == 1",
+            f"max by (node, l3_domain, namespace, pod) ({e(c.POD_LLC_SHARE)}) >= "
+            f"{D.llc_dominant_share:g} and on (node) max by (node) ({e(c.GPU_STARVED)}) == 1",
             "10m",
             "warning",
             "Pod {{ $labels.namespace }}/{{ $labels.pod }} holds most of an L3 cache next to a "
@@ -161,7 +169,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardRMIDsExhausted",
-            f"{c.RESCTRL_UNMONITORED.name} > 0",
+            f"{e(c.RESCTRL_UNMONITORED)} > 0",
             "15m",
             "info",
             "Node {{ $labels.node }} ran out of resctrl monitoring IDs",
@@ -175,7 +183,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardExporterDown",
-            f'up{{job="{EXPORTER_JOB}"}} == 0',
+            f"{selected('up', SELECTOR)} == 0",
             "5m",
             "critical",
             "numaguard exporter {{ $labels.instance }} is down",
@@ -188,7 +196,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardCollectorFailing",
-            f"{c.COLLECTOR_SUCCESS.name} == 0",
+            f"{e(c.COLLECTOR_SUCCESS)} == 0",
             "10m",
             "warning",
             "Collector {{ $labels.collector }} fails on {{ $labels.node }}",
@@ -203,7 +211,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardExporterStale",
-            f"time() - {c.COLLECTOR_LAST_SUCCESS.name} > 300",
+            f"time() - {e(c.COLLECTOR_LAST_SUCCESS)} > 300",
             "5m",
             "warning",
             "numaguard data from {{ $labels.node }} is stale",
@@ -241,7 +249,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         Alert(
             "NumaguardRemediationNotHolding",
             f"increase({c.REMEDIATOR_VERIFICATIONS.name}"
-            '{outcome=~"did_not_hold|gave_up"}[1h]) > 0',
+            '{outcome=~"did_not_hold|unverified|gave_up"}[1h]) > 0',
             "0m",
             "warning",
             "numaguard fixes do not hold",
@@ -250,7 +258,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "The replacement pod was placed as badly as before: typically a node whose Topology "
             "Manager policy is `none` or `best-effort`, or a scheduler that keeps choosing the "
             "same node.",
-            "Set `single-numa-node` on GPU nodes; check the `RemediationDidNotHold` Events. The "
+            "Set `single-numa-node` on GPU nodes; check the `RemediationVerified` Events. The "
             "remediator backs off and gives up on such workloads by itself.",
             "numaguard-remediation",
         ),

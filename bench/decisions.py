@@ -16,18 +16,24 @@ import random
 import tempfile
 import time
 
-import pandas as pd
-
 from exporter.readers import parse_id_list
 from remediator.findings import FindingState, update
-from remediator.planner import PodInfo, Policy, WorkloadHistory, plan
-from remediator.queries import expressions
+from remediator.planner import (
+    PodInfo,
+    Policy,
+    WorkloadHistory,
+    after_action,
+    after_verification,
+    plan,
+)
+from remediator.queries import REQUIRED_LABELS
 from remediator.signals import Signals
 from simulator import presets
 from simulator.cluster import SimulatedCluster, owned
 from simulator.host import FakeContainer, FakePod
 from simulator.kubeapi import pod_objects
 from simulator.nvml import FakeGpu
+from simulator.prometheus import as_signals
 
 PROTECTED = {"kube-system", "opted-out", "bare"}  # how a pod may be protected
 
@@ -68,19 +74,23 @@ def scenario(directory: str, seed: int, nodes: int, policies: tuple[str, ...]):
     return sim, protected
 
 
+COLLECTORS = ("host_numa", "pod_placement", "gpu", "pod_resources", "resctrl")
+
+
 def observe(
     sim: SimulatedCluster, protected: dict[str, str], now: float
 ) -> tuple[Signals, dict[str, PodInfo]]:
-    """What the exporters would report, and what the API server would say, right now."""
-    rows: dict[str, list[dict]] = {name: [] for name in expressions()}
+    """What the exporters would report (fresh, from each node's own target), and what
+    the API server would say, right now."""
+    rows: dict[str, list[dict]] = {name: [] for name in REQUIRED_LABELS}
     infos: dict[str, PodInfo] = {}
     for node in sim.nodes.values():
         host, nvml = node.host, node.nvml
-        for collector in ("pod_placement", "gpu", "pod_resources"):
-            rows["collector_age"].append({"node": node.name, "collector": collector, "value": 1})
-            rows["collector_success"].append(
-                {"node": node.name, "collector": collector, "value": 1}
-            )
+        rows["targets_up"].append({"node": node.name, "value": 1})
+        for collector in COLLECTORS:
+            ids = {"node": node.name, "collector": collector}
+            rows["collector_age"].append({**ids, "value": 1})
+            rows["collector_success"].append({**ids, "value": 1})
         free = sim.free_cpus(node)
         held = {
             u for p in host.pods for c in p.containers for ids in c.devices.values() for u in ids
@@ -111,8 +121,9 @@ def observe(
                     {
                         **ids,
                         "gpu_uuid": uuid,
-                        "mig_uuid": "",
+                        "numa_node": numa_of_gpu[uuid],
                         "resource": "nvidia.com/gpu",
+                        "source": "kubelet",
                         "value": 1,
                     }
                 )
@@ -120,9 +131,13 @@ def observe(
                     row = {**ids, "reason": "device_remote", "value": 1}
                     rows["cross_numa_sustained"].append(row)
                     rows["cross_numa_seen"].append(row)
-            if ctr.exclusive_cpus:
-                rows["pod_exclusive_cpus"].append({**ids, "value": len(cpus)})
-            rows["pod_memory"].append({**ids, "value": sum(ctr.memory_by_node.values())})
+                    rows["cross_numa_age"].append({**row, "value": 1})
+            for i in cpu_nodes:
+                in_zone = len(cpus & parse_id_list(host.nodes[i].cpus))
+                if ctr.exclusive_cpus:
+                    rows["pod_exclusive_cpus"].append({**ids, "numa_node": i, "value": in_zone})
+            for i, size in ctr.memory_by_node.items():
+                rows["pod_memory"].append({**ids, "numa_node": i, "value": size})
             kind = protected.get(pod.uid, "")
             stem = pod.name.split(".")[0]
             infos[pod.uid] = PodInfo(
@@ -135,9 +150,10 @@ def observe(
                 owner_name="" if kind == "bare" else f"{stem}-rs",
                 workload="" if kind == "bare" else f"Deployment/{pod.namespace}/{stem}",
                 annotations={"numaguard.io/remediate": "false"} if kind == "opted-out" else {},
+                resources=frozenset(ctr.devices),
             )
-    empty = pd.DataFrame({"value": pd.Series(dtype=float)})
-    return Signals(now, {k: pd.DataFrame(v) if v else empty for k, v in rows.items()}), infos
+    instances = {n: f"{n}:9847" for n in sim.nodes}
+    return as_signals(now, rows, instances), infos
 
 
 def run_scenario(seed: int, nodes: int, policies: tuple[str, ...], cycles: int = 6) -> dict:
@@ -160,7 +176,6 @@ def run_scenario(seed: int, nodes: int, policies: tuple[str, ...], cycles: int =
             give_up_after=2,
         )
         history: dict[str, WorkloadHistory] = {}
-        evicted_at: dict[str, int] = {}
         state = FindingState()
         now = time.time()
         first_seen: dict[str, int] = {}  # workload -> cycle its finding was first open
@@ -168,7 +183,8 @@ def run_scenario(seed: int, nodes: int, policies: tuple[str, ...], cycles: int =
         evictions = violations = 0
         remediable: set[str] = set()
         for cycle in range(cycles):
-            signals, infos = observe(sim, protected, now + cycle * 60)
+            at = now + cycle * 60
+            signals, infos = observe(sim, protected, at)
             state = update(state, signals)
             findings = list(state.open.values())
             open_workloads = {infos[f.pod_uid].workload or f.pod_uid for f in findings}
@@ -176,11 +192,11 @@ def run_scenario(seed: int, nodes: int, policies: tuple[str, ...], cycles: int =
                 first_seen.setdefault(w, cycle)
             for w in set(first_seen) - open_workloads - set(fixed_at):
                 fixed_at[w] = cycle
-            for w, at in list(evicted_at.items()):  # the verifier, one cycle later
-                if cycle > at:
-                    history[w].failures = history[w].failures + 1 if w in open_workloads else 0
-                    del evicted_at[w]
-            result = plan(findings, infos, signals, policy, history, now + cycle * 60)
+            for w, h in list(history.items()):  # the verifier, one cycle later
+                for pending in h.pending:
+                    outcome = "did_not_hold" if w in open_workloads else "held"
+                    history[w] = h = after_verification(h, pending, outcome)
+            result = plan(findings, infos, signals, policy, history, at)
             no_fit = {r.finding.pod_uid for r in result.refusals if r.guard == "no_fit"}
             for f in findings:
                 if f.pod_uid not in protected and f.pod_uid not in no_fit:
@@ -195,9 +211,8 @@ def run_scenario(seed: int, nodes: int, policies: tuple[str, ...], cycles: int =
                 obj = {"metadata": {"uid": action.pod.uid}, "spec": {"nodeName": host_node.name}}
                 sim.replace(obj)
                 evictions += 1
-                h = history.setdefault(action.pod.workload, WorkloadHistory())
-                h.last_action = now + cycle * 60
-                evicted_at[action.pod.workload] = cycle
+                w = action.pod.workload
+                history[w] = after_action(history.get(w), action, "evicted", at)
         fixed_in_3 = sum(
             1 for w in remediable if w in fixed_at and fixed_at[w] - first_seen[w] <= 3
         )

@@ -749,7 +749,8 @@ REMEDIATOR_REFUSALS = _m(
 REMEDIATOR_VERIFICATIONS = _m(
     "remediator_verifications_total",
     "counter",
-    "Fixes checked after the fact, by outcome: held, did_not_hold, gave_up.",
+    "Fixes checked after the fact, by outcome: held, did_not_hold, unverified (no fresh "
+    "evidence by the deadline), gave_up.",
     ("outcome",),
     "remediator",
 )
@@ -757,6 +758,14 @@ REMEDIATOR_ERRORS = _m(
     "remediator_cycle_errors_total",
     "counter",
     "Cycles that took no action because their data was doubtful, by reason.",
+    ("reason",),
+    "remediator",
+)
+REMEDIATOR_DROPPED_ROWS = _m(
+    "remediator_dropped_rows_total",
+    "counter",
+    "Rows of Prometheus answers not used, by reason: missing_label, bad_value (not a "
+    "finite, non-negative number).",
     ("reason",),
     "remediator",
 )

@@ -1,7 +1,9 @@
 """The actuator: the only code that writes to the Kubernetes API. Evictions through the
 Eviction API (so PodDisruptionBudgets hold), owner patches for opted-in MIG resizes,
-and an Event for every action and refusal. Leadership is confirmed before each write;
-in dry-run only Events are written, saying what would have been done."""
+the workload's history (an annotation on the workload, written before the action it
+records), and an Event for every action and refusal. Leadership is confirmed before
+each write, Events included; in dry-run only Events are written, saying what would have
+been done."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import logging
 import time
 from datetime import UTC, datetime
 
+from remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL, RESOURCE_OF
 from remediator.kube import Kube
 from remediator.leader import LeaderElector
-from remediator.planner import Action, PodInfo, Refusal
+from remediator.planner import Action, PodInfo, Refusal, WorkloadHistory
 
 log = logging.getLogger(__name__)
 COMPONENT = "numaguard-remediator"
@@ -23,22 +26,35 @@ class Actuator:
         self.elector = elector
         self.clock = clock
 
-    async def act(self, action: Action) -> str:
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.leading
+
+    async def act(self, action: Action, intent: WorkloadHistory | None = None) -> str:
         """Carry out one action; its result: evicted | resized | recommended | dry_run |
-        pdb_blocked (429, retried in a later cycle) | failed | gone | not_leader."""
+        pdb_blocked (429, retried in a later cycle) | failed | gone | not_leader.
+        ``intent``: the workload's history with this action in it, written first — an
+        action whose record cannot be kept is not taken."""
         pod = action.pod
+        if not self.leading():
+            return "not_leader"
         if action.kind == "recommend":
             await self.event(pod, "Recommendation", action.detail, "Normal")
             return "recommended"
         if action.dry_run:
             await self.event(pod, "DryRun", f"would {action.detail}", "Normal")
             return "dry_run"
-        if self.elector is not None and not await self.elector.confirm():
+        if intent is not None and action.kind == "evict":
+            recorded = await self.record(pod.workload, intent)
+            if recorded != "ok":
+                return recorded
+        if not self.leading():
             return "not_leader"
         if action.kind == "evict":
             result = await self._evict(pod)
         else:
-            result = await self._resize(pod, action.finding.profile, action.finding.recommended)
+            result = await self._resize(
+                pod, action.finding.profile, action.finding.recommended, intent
+            )
         kind = "Normal" if result in ("evicted", "resized") else "Warning"
         reason = f"Remediation{result.title().replace('_', '')}"
         await self.event(pod, reason, action.detail, kind)
@@ -46,6 +62,20 @@ class Actuator:
             pod, reason, f"{pod.namespace}/{pod.name}: {action.detail}", kind, owner=True
         )
         return result
+
+    async def record(self, workload: str, history: WorkloadHistory) -> str:
+        """Write the workload's history on it: ok | not_leader | gone | failed."""
+        if not self.leading():
+            return "not_leader"
+        kind, namespace, name = workload.split("/")
+        answer = await self.kube.patch(
+            f"/apis/apps/v1/namespaces/{namespace}/{RESOURCE_OF[kind]}/{name}",
+            {"metadata": _history_metadata(history)},
+        )
+        if answer.ok:
+            return "ok"
+        log.warning("history of %s not written: HTTP %s", workload, answer.status)
+        return "gone" if answer.status == 404 else "failed"
 
     async def refused(self, refusal: Refusal, pod: PodInfo | None) -> None:
         if pod is not None:
@@ -73,8 +103,11 @@ class Actuator:
         log.warning("eviction of %s/%s: HTTP %s", pod.namespace, pod.name, answer.status)
         return "failed"
 
-    async def _resize(self, pod: PodInfo, old: str, new: str) -> str:
-        """Swap nvidia.com/mig-<old> for nvidia.com/mig-<new> in the owner's pod template."""
+    async def _resize(
+        self, pod: PodInfo, old: str, new: str, intent: WorkloadHistory | None
+    ) -> str:
+        """Swap nvidia.com/mig-<old> for nvidia.com/mig-<new> in the owner's pod template,
+        with the history recording it in the same write."""
         kind, namespace, name = pod.workload.split("/")
         path = f"/apis/apps/v1/namespaces/{namespace}/{kind.lower()}s/{name}"
         answer = await self.kube.get(path)
@@ -92,10 +125,10 @@ class Actuator:
                     changed = True
         if not changed:
             return "failed"  # the template no longer asks for that profile
-        patch = {
-            "metadata": {"resourceVersion": answer.body["metadata"]["resourceVersion"]},
-            "spec": {"template": {"spec": {"containers": containers}}},
-        }
+        meta = {"resourceVersion": answer.body["metadata"]["resourceVersion"]}
+        if intent is not None:
+            meta.update(_history_metadata(intent))
+        patch = {"metadata": meta, "spec": {"template": {"spec": {"containers": containers}}}}
         patched = await self.kube.patch(path, patch)
         return "resized" if patched.ok else "failed"
 
@@ -103,7 +136,7 @@ class Actuator:
         self, pod: PodInfo | None, reason: str, message: str, kind: str, owner: bool = False
     ) -> None:
         """An Event on the pod, or (``owner``) on the workload that owns it."""
-        if pod is None or (owner and not pod.workload):
+        if pod is None or (owner and not pod.workload) or not self.leading():
             return
         if owner:
             workload_kind, _, name = pod.workload.split("/")
@@ -141,3 +174,12 @@ class Actuator:
         )
         if not answer.ok:  # an Event lost is not worth failing the cycle for
             log.info("event %s on %s/%s: HTTP %s", reason, pod.namespace, pod.name, answer.status)
+
+
+def _history_metadata(history: WorkloadHistory) -> dict:
+    """The annotation holding the history, and the label that finds workloads with
+    actions awaiting verification (removed when none is)."""
+    return {
+        "annotations": {HISTORY_ANNOTATION: history.to_json()},
+        "labels": {PENDING_LABEL: "true" if history.pending else None},
+    }

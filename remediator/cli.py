@@ -13,12 +13,13 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 
 import aiohttp
 import yaml
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import TypeAdapter, ValidationError
 
 from exporter import __version__, logs
 from exporter.sources.kube import KubeconfigError, api_client
@@ -29,11 +30,21 @@ from remediator.leader import LeaderElector
 from remediator.metrics import Metrics
 from remediator.planner import Policy
 from remediator.queries import Windows
-from remediator.signals import Prometheus
+from remediator.signals import Prometheus, Source
 
 log = logging.getLogger("remediator")
 
-SECTIONS = {"policy": Policy, "detection": Detection, "windows": Windows}
+SECTIONS = {"policy": Policy, "detection": Detection, "windows": Windows, "prometheus": Source}
+# flag (argparse dest) -> (config section, key) it overrides
+FLAGS = {
+    "max_per_cycle": ("policy", "max_per_cycle"),
+    "max_per_node": ("policy", "max_per_node"),
+    "max_per_namespace": ("policy", "max_per_namespace"),
+    "min_pod_age": ("policy", "min_pod_age_seconds"),
+    "verify_after": ("policy", "verify_after_seconds"),
+    "finding_window": ("windows", "finding"),
+    "selector": ("prometheus", "selector"),
+}
 
 
 class ConfigError(Exception):
@@ -91,7 +102,8 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument(
             "--kubeconfig",
             metavar="FILE",
-            help="kubeconfig; in a cluster the service account is used without it",
+            help="kubeconfig; without it, as kubectl: $KUBECONFIG, ~/.kube/config, then the "
+            "in-cluster service account",
         )
         s.add_argument("--max-per-cycle", type=int, metavar="N", help="actions per cycle")
         s.add_argument("--max-per-node", type=int, metavar="N", help="actions per node per cycle")
@@ -115,6 +127,19 @@ def parser() -> argparse.ArgumentParser:
             metavar="DURATION",
             help="how long a condition must hold to be a finding (PromQL duration)",
         )
+        s.add_argument(
+            "--verify-after",
+            type=float,
+            metavar="SECONDS",
+            help="how long a fixed workload's replacement must be seen aligned before the "
+            "fix counts as held",
+        )
+        s.add_argument(
+            "--selector",
+            metavar="MATCHERS",
+            help='label matchers selecting the exporters\' own series (default job="numaguard", '
+            "as the alert rules); series of other scrape targets are never read",
+        )
         s.add_argument("--log-format", choices=("json", "text"), default="json", help=" ")
         s.add_argument(
             "--log-level", choices=("debug", "info", "warning", "error"), default="info", help=" "
@@ -134,8 +159,9 @@ def parser() -> argparse.ArgumentParser:
                 "--dry-run",
                 dest="dry_run",
                 action="store_true",
-                default=True,
-                help="plan and record Events, change nothing (the default)",
+                default=None,
+                help="plan and record Events, change nothing (the default, unless the "
+                "config says policy.dry_run: false)",
             )
             dry.add_argument(
                 "--no-dry-run",
@@ -164,11 +190,37 @@ def parser() -> argparse.ArgumentParser:
                 default=os.environ.get("POD_NAME", socket.gethostname()),
                 help="this replica's name in the Lease (env POD_NAME)",
             )
+            s.add_argument(
+                "--lease-duration",
+                type=int,
+                default=15,
+                metavar="SECONDS",
+                help="how long others wait, after they last saw the Lease change, before "
+                "taking it over",
+            )
+            s.add_argument(
+                "--renew-deadline",
+                type=float,
+                default=10.0,
+                metavar="SECONDS",
+                help="the leader stops acting when it could not renew for this long (less "
+                "than the lease duration)",
+            )
+            s.add_argument(
+                "--retry-period",
+                type=float,
+                default=2.0,
+                metavar="SECONDS",
+                help="how often the Lease is renewed or tried, in the background",
+            )
     return p
 
 
-def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows]:
-    sections = {"policy": {}, "detection": {}, "windows": {}}
+def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows, Source]:
+    """The config file's sections with the flags over them, validated as a whole: a
+    wrong value is a ConfigError naming the key, the value and what is allowed."""
+    sections: dict[str, dict] = {name: {} for name in SECTIONS}
+    where = args.config or "flags"
     if args.config:
         try:
             with open(args.config) as f:
@@ -178,34 +230,43 @@ def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows]:
         if not isinstance(loaded, dict) or set(loaded) - set(SECTIONS):
             raise ConfigError(f"{args.config}: top-level keys must be among {sorted(SECTIONS)}")
         for section, values in loaded.items():
-            known = {f.name for f in fields(SECTIONS[section])}
-            if not isinstance(values, dict) or set(values) - known:
-                raise ConfigError(f"{args.config}: {section} takes {sorted(known)}, got {values!r}")
-            sections[section] = values
-    policy = Policy(**{**sections["policy"]})
-    overrides = {
-        "max_per_cycle": args.max_per_cycle,
-        "max_per_node": args.max_per_node,
-        "max_per_namespace": args.max_per_namespace,
-        "min_pod_age_seconds": args.min_pod_age,
-    }
-    policy = replace(policy, **{k: v for k, v in overrides.items() if v is not None})
-    protected = (*policy.protected_namespaces, *(args.protected_namespace or ()))
-    policy = replace(policy, protected_namespaces=tuple(dict.fromkeys(("kube-system", *protected))))
-
-    if getattr(args, "dry_run", True) is False:
-        policy = replace(policy, dry_run=False)
-    else:
-        policy = replace(policy, dry_run=True)
-    windows = Windows(**sections["windows"])
-    if args.finding_window:
-        windows = replace(windows, finding=args.finding_window)
-    return policy, Detection(**sections["detection"]), windows
+            if not isinstance(values, dict):
+                raise ConfigError(f"{args.config}: {section} must be a mapping, got {values!r}")
+            sections[section] = dict(values)
+    for flag, (section, key) in FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            sections[section][key] = value
+    if getattr(args, "dry_run", None) is not None:  # `run --dry-run` / `--no-dry-run`
+        sections["policy"]["dry_run"] = args.dry_run
+    built = {}
+    for name, cls in SECTIONS.items():
+        try:
+            built[name] = TypeAdapter(cls).validate_python(sections[name])
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{name}.{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})"
+                for e in err.errors()
+            )
+            raise ConfigError(f"{where}: {problems}") from None
+    policy, detection = built["policy"], built["detection"]
+    protected = ("kube-system", *policy.protected_namespaces, *(args.protected_namespace or ()))
+    policy = replace(policy, protected_namespaces=tuple(dict.fromkeys(protected)))
+    if detection.low_utilization >= detection.saturated:
+        raise ConfigError(
+            f"{where}: detection.low_utilization ({detection.low_utilization}) must be under "
+            f"detection.saturated ({detection.saturated})"
+        )
+    if policy.verify_deadline_seconds < policy.verify_after_seconds:
+        raise ConfigError(
+            f"{where}: policy.verify_deadline_seconds must be at least verify_after_seconds"
+        )
+    return policy, detection, built["windows"], built["prometheus"]
 
 
 async def _controller(args, session, kube, elector, metrics) -> Controller:
-    policy, detection, windows = settings(args)
-    prometheus = Prometheus(args.prometheus, session, windows=windows)
+    policy, detection, windows, source = settings(args)
+    prometheus = Prometheus(args.prometheus, session, source, windows=windows)
     return Controller(prometheus, kube, policy, detection, elector, metrics)
 
 
@@ -285,10 +346,40 @@ def render(report: CycleReport, output: str) -> str:
 async def run_command(args) -> int:
     api = await api_client(args.kubeconfig)
     if api is None:
-        raise KubeconfigError("no kubeconfig and not in a cluster: run needs the API server")
+        raise KubeconfigError(
+            "no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a cluster: run needs "
+            "the API server"
+        )
     kube = Kube(api)
+    try:
+        version = await kube.get("/version")
+    except (aiohttp.ClientError, OSError, TimeoutError) as err:
+        version = None
+        reason = str(err) or type(err).__name__
+    else:
+        reason = f"HTTP {version.status}"
+    if version is None or not version.ok:
+        await api.close()
+        raise KubeconfigError(f"the API server does not answer ({reason}): not starting")
     metrics = Metrics()
-    elector = LeaderElector(kube, args.lease_namespace, args.lease_name, args.identity)
+
+    def leadership(leading: bool) -> None:
+        metrics.leader.set(int(leading))
+        log.info(
+            "leading" if leading else "not leading",
+            extra={"identity": args.identity, "lease": args.lease_name, "leading": leading},
+        )
+
+    elector = LeaderElector(
+        kube,
+        args.lease_namespace,
+        args.lease_name,
+        args.identity,
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
+        on_change=leadership,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -310,9 +401,18 @@ async def run_command(args) -> int:
     await runner.setup()
     host, _, port = args.listen.rpartition(":")
     await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+    election = asyncio.create_task(elector.run(stop))  # renews whatever the cycle does
     try:
         async with aiohttp.ClientSession() as session:
             controller = await _controller(args, session, kube, elector, metrics)
+            log.info(
+                "remediator started",
+                extra={
+                    "dry_run": controller.policy.dry_run,
+                    "prometheus": args.prometheus,
+                    "identity": args.identity,
+                },
+            )
             while not stop.is_set():
                 try:
                     await controller.cycle()
@@ -323,8 +423,11 @@ async def run_command(args) -> int:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), args.interval)
     finally:
+        stop.set()
+        await election  # releases the Lease
         await runner.cleanup()
         await api.close()
+    log.info("remediator stopped", extra={"identity": args.identity})
     return 0
 
 
@@ -333,7 +436,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         settings(args)
-    except (ConfigError, TypeError, ValueError) as err:
+        if args.command == "run" and not 0 < args.retry_period < args.renew_deadline < (
+            args.lease_duration
+        ):
+            raise ConfigError(
+                "leader election needs 0 < --retry-period < --renew-deadline < --lease-duration"
+            )
+    except ConfigError as err:
         p.error(str(err))
     logs.setup(args.log_format, args.log_level)
     try:

@@ -10,7 +10,15 @@ from datetime import datetime
 
 from remediator.findings import Finding
 from remediator.kube import Kube
-from remediator.planner import PodInfo
+from remediator.planner import PodInfo, WorkloadHistory
+
+HISTORY_ANNOTATION = "numaguard.io/history"  # the workload's history, JSON
+PENDING_LABEL = "numaguard.io/pending"  # "true" while an action awaits verification
+RESOURCE_OF = {
+    "Deployment": "deployments",
+    "StatefulSet": "statefulsets",
+    "ReplicaSet": "replicasets",
+}
 
 _CONCURRENCY = 16
 _APPS = "/apis/apps/v1/namespaces"
@@ -21,7 +29,8 @@ class ClusterError(Exception):
 
 
 async def pods_of(kube: Kube, findings: list[Finding]) -> dict[str, PodInfo]:
-    """UID -> PodInfo for the findings' pods that still exist (same UID)."""
+    """UID -> PodInfo for the findings' pods that still exist (same UID), each with the
+    history kept on its workload."""
     wanted = {(f.namespace, f.pod): f.pod_uid for f in findings if f.namespace and f.pod}
     for f in findings:  # a noisy neighbour is judged against the pod it crowds out
         if f.feeder_uid:
@@ -50,22 +59,16 @@ async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> Po
     meta, spec = pod["metadata"], pod.get("spec", {})
     namespace = meta["namespace"]
     owner = _controller(meta)
-    workload, workload_annotations = "", {}
+    workload, workload_annotations, mismatch, history = "", {}, "", None
     if owner is not None:
-        kind, name = owner["kind"], owner["name"]
-        top_kind, top_name, top = kind, name, None
-        if kind == "ReplicaSet":
-            rs = await _get_owner(kube, f"{_APPS}/{namespace}/replicasets/{name}", owners)
-            parent = _controller(rs["metadata"]) if rs else None
-            if parent is not None and parent["kind"] == "Deployment":
-                top_kind, top_name = "Deployment", parent["name"]
-                top = await _get_owner(kube, f"{_APPS}/{namespace}/deployments/{top_name}", owners)
-            else:
-                top = rs
-        elif kind == "StatefulSet":
-            top = await _get_owner(kube, f"{_APPS}/{namespace}/statefulsets/{name}", owners)
-        workload = f"{top_kind}/{namespace}/{top_name}"
+        workload, top, mismatch = await _workload(kube, namespace, owner, owners)
         workload_annotations = ((top or {}).get("metadata") or {}).get("annotations") or {}
+        text = workload_annotations.get(HISTORY_ANNOTATION)
+        if text and not mismatch:
+            try:
+                history = WorkloadHistory.from_json(text)
+            except ValueError as err:  # never act as if nothing had been done before
+                mismatch = f"{workload}: {HISTORY_ANNOTATION}: {err}"
     annotations = meta.get("annotations") or {}
     volumes = spec.get("volumes") or []
     return PodInfo(
@@ -83,16 +86,100 @@ async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> Po
         priority_class=spec.get("priorityClassName", ""),
         local_storage=any("emptyDir" in v or "hostPath" in v for v in volumes),
         mirror="kubernetes.io/config.mirror" in annotations,
+        phase=(pod.get("status") or {}).get("phase", ""),
+        mismatch=mismatch,
+        history=history,
+        resources=_extended_resources(spec),
     )
 
 
-async def _get_owner(kube: Kube, path: str, owners: dict[str, dict | None]) -> dict | None:
+async def _workload(
+    kube: Kube, namespace: str, ref: dict, owners: dict[str, dict | None]
+) -> tuple[str, dict | None, str]:
+    """(kind/namespace/name of the top owner, its object, mismatch): owner references
+    are followed by uid, so a same-named object made since is not taken for the owner."""
+    kind, name = ref["kind"], ref["name"]
+    if kind not in ("ReplicaSet", "StatefulSet"):
+        return f"{kind}/{namespace}/{name}", None, ""  # not followed: never acted on
+    obj, why = await _owner(kube, namespace, ref, owners)
+    if why:
+        return f"{kind}/{namespace}/{name}", None, why
+    parent = _controller(obj["metadata"]) if kind == "ReplicaSet" else None
+    if parent is None:
+        return f"{kind}/{namespace}/{name}", obj, ""
+    if parent["kind"] != "Deployment":
+        return f"{parent['kind']}/{namespace}/{parent['name']}", None, ""
+    top, why = await _owner(kube, namespace, parent, owners)
+    return f"Deployment/{namespace}/{parent['name']}", top, why
+
+
+async def _owner(
+    kube: Kube, namespace: str, ref: dict, owners: dict[str, dict | None]
+) -> tuple[dict | None, str]:
+    path = f"{_APPS}/{namespace}/{RESOURCE_OF[ref['kind']]}/{ref['name']}"
     if path not in owners:
         answer = await kube.get(path)
         if not answer.ok and answer.status != 404:
             raise ClusterError(f"GET {path}: HTTP {answer.status}")
         owners[path] = answer.body if answer.ok else None
-    return owners[path]
+    obj = owners[path]
+    if obj is None:
+        return None, f"its owner {ref['kind']} {ref['name']} does not exist"
+    if obj.get("metadata", {}).get("uid") != ref.get("uid"):
+        return None, f"its owner reference's uid is not {ref['kind']} {ref['name']}'s"
+    return obj, ""
+
+
+async def pending_workloads(kube: Kube) -> dict[str, tuple[WorkloadHistory | None, dict]]:
+    """Workloads with actions awaiting verification (labelled so by the actuator): by
+    workload, their history (None when unreadable) and object."""
+    out: dict[str, tuple[WorkloadHistory | None, dict]] = {}
+    for kind, resource in RESOURCE_OF.items():
+        answer = await kube.get(f"/apis/apps/v1/{resource}", labelSelector=f"{PENDING_LABEL}=true")
+        if not answer.ok:
+            raise ClusterError(f"LIST {resource}: HTTP {answer.status}")
+        for obj in answer.body.get("items") or []:
+            meta = obj["metadata"]
+            try:
+                history = WorkloadHistory.from_json(meta.get("annotations", {})[HISTORY_ANNOTATION])
+            except (KeyError, ValueError):
+                history = None
+            out[f"{kind}/{meta['namespace']}/{meta['name']}"] = (history, obj)
+    return out
+
+
+async def workload_pods(kube: Kube, workload: str, obj: dict) -> list[PodInfo] | None:
+    """The workload's pods now (by its selector, then owner uids); None when its
+    selector cannot be read as labels."""
+    namespace = workload.split("/")[1]
+    selector = (obj.get("spec") or {}).get("selector") or {}
+    labels = selector.get("matchLabels") or {}
+    if not labels or selector.get("matchExpressions"):
+        return None
+    answer = await kube.get(
+        f"/api/v1/namespaces/{namespace}/pods",
+        labelSelector=",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+    )
+    if not answer.ok:
+        raise ClusterError(f"LIST pods of {workload}: HTTP {answer.status}")
+    owners: dict[str, dict | None] = {}
+    infos = [await _pod_info(kube, p, owners) for p in answer.body.get("items") or []]
+    return [p for p in infos if p.workload == workload and not p.mismatch]
+
+
+def _extended_resources(spec: dict) -> frozenset[str]:
+    """The devices a pod asks for: extended resources (a domain of their own, not
+    kubernetes.io's) in its containers' requests or limits, and DRA claims."""
+    names = {
+        name
+        for c in spec.get("containers") or []
+        for part in ("requests", "limits")
+        for name in ((c.get("resources") or {}).get(part) or {})
+        if "/" in name and not name.split("/")[0].endswith("kubernetes.io")
+    }
+    if spec.get("resourceClaims"):
+        names.add("resource.k8s.io")
+    return frozenset(names)
 
 
 def _controller(meta: dict) -> dict | None:

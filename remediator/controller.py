@@ -1,6 +1,9 @@
 """The control loop: signals -> findings -> cluster state -> plan -> actuator, then the
 verifier, once per interval, on the leader only. Doubtful data (Prometheus or the API
-server not answering as they should) ends the cycle with no action."""
+server not answering as they should) ends the cycle with no action.
+
+Everything a guard needs to remember lives in the cluster (the workloads' history,
+written by the actuator): this object keeps only what saves repeating an Event."""
 
 from __future__ import annotations
 
@@ -12,25 +15,33 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 
 from remediator.actuator import Actuator
-from remediator.cluster import ClusterError, pods_of
+from remediator.cluster import ClusterError, pending_workloads, pods_of, workload_pods
 from remediator.findings import Detection, Finding, FindingState, update
 from remediator.kube import Kube
 from remediator.leader import LeaderElector
 from remediator.metrics import Metrics
-from remediator.planner import Action, Plan, Policy, WorkloadHistory, plan
+from remediator.planner import (
+    DEPENDS_ON,
+    Action,
+    Evidence,
+    Pending,
+    Plan,
+    PodInfo,
+    Policy,
+    WorkloadHistory,
+    after_action,
+    after_verification,
+    plan,
+)
+from remediator.queries import verification_expressions
 from remediator.signals import Prometheus, SignalsError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Pending:
-    """An action waiting to be verified: did its workload's finding clear?"""
-
-    workload: str
-    kind: str
-    reason: str
-    at: float
+_TRANSPORT = (aiohttp.ClientError, OSError, TimeoutError)
+_VERIFY_LABELS = ("node", "instance", "pod_uid")
+# A replacement is a pod of the workload made after the action; creation times are the
+# API server's, so allow for its clock being a little behind ours.
+_CLOCK_SLACK_SECONDS = 2.0
 
 
 @dataclass
@@ -52,7 +63,6 @@ class Controller:
         detection: Detection = Detection(),
         elector: LeaderElector | None = None,
         metrics: Metrics | None = None,
-        verify_after_seconds: float = 900.0,
         clock=time.time,
     ) -> None:
         self.prometheus = prometheus
@@ -61,14 +71,10 @@ class Controller:
         self.detection = detection
         self.elector = elector
         self.metrics = metrics or Metrics()
-        self.verify_after = verify_after_seconds
         self.clock = clock
         self.actuator = Actuator(kube, elector, clock) if kube else None
         self.state = FindingState()
-        self.history: dict[str, WorkloadHistory] = {}
-        self.pending: list[Pending] = []
-        self.recommended: set[tuple] = set()  # said once per open finding, not each cycle
-        self.refused: dict[tuple, str] = {}  # finding -> the guard its last Event named
+        self.said: dict[tuple, str] = {}  # finding -> the Event last written about it
 
     async def cycle(self, write: bool = True) -> CycleReport:
         """One cycle. ``write`` False: plan only (the ``plan`` command)."""
@@ -76,11 +82,7 @@ class Controller:
         report = CycleReport()
         m = self.metrics
         if write and self.elector is not None:
-            try:
-                report.leader = await self.elector.acquire_or_renew()
-            except (aiohttp.ClientError, OSError, TimeoutError) as err:
-                report.leader = False  # cannot show we lead: we do not
-                self._failed(report, "api_server", str(err) or type(err).__name__)
+            report.leader = self.elector.leading
             m.leader.set(int(report.leader))
             m.paused.set(int(self.elector.paused))
             if not report.leader:
@@ -89,11 +91,20 @@ class Controller:
             signals = await self.prometheus.fetch(self.clock())
         except SignalsError as err:
             return self._failed(report, err.reason, str(err))
+        for (query, reason), n in signals.dropped.items():
+            m.dropped_rows.labels(reason).inc(n)
+            log.warning(
+                "%d rows of %s dropped: %s",
+                n,
+                query,
+                reason,
+                extra={"query": query, "reason": reason},
+            )
         self.state = update(self.state, signals, self.detection)
         report.findings = list(self.state.open.values())
         try:
             pods = await pods_of(self.kube, report.findings) if self.kube else {}
-        except (ClusterError, aiohttp.ClientError, OSError, TimeoutError) as err:
+        except (ClusterError, *_TRANSPORT) as err:
             return self._failed(report, "api_server", str(err) or type(err).__name__)
         now = self.clock()
         policy = self.policy
@@ -101,85 +112,190 @@ class Controller:
             policy = replace(policy, paused=True)
         if not write:
             policy = replace(policy, dry_run=True)
-        report.plan = plan(report.findings, pods, signals, policy, self.history, now)
+        history = {p.workload: p.history for p in pods.values() if p.history}
+        report.plan = plan(report.findings, pods, signals, policy, history, now)
         for kind in ("cross_numa", "starved", "noisy_neighbour", "oversized", "undersized"):
             m.findings.labels(kind).set(sum(f.kind == kind for f in report.findings))
         m.unremediable.set(len(report.plan.unremediable))
-        if write:
-            await self._carry_out(report, pods, now)
-            self._verify(report, pods, now)
+        if write and self.actuator is not None:
+            await self._carry_out(report, pods, history, now)
+            if not policy.paused:
+                try:
+                    await self._verify(report, Evidence(signals, policy.stale_after_seconds))
+                except (ClusterError, SignalsError, *_TRANSPORT) as err:
+                    self._failed(report, "verification", str(err) or type(err).__name__)
         m.duration.set(time.monotonic() - started)
         m.last_success.set(self.clock())
         return report
 
-    async def _carry_out(self, report: CycleReport, pods, now: float) -> None:
+    async def _carry_out(self, report: CycleReport, pods, history, now: float) -> None:
         open_keys = {f.key for f in report.findings}
-        self.refused = {k: g for k, g in self.refused.items() if k in open_keys}
+        self.said = {k: v for k, v in self.said.items() if k in open_keys}
         for refusal in report.plan.refusals:
             self.metrics.refusals.labels(refusal.guard).inc()
-            key = refusal.finding.key
-            if self.actuator is None or self.refused.get(key) == refusal.guard:
+            if self._said_before(refusal.finding, refusal.guard):
                 continue  # an Event when the reason changes, not one per cycle
-            self.refused[key] = refusal.guard
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                await self.actuator.refused(refusal, pods.get(refusal.finding.pod_uid))
-        self.recommended &= open_keys
+            pod = pods.get(refusal.finding.pod_uid)
+            _log_decision("refused", refusal.finding, pod, refusal.guard, refusal.detail)
+            with contextlib.suppress(*_TRANSPORT):
+                await self.actuator.refused(refusal, pod)
         for action in report.plan.actions:
-            if action.kind == "recommend":
-                if action.finding.key in self.recommended:
-                    continue
-                self.recommended.add(action.finding.key)
+            if action.dry_run and self._said_before(action.finding, action.kind):
+                continue  # advice and dry runs: said once per open finding
+            before = history.get(action.pod.workload)
+            intent = None if action.dry_run else after_action(before, action, "evicted", now)
             try:
-                result = await self.actuator.act(action) if self.actuator else "no_api"
-            except (aiohttp.ClientError, OSError, TimeoutError) as err:
-                log.warning(
-                    "%s of %s/%s failed: %r",
-                    action.kind,
-                    action.finding.namespace,
-                    action.finding.pod,
-                    err,
-                )
+                result = await self.actuator.act(action, intent)
+            except _TRANSPORT as err:
+                log.warning("%s failed: %r", action.kind, err)
                 result = "failed"
+            if action.kind == "evict" and result not in ("evicted", "dry_run", "not_leader"):
+                # the intent was written: put down what really happened instead
+                with contextlib.suppress(*_TRANSPORT):
+                    await self.actuator.record(
+                        action.pod.workload, after_action(before, action, result, now)
+                    )
             report.results.append((action, result))
             self.metrics.actions.labels(action.kind, result).inc()
-            if result == "pdb_blocked":  # 429: its budget says not now; ask again later
-                self.history.setdefault(action.pod.workload, WorkloadHistory()).last_action = now
-            if result in ("evicted", "resized"):
-                h = self.history.setdefault(action.pod.workload, WorkloadHistory())
-                h.last_action = now
-                h.in_flight += 1
-                self.pending.append(
-                    Pending(action.pod.workload, action.finding.kind, action.finding.reason, now)
-                )
+            _log_decision(result, action.finding, action.pod, action.kind, action.detail)
 
-    def _verify(self, report: CycleReport, pods, now: float) -> None:
-        """A fix holds when, a verification period after it, its workload shows no
-        finding of the same kind; otherwise the workload backs off, then is given up."""
-        still = {
-            (pods[f.pod_uid].workload, f.kind, f.reason)
-            for f in report.findings
-            if f.pod_uid in pods
-        }
-        waiting = []
-        for p in self.pending:
-            if now - p.at < self.verify_after:
-                waiting.append(p)
+    def _said_before(self, finding: Finding, what: str) -> bool:
+        if self.said.get(finding.key) == what:
+            return True
+        self.said[finding.key] = what
+        return False
+
+    async def _verify(self, report: CycleReport, evidence: Evidence) -> None:
+        """Judge the actions awaiting verification, on positive evidence: a fix held
+        when the workload's replacement pods have fresh series whose verdicts stayed 0
+        over the whole verification period; it did not hold when they stayed 1. Neither,
+        by the deadline: unverified, which counts like a fix that did not hold."""
+        now = self.clock()
+        p = self.policy
+        for workload, (history, obj) in (await pending_workloads(self.kube)).items():
+            if history is None:
+                log.warning("unreadable history on %s: left as it is", workload)
                 continue
-            h = self.history.setdefault(p.workload, WorkloadHistory())
-            h.in_flight = max(0, h.in_flight - 1)
-            if (p.workload, p.kind, p.reason) in still:
-                h.failures += 1
-                outcome = "gave_up" if h.failures >= self.policy.give_up_after else "did_not_hold"
-            else:
-                h.failures = 0
-                outcome = "held"
-            self.metrics.verifications.labels(outcome).inc()
-            report.verified.append((p.workload, outcome))
-            log.info("verification of %s: %s", p.workload, outcome)
-        self.pending = waiting
+            due = [x for x in history.pending if now - x.at >= p.verify_after_seconds]
+            if not due:
+                continue
+            pods = await workload_pods(self.kube, workload, obj)
+            changed = history
+            for pending in due:
+                outcome = await self._outcome(pending, pods, evidence, now)
+                if outcome is None:
+                    continue  # not yet: the evidence is not in
+                changed = after_verification(changed, pending, outcome)
+                if outcome != "held" and changed.failures >= p.give_up_after:
+                    outcome = "gave_up"
+                self.metrics.verifications.labels(outcome).inc()
+                report.verified.append((workload, outcome))
+                log.info(
+                    "verification of %s: %s",
+                    workload,
+                    outcome,
+                    extra={"workload": workload, "outcome": outcome, "finding": pending.kind},
+                )
+            if changed is not history:
+                await self._record_verification(workload, changed, report)
+
+    async def _record_verification(
+        self, workload: str, history: WorkloadHistory, report: CycleReport
+    ) -> None:
+        await self.actuator.record(workload, history)
+        namespace, name = workload.split("/")[1:]
+        outcomes = ", ".join(o for w, o in report.verified if w == workload)
+        owner = PodInfo(namespace, name, "", "", 0.0, workload=workload)
+        with contextlib.suppress(*_TRANSPORT):
+            await self.actuator.event(
+                owner,
+                "RemediationVerified",
+                f"{outcomes} ({history.failures} failed in a row)",
+                "Normal" if outcomes.endswith("held") else "Warning",
+                owner=True,
+            )
+
+    async def _outcome(
+        self, pending: Pending, pods: list[PodInfo] | None, evidence: Evidence, now: float
+    ) -> str | None:
+        """held | did_not_hold | unverified, or None: wait."""
+        late = now - pending.at >= self.policy.verify_deadline_seconds
+        replacements = [
+            q
+            for q in pods or []
+            if q.uid != pending.pod_uid
+            and q.created >= pending.at - _CLOCK_SLACK_SECONDS
+            and q.phase == "Running"
+        ]
+        if not replacements:
+            return "unverified" if late else None
+        queries = verification_expressions(
+            pending.kind,
+            [q.uid for q in replacements],
+            f"{int(self.policy.verify_after_seconds)}s",
+            self.prometheus.selector,
+        )
+        signals = await self.prometheus.fetch_set(
+            queries, dict.fromkeys(queries, _VERIFY_LABELS), now
+        )
+        verdicts = [self._verdict(pending, q, signals, evidence) for q in replacements]
+        if "did_not_hold" in verdicts:
+            return "did_not_hold"
+        if all(v == "held" for v in verdicts):
+            return "held"
+        return "unverified" if late else None
+
+    def _verdict(self, pending: Pending, pod: PodInfo, signals, evidence: Evidence) -> str | None:
+        """One replacement: held | did_not_hold | None (no fresh, whole-period evidence)."""
+        instance, _ = evidence.instance(pod.node)
+        if instance is None or evidence.node_stale(pod.node, DEPENDS_ON[pending.kind]):
+            return None
+
+        def values(name: str) -> list[dict]:
+            df = signals[name]
+            rows = df[(df["pod_uid"] == pod.uid) & (df["node"] == pod.node)]
+            return rows[rows["instance"] == instance].to_dict("records")
+
+        ages = [r["value"] for r in values("age")]
+        if not ages or min(ages) > self.policy.stale_after_seconds:
+            return None
+        throughout, peak = values("held_throughout"), values("peak")
+        if not throughout or not peak:
+            return None  # its series did not yet cover the whole period
+        if pending.kind in ("oversized", "undersized"):
+            wanted = f"nvidia.com/mig-{pending.recommended}"
+            held = any(r.get("resource") == wanted for r in throughout)
+            return "held" if held else "did_not_hold"
+        limit = self.detection.llc_dominant_share if pending.kind == "noisy_neighbour" else 1
+        if max(r["value"] for r in peak) < limit:
+            return "held"  # no verdict of the finding's kind, of any reason, all period
+        if max(r["value"] for r in throughout) >= limit:
+            return "did_not_hold"  # one held at every scrape of the period
+        return None
 
     def _failed(self, report: CycleReport, reason: str, detail: str) -> CycleReport:
         log.warning("cycle skipped, no action: %s", detail, extra={"reason": reason})
         self.metrics.errors.labels(reason).inc()
         report.error = f"{reason}: {detail}"
         return report
+
+
+def _log_decision(result: str, f: Finding, pod: PodInfo | None, what: str, detail: str) -> None:
+    log.info(
+        "%s %s/%s: %s",
+        result,
+        f.namespace,
+        f.pod,
+        detail,
+        extra={
+            "decision": result,
+            "action": what,
+            "finding": f.kind,
+            "reason": f.reason,
+            "namespace": f.namespace,
+            "pod": f.pod,
+            "pod_uid": f.pod_uid,
+            "node": f.node,
+            "workload": pod.workload if pod else "",
+        },
+    )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from remediator.signals import Signals
+from remediator.validation import FORBID_EXTRA, Ratio
 
 # MIG profiles per GPU memory family (SPEC §3), smallest first: (name, compute slices of
 # 7, memory GB as the name says)
@@ -40,6 +41,7 @@ class Finding:
     resource: str = ""  # the extended resource it holds
     feeder_uid: str = ""  # noisy_neighbour: the starved pod it crowds out
     feeder: str = ""  # its namespace/name
+    instance: str = ""  # the scrape target whose series say so
 
     @property
     def key(self) -> tuple:
@@ -48,11 +50,13 @@ class Finding:
 
 @dataclass(frozen=True)
 class Detection:
-    low_utilization: float = 0.3  # sustained SM activity below this: could be smaller
-    saturated: float = 0.9  # at or above this, or memory nearly full: needs larger
-    memory_full: float = 0.95
-    headroom: float = 0.25  # kept free in the recommended profile
-    llc_dominant_share: float = 0.5  # a pod holding this much of an L3 with a starved
+    __pydantic_config__ = FORBID_EXTRA
+
+    low_utilization: Ratio = 0.3  # sustained SM activity below this: could be smaller
+    saturated: Ratio = 0.9  # at or above this, or memory nearly full: needs larger
+    memory_full: Ratio = 0.95
+    headroom: Ratio = 0.25  # kept free in the recommended profile
+    llc_dominant_share: Ratio = 0.5  # a pod holding this much of an L3 with a starved
     # GPU feeder on it is a noisy neighbour
 
 
@@ -88,29 +92,20 @@ def update(
 
 def _placement(signals: Signals, which: str) -> list[Finding]:
     out = []
-    for row in _rows(signals[f"cross_numa_{which}"]):
-        out.append(
-            Finding(
-                "cross_numa",
-                row.get("node", ""),
-                row.get("namespace", ""),
-                row.get("pod", ""),
-                row.get("pod_uid", ""),
-                row.get("reason", ""),
+    for kind in ("cross_numa", "starved"):
+        for row in _rows(signals[f"{kind}_{which}"]):
+            out.append(
+                Finding(
+                    kind,
+                    row["node"],
+                    row["namespace"],
+                    row["pod"],
+                    row["pod_uid"],
+                    row["reason"],
+                    device=row.get("mig_uuid") or row.get("gpu_uuid", ""),
+                    instance=row["instance"],
+                )
             )
-        )
-    for row in _rows(signals[f"starved_{which}"]):
-        out.append(
-            Finding(
-                "starved",
-                row.get("node", ""),
-                row.get("namespace", ""),
-                row.get("pod", ""),
-                row.get("pod_uid", ""),
-                row.get("reason", ""),
-                device=row.get("mig_uuid") or row.get("gpu_uuid", ""),
-            )
-        )
     return out
 
 
@@ -143,6 +138,7 @@ def noisy_neighbours(signals: Signals, open_findings, detection: Detection) -> l
                 device=f"l3:{r['l3_domain']}",
                 feeder_uid=feeder_uid,
                 feeder=f"{feeder.namespace}/{feeder.pod}",
+                instance=r["instance"],
             )
         )
     return out
@@ -154,7 +150,7 @@ def sizing_findings(signals: Signals, detection: Detection) -> list[Finding]:
     if sm.empty:
         return []
     key = ["node", "mig_uuid"]
-    df = sm[[*key, "mig_profile", "value"]].rename(columns={"value": "sm"})
+    df = sm[[*key, "instance", "mig_profile", "value"]].rename(columns={"value": "sm"})
     for name, column in (
         ("slice_sm_peak", "sm_peak"),
         ("slice_memory_peak", "memory_peak"),
@@ -167,9 +163,9 @@ def sizing_findings(signals: Signals, detection: Detection) -> list[Finding]:
     holders = signals["holders"]
     if holders.empty or "mig_uuid" not in holders:
         return []
-    holders = holders[holders["mig_uuid"] != ""][
-        ["node", "mig_uuid", "namespace", "pod", "pod_uid", "resource"]
-    ].drop_duplicates(key)
+    columns = ["node", "mig_uuid", "namespace", "pod", "pod_uid", "resource"]
+    holders = holders.reindex(columns=columns, fill_value="")
+    holders = holders[holders["mig_uuid"] != ""].drop_duplicates(key)
     df = df.merge(holders, on=key)
     out = []
     for row in df.itertuples(index=False):
@@ -202,6 +198,7 @@ def sizing_findings(signals: Signals, detection: Detection) -> list[Finding]:
                 profile=row.mig_profile,
                 recommended=recommended,
                 resource=row.resource,
+                instance=row.instance,
             )
         )
     return out

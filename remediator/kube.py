@@ -14,12 +14,19 @@ REQUEST_TIMEOUT_SECONDS = 15.0
 # Every (API group, resource, verb) the remediator uses; deploy/ grants exactly these.
 API_USE = {
     ("", "pods", "get"),
+    ("", "pods", "list"),  # a workload's pods, to verify a fix on its replacements
     ("", "pods/eviction", "create"),
     ("", "events", "create"),
+    # get: owners and their history; list: those with actions awaiting verification;
+    # patch: the history, and opt-in MIG resizes of Deployments and StatefulSets
     ("apps", "replicasets", "get"),
+    ("apps", "replicasets", "list"),
+    ("apps", "replicasets", "patch"),
     ("apps", "deployments", "get"),
+    ("apps", "deployments", "list"),
     ("apps", "deployments", "patch"),
     ("apps", "statefulsets", "get"),
+    ("apps", "statefulsets", "list"),
     ("apps", "statefulsets", "patch"),
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),

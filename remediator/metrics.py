@@ -26,11 +26,14 @@ class Metrics:
         self.refusals = make(c.REMEDIATOR_REFUSALS)
         self.verifications = make(c.REMEDIATOR_VERIFICATIONS)
         self.errors = make(c.REMEDIATOR_ERRORS)
+        self.dropped_rows = make(c.REMEDIATOR_DROPPED_ROWS)
         self.duration = make(c.REMEDIATOR_DURATION)
         self.leader = make(c.REMEDIATOR_LEADER)
         self.paused = make(c.REMEDIATOR_PAUSED)
         self.last_success = make(c.REMEDIATOR_LAST_SUCCESS)
         for guard in GUARDS:  # every guard and outcome starts at 0, so rate() sees the first
             self.refusals.labels(guard)
-        for outcome in ("held", "did_not_hold", "gave_up"):
+        for outcome in ("held", "did_not_hold", "unverified", "gave_up"):
             self.verifications.labels(outcome)
+        for reason in ("missing_label", "bad_value"):
+            self.dropped_rows.labels(reason)

@@ -9,14 +9,17 @@ taken for the rest of the cycle.
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from remediator.findings import Finding
 from remediator.signals import Signals
+from remediator.validation import FORBID_EXTRA, Count, Factor, Flag, Names, Seconds
 
 # Starved for a placement reason: moving the pod fixes it. For the others (a CPU-bound
 # feeder on an aligned pod) only a recommendation can.
@@ -26,15 +29,18 @@ GUARDS = (
     "paused",
     "stale_data",
     "pod_gone",
+    "evidence_mismatch",
     "protected_namespace",
     "opted_out",
     "mirror_pod",
     "daemonset",
     "bare_pod",
+    "unsupported_owner",
     "system_critical",
     "local_storage",
     "too_young",
     "gave_up",
+    "pdb_blocked",
     "cooldown",
     "not_lower_priority",
     "no_fit",
@@ -43,6 +49,20 @@ GUARDS = (
     "cap_namespace",
     "cap_workload",
 )
+# Owners whose history numaguard can keep (an annotation on them), so that whoever leads
+# next keeps every guard; pods of other owners are not acted on.
+HISTORY_OWNERS = ("Deployment", "StatefulSet", "ReplicaSet")
+# The collectors each finding's evidence comes from; their freshness is checked on the
+# pod's node before anything is done about it.
+DEPENDS_ON = {
+    "cross_numa": ("host_numa", "pod_placement"),
+    "starved": ("pod_placement", "gpu", "pod_resources"),
+    "noisy_neighbour": ("pod_placement", "resctrl", "gpu", "pod_resources"),
+    "oversized": ("gpu", "pod_resources"),
+    "undersized": ("gpu", "pod_resources"),
+}
+# ... and those the capacity of a zone that would take a pod comes from
+CAPACITY_DEPENDS_ON = ("host_numa", "pod_resources")
 
 
 @dataclass(frozen=True)
@@ -63,30 +83,98 @@ class PodInfo:
     priority_class: str = ""
     local_storage: bool = False  # emptyDir or hostPath volumes
     mirror: bool = False  # a static pod's mirror
+    phase: str = "Running"
+    mismatch: str = ""  # why the API server's objects contradict each other (owner uids)
+    history: WorkloadHistory | None = None  # as kept on its workload
+    # extended resources its containers request (nvidia.com/gpu, nvidia.com/mig-...), and
+    # "resource.k8s.io" when it has DRA claims
+    resources: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
 class Policy:
-    dry_run: bool = True
-    paused: bool = False
-    max_per_cycle: int = 5
-    max_per_node: int = 1
-    max_per_namespace: int = 2
-    max_per_workload: int = 1  # actions in flight (not yet verified) per workload
-    cooldown_seconds: float = 1800.0  # after an action on a workload
-    backoff_factor: float = 2.0  # cooldown grows so after each fix that did not hold
-    give_up_after: int = 3  # failed fixes of a workload before it is left alone
-    min_pod_age_seconds: float = 600.0
-    stale_after_seconds: float = 30.0  # two scrape intervals
-    protected_namespaces: tuple[str, ...] = ("kube-system",)
-    allow_local_storage: bool = False
+    __pydantic_config__ = FORBID_EXTRA
+
+    dry_run: Flag = True
+    paused: Flag = False
+    max_per_cycle: Count = 5
+    max_per_node: Count = 1
+    max_per_namespace: Count = 2
+    max_per_workload: Count = 1  # actions in flight (not yet verified) per workload
+    cooldown_seconds: Seconds = 1800.0  # after an action on a workload
+    backoff_factor: Factor = 2.0  # cooldown grows so after each fix that did not hold
+    give_up_after: Count = 3  # failed fixes of a workload before it is left alone
+    min_pod_age_seconds: Seconds = 600.0
+    stale_after_seconds: Seconds = 30.0  # two scrape intervals
+    protected_namespaces: Names = ("kube-system",)
+    allow_local_storage: Flag = False
+    pdb_retry_seconds: Seconds = 300.0  # after a 429, doubled at each one in a row ...
+    pdb_backoff_max_seconds: Seconds = 21600.0  # ... up to this
+    pdb_blocked_after: Count = 3  # 429s in a row before the finding is reported pdb_blocked
+    verify_after_seconds: Seconds = 900.0  # how long a fix must be seen holding
+    verify_deadline_seconds: Seconds = 3600.0  # no verdict by then: unverified
 
 
-@dataclass
+@dataclass(frozen=True)
+class Pending:
+    """An action waiting to be verified."""
+
+    kind: str  # the finding's kind
+    reason: str
+    at: float
+    pod_uid: str  # the pod acted on; its replacements have other uids
+    recommended: str = ""  # a resize's new profile
+
+
+@dataclass(frozen=True)
 class WorkloadHistory:
+    """What numaguard did to a workload and how it went: kept on the workload itself, so
+    that a restarted or new leader keeps every guard."""
+
     last_action: float = 0.0
-    failures: int = 0  # fixes that did not hold, in a row
-    in_flight: int = 0  # actions not yet verified
+    failures: int = 0  # fixes that did not hold (or could not be verified), in a row
+    pending: tuple[Pending, ...] = ()  # actions not yet verified
+    pdb_refusals: int = 0  # 429s in a row
+    last_refusal: float = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "last_action": self.last_action,
+                "failures": self.failures,
+                "pending": [vars(p) for p in self.pending],
+                "pdb_refusals": self.pdb_refusals,
+                "last_refusal": self.last_refusal,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkloadHistory:
+        """Raises ValueError on anything but what ``to_json`` writes."""
+        try:
+            d = json.loads(text)
+            history = cls(
+                float(d["last_action"]),
+                int(d["failures"]),
+                tuple(Pending(**p) for p in d["pending"]),
+                int(d["pdb_refusals"]),
+                float(d["last_refusal"]),
+            )
+        except (TypeError, KeyError, ValueError, AttributeError) as err:
+            raise ValueError(f"unreadable history: {err}") from None
+        numbers = (history.last_action, history.last_refusal, *(p.at for p in history.pending))
+        if (
+            not all(math.isfinite(n) and n >= 0 for n in numbers)
+            or min(history.failures, history.pdb_refusals) < 0
+        ):
+            raise ValueError("unreadable history: negative or non-finite numbers")
+        return history
 
 
 @dataclass(frozen=True)
@@ -123,9 +211,10 @@ def plan(
     history: dict[str, WorkloadHistory],
     now: float,
 ) -> Plan:
-    """``pods``: by UID, the pods the findings name that the API server knows."""
-    stale = stale_nodes(signals, policy.stale_after_seconds)
-    capacity = Capacity.from_signals(signals, {f.pod_uid for f in findings})
+    """``pods``: by UID, the pods the findings name that the API server knows;
+    ``history``: by workload, as read from the workloads this cycle."""
+    evidence = Evidence(signals, policy.stale_after_seconds)
+    capacity = Capacity.from_signals(signals, {f.pod_uid for f in findings}, evidence)
     taken: Counter[str] = Counter()
     actions: list[Action] = []
     refusals: list[Refusal] = []
@@ -133,16 +222,17 @@ def plan(
     for finding in sorted(findings, key=_priority):
         pod = pods.get(finding.pod_uid)
         intent = _intent(finding)
-        if policy.paused or finding.node in stale:  # not even a recommendation
-            guard = "paused" if policy.paused else "stale_data"
-            refusals.append(Refusal(finding, guard, stale.get(finding.node, "paused")))
+        # doubtful evidence stops even a recommendation (an Event in the pod's namespace)
+        guard, detail = ("paused", "paused") if policy.paused else evidence.doubt(finding, pod)
+        if guard is not None:
+            refusals.append(Refusal(finding, guard, detail))
             continue
         if intent == "recommend" or (intent == "resize" and not _opted_in(pod)):
             actions.append(Action("recommend", finding, pod, _advice(finding), True))
             continue
         if finding.pod_uid in acted:
             continue
-        guard, detail = _guard(finding, pod, policy, history, now)
+        guard, detail = _guard(pod, policy, history, now)
         if guard is None and finding.kind == "noisy_neighbour":
             feeder = pods.get(finding.feeder_uid)
             if feeder is None or pod.priority >= feeder.priority:
@@ -150,7 +240,7 @@ def plan(
                 detail = f"not of lower priority than the starved {finding.feeder}"
         if guard is None and intent == "evict":
             need = capacity.need(finding)
-            target = capacity.fit(need)
+            target = capacity.fit(need, finding)
             if target is None:
                 guard, detail = "no_fit", f"no NUMA zone anywhere has {need.describe()}"
         elif guard is None and intent == "resize":
@@ -158,22 +248,43 @@ def plan(
             if target is None:
                 guard, detail = "no_fit", f"no free {finding.recommended} slice in the cluster"
         if guard is None:
-            guard, detail = _caps(finding, pod, policy, history, taken)
+            guard, detail = _caps(pod, policy, history, taken)
         if guard is not None:
             refusals.append(Refusal(finding, guard, detail))
             continue
         if intent == "evict":
-            capacity.take(target, need)
+            capacity.move(finding, target, need)
             node, numa = capacity.name(target)
             detail = f"evict: fits aligned on {node} NUMA node {numa}"
         else:
             capacity.take_slice(target, finding.recommended)
             detail = f"resize {finding.profile} -> {finding.recommended} ({pod.workload})"
-        for key in (f"node/{finding.node}", f"ns/{pod.namespace}", f"wl/{pod.workload}", "all"):
+        for key in (f"node/{pod.node}", f"ns/{pod.namespace}", f"wl/{pod.workload}", "all"):
             taken[key] += 1
         acted.add(finding.pod_uid)
         actions.append(Action(intent, finding, pod, detail, policy.dry_run))
     return Plan(tuple(actions), tuple(refusals))
+
+
+def after_action(
+    h: WorkloadHistory | None, action: Action, result: str, now: float
+) -> WorkloadHistory:
+    """The workload's history once ``action`` ended in ``result``."""
+    h = h or WorkloadHistory()
+    f = action.finding
+    if result in ("evicted", "resized"):
+        pending = Pending(f.kind, f.reason, now, action.pod.uid, f.recommended)
+        return replace(h, last_action=now, pending=(*h.pending, pending), pdb_refusals=0)
+    if result == "pdb_blocked":
+        return replace(h, pdb_refusals=h.pdb_refusals + 1, last_refusal=now)
+    return h
+
+
+def after_verification(h: WorkloadHistory, pending: Pending, outcome: str) -> WorkloadHistory:
+    """The history once ``pending`` was judged: a fix that held resets the failures; one
+    that did not hold, or could not be verified, adds one (longer cooldown, then give up)."""
+    rest = tuple(p for p in h.pending if p != pending)
+    return replace(h, pending=rest, failures=0 if outcome == "held" else h.failures + 1)
 
 
 def _priority(f: Finding) -> tuple:
@@ -206,9 +317,7 @@ def _advice(f: Finding) -> str:
     return f"GPU starved by {f.reason} on an aligned pod: give the feeder more CPU"
 
 
-def _guard(f, pod, policy, history, now) -> tuple[str | None, str]:
-    if pod is None:
-        return "pod_gone", "the API server does not know the pod"
+def _guard(pod, policy, history, now) -> tuple[str | None, str]:
     if pod.namespace in policy.protected_namespaces:
         return "protected_namespace", pod.namespace
     if pod.annotations.get("numaguard.io/remediate") == "false":
@@ -219,6 +328,8 @@ def _guard(f, pod, policy, history, now) -> tuple[str | None, str]:
         return "daemonset", pod.owner_name
     if not pod.owner_kind:
         return "bare_pod", "no controller would recreate it"
+    if pod.workload.split("/")[0] not in HISTORY_OWNERS:
+        return "unsupported_owner", f"{pod.workload}: history is kept on {HISTORY_OWNERS}"
     if pod.priority >= SYSTEM_CRITICAL_PRIORITY or pod.priority_class.startswith("system-"):
         return "system_critical", pod.priority_class or str(pod.priority)
     if pod.local_storage and not policy.allow_local_storage:
@@ -229,17 +340,30 @@ def _guard(f, pod, policy, history, now) -> tuple[str | None, str]:
     if h is not None:
         if h.failures >= policy.give_up_after:
             return "gave_up", f"{h.failures} fixes did not hold"
+        if h.pdb_refusals:
+            wait = pdb_backoff(policy, h.pdb_refusals)
+            if now - h.last_refusal < wait:
+                guard = "pdb_blocked" if h.pdb_refusals >= policy.pdb_blocked_after else "cooldown"
+                return guard, (
+                    f"its PodDisruptionBudget refused {h.pdb_refusals} evictions in a row; "
+                    f"next try in {wait - (now - h.last_refusal):.0f}s"
+                )
         cooldown = policy.cooldown_seconds * policy.backoff_factor**h.failures
         if now - h.last_action < cooldown:
             return "cooldown", f"acted {now - h.last_action:.0f}s ago (cooldown {cooldown:.0f}s)"
     return None, ""
 
 
-def _caps(f, pod, policy, history, taken) -> tuple[str | None, str]:
+def pdb_backoff(policy: Policy, refusals: int) -> float:
+    """How long after its last 429 a workload is asked again: doubling, bounded."""
+    return min(policy.pdb_retry_seconds * 2 ** (refusals - 1), policy.pdb_backoff_max_seconds)
+
+
+def _caps(pod, policy, history, taken) -> tuple[str | None, str]:
     if taken["all"] >= policy.max_per_cycle:
         return "cap_cycle", f"{policy.max_per_cycle} actions this cycle"
-    if taken[f"node/{f.node}"] >= policy.max_per_node:
-        return "cap_node", f"{policy.max_per_node} on {f.node} this cycle"
+    if taken[f"node/{pod.node}"] >= policy.max_per_node:
+        return "cap_node", f"{policy.max_per_node} on {pod.node} this cycle"
     if taken[f"ns/{pod.namespace}"] >= policy.max_per_namespace:
         return "cap_namespace", f"{policy.max_per_namespace} in {pod.namespace} this cycle"
     in_flight = (history.get(pod.workload) or WorkloadHistory()).in_flight
@@ -248,19 +372,135 @@ def _caps(f, pod, policy, history, taken) -> tuple[str | None, str]:
     return None, ""
 
 
-def stale_nodes(signals: Signals, stale_after: float) -> dict[str, str]:
-    """Nodes whose data must not be acted on: a collector that last succeeded too long
-    ago, or failed in its last run."""
-    out: dict[str, str] = {}
-    age = signals["collector_age"]
-    if not age.empty:
-        for row in age[age["value"] > stale_after].itertuples(index=False):
-            out[row.node] = f"{row.collector} last succeeded {row.value:.0f}s ago"
-    ok = signals["collector_success"]
-    if not ok.empty:
-        for row in ok[ok["value"] == 0].itertuples(index=False):
-            out.setdefault(row.node, f"collector {row.collector} is failing")
-    return out
+class Evidence:
+    """Is a finding backed by fresh, genuine data now? Positive evidence only: a node
+    with no series saying its exporter is up and its collectors succeeded recently is
+    stale, as is a verdict whose newest sample is old or missing."""
+
+    def __init__(self, signals: Signals, stale_after: float) -> None:
+        self.signals = signals
+        self.stale_after = stale_after
+        self.targets: dict[str, set[str]] = {}  # node -> instances up now that speak for it
+        for row in _rows(signals["targets_up"]):
+            self.targets.setdefault(row["node"], set()).add(row["instance"])
+        self.collector_age = {
+            (r["node"], r["instance"], r["collector"]): r["value"]
+            for r in _rows(signals["collector_age"])
+        }
+        self.collector_ok = {
+            (r["node"], r["instance"], r["collector"])
+            for r in _rows(signals["collector_success"])
+            if r["value"] == 1
+        }
+        self.holders = {  # (node, pod uid) -> devices the kubelet gave that pod
+            (r["node"], r["pod_uid"]): set()
+            for r in _rows(signals["holders"])
+            if r["source"] == "kubelet"
+        }
+        for r in _rows(signals["holders"]):
+            if r["source"] == "kubelet":
+                self.holders[(r["node"], r["pod_uid"])] |= {r["gpu_uuid"], r.get("mig_uuid", "")}
+        self.slices = {(r["node"], r["mig_uuid"]) for r in _rows(signals["slice_memory_total"])}
+
+    def instance(self, node: str) -> tuple[str | None, str]:
+        """The one exporter target up now for ``node``, or why there is none."""
+        up = self.targets.get(node, set())
+        if len(up) != 1:
+            return None, (
+                f"no exporter target of {node} is up"
+                if not up
+                else f"{len(up)} targets claim to be {node}'s exporter: {sorted(up)}"
+            )
+        return next(iter(up)), ""
+
+    def node_stale(self, node: str, collectors) -> str:
+        """Why ``node``'s data from ``collectors`` cannot be acted on; "" when fresh."""
+        instance, why = self.instance(node)
+        if instance is None:
+            return why
+        for collector in collectors:
+            key = (node, instance, collector)
+            age = self.collector_age.get(key)
+            if age is None:
+                return f"collector {collector} of {node} has never succeeded"
+            if age > self.stale_after:
+                return f"collector {collector} of {node} last succeeded {age:.0f}s ago"
+            if key not in self.collector_ok:
+                return f"collector {collector} of {node} is failing"
+        return ""
+
+    def doubt(self, f: Finding, pod: PodInfo | None) -> tuple[str | None, str]:
+        """(guard, why) when the finding must not be acted on; (None, "") otherwise."""
+        instance, why = self.instance(f.node)
+        if len(self.targets.get(f.node, ())) > 1:
+            return "evidence_mismatch", why
+        if instance is not None and f.instance != instance:
+            return "evidence_mismatch", (
+                f"series from {f.instance or 'no target'}, but {f.node}'s exporter is {instance}"
+            )
+        collectors = DEPENDS_ON[f.kind]
+        if f.kind == "cross_numa" and f.reason == "device_remote":
+            collectors = (*collectors, "pod_resources")
+        why = self.node_stale(f.node, collectors)
+        if not why:
+            age = self._sample_age(f)
+            if age is None or age > self.stale_after:
+                why = "no recent sample says so" if age is None else f"newest sample {age:.0f}s old"
+        if why:
+            return "stale_data", why
+        if pod is None:
+            return "pod_gone", "the API server does not know the pod"
+        if pod.mismatch:
+            return "evidence_mismatch", pod.mismatch
+        if pod.phase != "Running":
+            return "evidence_mismatch", f"the pod is {pod.phase or 'in no phase'}, not Running"
+        if pod.node != f.node:
+            return "evidence_mismatch", f"the pod runs on {pod.node or 'no node'}, not {f.node}"
+        device_finding = (f.kind == "cross_numa" and f.reason == "device_remote") or (
+            f.device and not f.device.startswith("l3:")
+        )
+        if not device_finding:
+            return None, ""
+        devices = self.holders.get((f.node, f.pod_uid), set())
+        if (f.device and f.device not in devices) or not devices:
+            return "evidence_mismatch", (
+                f"the kubelet does not attribute {f.device or 'a device'} to the pod"
+            )
+        if not pod.resources:
+            return "evidence_mismatch", "the pod requests no device"
+        if f.kind in ("oversized", "undersized"):
+            wanted = f"nvidia.com/mig-{f.profile}"
+            if (f.node, f.device) not in self.slices:
+                return "evidence_mismatch", f"no slice {f.device} on {f.node}"
+            if wanted not in pod.resources:
+                return "evidence_mismatch", f"the pod does not request {wanted}"
+        return None, ""
+
+    def _sample_age(self, f: Finding) -> float | None:
+        s = self.signals
+        if f.kind in ("cross_numa", "starved"):
+            rows = _rows(s[f"{f.kind}_age"])
+            ages = [
+                r["value"]
+                for r in rows
+                if r["pod_uid"] == f.pod_uid
+                and r["reason"] == f.reason
+                and (f.kind == "cross_numa" or f.device in (r["gpu_uuid"], r.get("mig_uuid")))
+            ]
+        elif f.kind == "noisy_neighbour":
+            domain = f.device.removeprefix("l3:")
+            ages = [
+                r["value"]
+                for r in _rows(s["llc_age"])
+                if r["pod_uid"] == f.pod_uid and r["l3_domain"] == domain
+            ]
+        else:
+            ages = [r["value"] for r in _rows(s["slice_age"]) if r["mig_uuid"] == f.device]
+        return min(ages) if ages else None
+
+
+def _rows(df: pd.DataFrame) -> list[dict]:
+    return [] if df.empty else df.to_dict("records")
 
 
 @dataclass
@@ -277,8 +517,8 @@ class Need:
 
 
 class Capacity:
-    """Free capacity per (node, NUMA node), as the exporters report it, as arrays: the
-    fit check runs once per finding over every zone of the cluster."""
+    """Free capacity per (node, NUMA node), as the exporters of fresh nodes report it, as
+    arrays: the fit check runs once per finding over every zone of the cluster."""
 
     def __init__(
         self,
@@ -286,75 +526,112 @@ class Capacity:
         cpus: np.ndarray,
         memory: np.ndarray,
         devices: dict[str, np.ndarray],
-        needs: dict,
+        held: dict,
     ) -> None:
         self.zones = zones
+        self.index = {z: i for i, z in enumerate(zones)}
         self.cpus = cpus
         self.memory = memory
         self.devices = devices  # resource -> free count per zone
-        self.needs = needs  # pod uid -> (cpus, memory, {resource: count})
+        # pod uid -> {(node, numa node): [cpus, memory, {resource: count}]}: what it holds
+        self.held = held
 
     @classmethod
-    def from_signals(cls, s: Signals, pods: set[str]) -> Capacity:
-        """``pods``: UIDs whose needs are wanted (the findings' pods)."""
+    def from_signals(cls, s: Signals, pods: set[str], evidence: Evidence) -> Capacity:
+        """``pods``: UIDs whose needs are wanted (the findings' pods). Zones of nodes whose
+        data is stale are left out: no pod is sent to a node on old news."""
         key = ["node", "numa_node"]
+        stale = {
+            n
+            for n in set(s["zone_free_cpus"]["node"])
+            if evidence.node_stale(n, CAPACITY_DEPENDS_ON)
+        }
+
+        def aligned(name: str) -> pd.DataFrame:
+            df = s[name]
+            if "numa_node" not in df:
+                return df.iloc[0:0].assign(numa_node="")
+            return df[~df["node"].isin(stale) & (df["numa_node"] != "")]
 
         def by_zone(name: str) -> pd.Series:
-            df = s[name]
-            if df.empty or "numa_node" not in df:
-                return pd.Series(dtype=float)
-            df = df[df["numa_node"] != ""]
-            return df.groupby(key, sort=False)["value"].sum()
+            return aligned(name).groupby(key, sort=False)["value"].sum()
 
         zone_cpus, zone_memory = by_zone("zone_free_cpus"), by_zone("zone_free_memory")
         index = zone_cpus.index.intersection(zone_memory.index)
         devices: dict[str, np.ndarray] = {}
-        dev = s["zone_free_devices"]
-        if not dev.empty and "numa_node" in dev:
-            dev = dev[dev["numa_node"] != ""]
-            for resource, rows in dev.groupby("resource", sort=False):
-                free = rows.groupby(key, sort=False)["value"].sum()
-                devices[resource] = np.array(free.reindex(index, fill_value=0), dtype=float)
-        needs: dict[str, list] = {}
-        for name, slot in (("pod_exclusive_cpus", 0), ("pod_memory", 1)):
+        dev = aligned("zone_free_devices")
+        for resource, rows in dev.groupby("resource", sort=False):
+            free = rows.groupby(key, sort=False)["value"].sum()
+            devices[resource] = np.array(free.reindex(index, fill_value=0), dtype=float)
+        held: dict[str, dict] = {}
+
+        def slot(uid: str, node: str, numa: str) -> list:
+            return held.setdefault(uid, {}).setdefault((node, numa), [0.0, 0.0, Counter()])
+
+        for name, i in (("pod_exclusive_cpus", 0), ("pod_memory", 1)):
             df = s[name]
-            if "pod_uid" in df:
-                df = df[df["pod_uid"].isin(pods)]
-                for uid, value in zip(df["pod_uid"], df["value"], strict=True):
-                    needs.setdefault(uid, [0.0, 0.0, Counter()])[slot] = value
+            df = df[df["pod_uid"].isin(pods)].reindex(
+                columns=["pod_uid", "node", "numa_node", "value"], fill_value=""
+            )
+            for uid, node, numa, value in df.itertuples(index=False):
+                slot(uid, node, numa)[i] += value
         holders = s["holders"]
-        if not holders.empty and "pod_uid" in holders:
-            holders = holders[holders["pod_uid"].isin(pods)]
-            for uid, resource in zip(holders["pod_uid"], holders["resource"], strict=True):
-                needs.setdefault(uid, [0.0, 0.0, Counter()])[2][resource] += 1
+        holders = holders[holders["pod_uid"].isin(pods)].reindex(
+            columns=["pod_uid", "node", "numa_node", "resource"], fill_value=""
+        )
+        for uid, node, numa, resource in holders.itertuples(index=False):
+            slot(uid, node, numa)[2][resource] += 1
         return cls(
             list(index),
             np.array(zone_cpus.reindex(index), dtype=float),
             np.array(zone_memory.reindex(index), dtype=float),
             devices,
-            needs,
+            held,
         )
 
     def need(self, f: Finding) -> Need:
-        cpus, memory, devices = self.needs.get(f.pod_uid, (0.0, 0.0, Counter()))
+        cpus, memory, devices = 0.0, 0.0, Counter()
+        for c, m, d in self.held.get(f.pod_uid, {}).values():
+            cpus, memory = cpus + c, memory + m
+            devices.update(d)
         return Need(cpus, memory, dict(devices))
 
-    def fit(self, need: Need) -> int | None:
-        """The zone that can take the pod aligned; the roomiest, so that fixes spread."""
-        ok = (self.cpus >= need.cpus) & (self.memory >= need.memory)
-        for resource, count in need.devices.items():
-            free = self.devices.get(resource)
-            if free is None:
-                return None
-            ok &= free >= count
-        candidates = np.flatnonzero(ok)
-        if candidates.size == 0:
-            return None
-        # most free CPUs, then most free memory (bytes stay far below 1e12 per zone)
-        score = self.cpus[candidates] * 1e12 + self.memory[candidates]
-        return int(candidates[np.argmax(score)])
+    def _give_back(self, f: Finding, sign: float) -> None:
+        """Count what the pod holds as free (+1) or taken again (-1): once evicted, its
+        own node's zones get it back."""
+        for zone, (c, m, d) in self.held.get(f.pod_uid, {}).items():
+            i = self.index.get(zone)
+            if i is None:
+                continue
+            self.cpus[i] += sign * c
+            self.memory[i] += sign * m
+            for resource, count in d.items():
+                if resource in self.devices:
+                    self.devices[resource][i] += sign * count
 
-    def take(self, zone: int, need: Need) -> None:
+    def fit(self, need: Need, f: Finding) -> int | None:
+        """The zone that can take the pod aligned, counting what it gives back itself;
+        the roomiest, so that fixes spread."""
+        self._give_back(f, +1)
+        try:
+            ok = (self.cpus >= need.cpus) & (self.memory >= need.memory)
+            for resource, count in need.devices.items():
+                free = self.devices.get(resource)
+                if free is None:
+                    return None
+                ok &= free >= count
+            candidates = np.flatnonzero(ok)
+            if candidates.size == 0:
+                return None
+            # most free CPUs, then most free memory (bytes stay far below 1e12 per zone)
+            score = self.cpus[candidates] * 1e12 + self.memory[candidates]
+            return int(candidates[np.argmax(score)])
+        finally:
+            self._give_back(f, -1)
+
+    def move(self, f: Finding, zone: int, need: Need) -> None:
+        """The pod leaves its zones and takes ``zone``'s room, for the rest of the cycle."""
+        self._give_back(f, +1)
         self.cpus[zone] -= need.cpus
         self.memory[zone] -= need.memory
         for resource, count in need.devices.items():

@@ -1,21 +1,44 @@
 """Signals: the remediator's fixed set of PromQL queries, evaluated through the Prometheus
 HTTP API (aiohttp, with timeouts and retries), each answer turned into a pandas frame.
 
-Anything doubtful — Prometheus down, slow, answering garbage or an error — raises
-SignalsError: the cycle then takes no action at all.
+Anything doubtful about an answer as a whole — Prometheus down, slow, answering garbage,
+an error, or more bytes than ``max_answer_bytes`` — raises SignalsError: the cycle then
+takes no action at all. Doubtful rows (a label missing, a value that is not a finite,
+non-negative number) are dropped and counted: they cost only themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Annotated
 
 import aiohttp
 import pandas as pd
+from pydantic import Field, StringConstraints
 
-from remediator.queries import Windows, expressions
+from remediator.queries import DEFAULT_SELECTOR, REQUIRED_LABELS, Windows, expressions
+from remediator.validation import FORBID_EXTRA, Positive
+
+# label matchers, as PromQL writes them between braces: job="numaguard",cluster=~"gpu-.*"
+_MATCHER = r'\s*[A-Za-z_]\w*\s*(=|!=|=~|!~)\s*"[^"\\]*"\s*'
+_MATCHERS = rf"^{_MATCHER}(,{_MATCHER})*$"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the exporters' series are read, and how much of an answer is believed."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    # the exporters' own series: the ServiceMonitor's job (the alert rules use the same)
+    selector: Annotated[str, StringConstraints(pattern=_MATCHERS, strict=True)] = DEFAULT_SELECTOR
+    timeout_seconds: Positive = 10.0  # per query, reading and decoding included
+    max_answer_bytes: Annotated[int, Field(gt=0, strict=True)] = 16 << 20  # per query
 
 
 class SignalsError(Exception):
@@ -23,7 +46,8 @@ class SignalsError(Exception):
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
-        self.reason = reason  # unreachable | timeout | http | garbage | query
+        # unreachable | timeout | http | garbage | query | answer_too_large
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -32,6 +56,7 @@ class Signals:
 
     at: float  # evaluation time, seconds since the epoch
     frames: dict[str, pd.DataFrame]
+    dropped: Counter = field(default_factory=Counter)  # (query, reason) -> rows dropped
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.frames[name]
@@ -42,60 +67,92 @@ class Prometheus:
         self,
         url: str,
         session: aiohttp.ClientSession,
-        timeout: float = 10.0,
+        source: Source = Source(),
         retries: int = 2,
         windows: Windows = Windows(),
     ) -> None:
         self.url = url.rstrip("/")
         self.session = session
-        self.timeout = timeout
+        self.timeout = source.timeout_seconds
         self.retries = retries
-        self.queries = expressions(windows)
+        self.selector = source.selector
+        self.max_answer_bytes = source.max_answer_bytes
+        self.queries = expressions(windows, source.selector)
         self.queries_made = 0  # stays len(queries) per cycle, whatever the cluster size
 
     async def fetch(self, at: float | None = None) -> Signals:
-        at = time.time() if at is None else at
-        names = list(self.queries)
-        answers = await asyncio.gather(*(self.query(self.queries[n], at) for n in names))
-        return Signals(at, dict(zip(names, answers, strict=True)))
+        return await self.fetch_set(self.queries, REQUIRED_LABELS, at)
 
-    async def query(self, expr: str, at: float) -> pd.DataFrame:
+    async def fetch_set(
+        self, queries: dict[str, str], required: dict[str, tuple[str, ...]], at: float | None
+    ) -> Signals:
+        at = time.time() if at is None else at
+        names = list(queries)
+        answers = await asyncio.gather(
+            *(self.query(queries[n], at, required.get(n, ())) for n in names)
+        )
+        frames, dropped = {}, Counter()
+        for name, (df, lost) in zip(names, answers, strict=True):
+            frames[name] = df
+            dropped.update({(name, reason): n for reason, n in lost.items()})
+        return Signals(at, frames, dropped)
+
+    async def query(
+        self, expr: str, at: float, required: tuple[str, ...] = ()
+    ) -> tuple[pd.DataFrame, Counter]:
+        """One query's frame and dropped rows, read and decoded within the timeout."""
         last: SignalsError | None = None
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(0.2 * 2**attempt)
             try:
-                return await self._query_once(expr, at)
+                return await asyncio.wait_for(self._query_once(expr, at, required), self.timeout)
+            except TimeoutError:
+                last = SignalsError("timeout", f"{expr}: no answer in {self.timeout:g}s")
             except SignalsError as err:
                 last = err
-                if err.reason in ("garbage", "query"):
+                if err.reason in ("garbage", "query", "answer_too_large"):
                     break  # asking again will not make it sensible
         assert last is not None
         raise last
 
-    async def _query_once(self, expr: str, at: float) -> pd.DataFrame:
+    async def _query_once(self, expr: str, at: float, required: tuple[str, ...]):
+        """The read is bounded; the decoding runs off the event loop."""
         self.queries_made += 1
         try:
             async with self.session.post(
                 f"{self.url}/api/v1/query",
                 data={"query": expr, "time": f"{at:.3f}"},
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
             ) as response:
                 if response.status >= 500 or response.status == 429:
                     raise SignalsError("http", f"{expr}: HTTP {response.status}")
-                try:
-                    body = await response.json(content_type=None)
-                except ValueError as err:
-                    raise SignalsError("garbage", f"{expr}: not JSON ({err})") from None
-        except TimeoutError:
-            raise SignalsError("timeout", f"{expr}: no answer in {self.timeout:g}s") from None
+                if (response.content_length or 0) > self.max_answer_bytes:
+                    raise _too_large(expr, self.max_answer_bytes)
+                raw = bytearray()
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    raw += chunk
+                    if len(raw) > self.max_answer_bytes:
+                        raise _too_large(expr, self.max_answer_bytes)
         except aiohttp.ClientError as err:
             raise SignalsError("unreachable", f"{self.url}: {err}") from None
-        return frame(expr, body)
+        return await asyncio.to_thread(_decode, expr, bytes(raw), required)
 
 
-def frame(expr: str, body) -> pd.DataFrame:
-    """An instant-query answer -> one row per series: its labels and ``value``."""
+def _decode(expr: str, raw: bytes, required: tuple[str, ...]) -> tuple[pd.DataFrame, Counter]:
+    try:
+        body = json.loads(raw)
+    except ValueError as err:
+        raise SignalsError("garbage", f"{expr}: not JSON ({err})") from None
+    return frame(expr, body, required)
+
+
+def _too_large(expr: str, limit: int) -> SignalsError:
+    return SignalsError("answer_too_large", f"{expr}: answer over {limit} bytes")
+
+
+def frame(expr: str, body, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame, Counter]:
+    """An instant-query answer -> one row per series: its labels and ``value``; and the
+    rows dropped, by reason (missing_label, bad_value)."""
     if not isinstance(body, dict) or body.get("status") not in ("success", "error"):
         raise SignalsError("garbage", f"{expr}: not a Prometheus answer")
     if body["status"] == "error":
@@ -103,8 +160,11 @@ def frame(expr: str, body) -> pd.DataFrame:
     data = body.get("data")
     if not isinstance(data, dict) or data.get("resultType") != "vector":
         raise SignalsError("garbage", f"{expr}: expected a vector")
-    rows = []
-    for item in data.get("result", []):
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise SignalsError("garbage", f"{expr}: no result list")
+    rows, dropped = [], Counter()
+    for item in result:
         try:
             labels, (_, raw) = dict(item["metric"]), item["value"]
             value = float(raw)
@@ -112,15 +172,20 @@ def frame(expr: str, body) -> pd.DataFrame:
             raise SignalsError("garbage", f"{expr}: malformed sample {str(item)[:80]}") from None
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
             raise SignalsError("garbage", f"{expr}: malformed labels")
-        if math.isnan(value):
-            continue  # no number to act on
+        if not math.isfinite(value) or value < 0:
+            dropped["bad_value"] += 1  # no number to act on (ages, sizes, counts: all >= 0)
+            continue
+        if not all(labels.get(name) for name in required):
+            dropped["missing_label"] += 1
+            continue
         labels.pop("__name__", None)
         labels["value"] = value
         rows.append(labels)
     if not rows:
-        return pd.DataFrame({"value": pd.Series(dtype=float)})
+        empty = {name: pd.Series(dtype=object) for name in required}
+        return pd.DataFrame({**empty, "value": pd.Series(dtype=float)}), dropped
     df = pd.DataFrame(rows)
     # Prometheus drops empty labels: a series without one had it empty
     labels = [c for c in df.columns if c != "value"]
     df[labels] = df[labels].fillna("")
-    return df
+    return df, dropped

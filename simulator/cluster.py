@@ -122,7 +122,7 @@ class SimulatedCluster:
             ctr = FakeContainer(
                 "main",
                 format_id_list(cpus),
-                dict(old.containers[0].memory_by_node),
+                self._first_touch(node, cpus, sum(old.containers[0].memory_by_node.values())),
                 exclusive_cpus=True,
                 devices={r: [u.uuid] for r, u in zip(resources, units, strict=True)},
             )
@@ -140,6 +140,17 @@ class SimulatedCluster:
             return owned(self.api, obj)
         self.rejected.append(name)
         return None
+
+    @staticmethod
+    def _first_touch(node: SimNode, cpus: frozenset[int], total: int) -> dict[int, int]:
+        """Where the kernel puts a new pod's memory: on the NUMA nodes of the CPUs that
+        touch it first, in proportion to its CPUs there."""
+        share = {
+            i: len(parse_id_list(n.cpus) & cpus)
+            for i, n in enumerate(node.host.nodes)
+            if parse_id_list(n.cpus) & cpus
+        }
+        return {i: total * k // len(cpus) for i, k in share.items()}
 
     def _by_room(self, need: int) -> list[SimNode]:
         """The scheduler: NUMA-blind, it looks at the node's totals only."""
@@ -234,22 +245,13 @@ class SimulatedCluster:
 
 def owned(api: FakeApiServer, obj: dict) -> dict:
     """Give a pod a Deployment and a ReplicaSet, as ``kubectl create deployment`` would:
-    pods ``name`` and ``name.N`` belong to Deployment ``name``."""
+    pods ``name`` and ``name.N`` belong to Deployment ``name``; owner references carry
+    their owners' uids."""
     name = obj["metadata"]["name"].split(".")[0]
     namespace = obj["metadata"]["namespace"]
     labels = {"app": name}
-    obj["metadata"]["labels"] = labels
-    obj["metadata"]["ownerReferences"] = [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "name": f"{name}-rs",
-            "uid": "rs",
-            "controller": True,
-        }
-    ]
     if (namespace, name) not in api.objects["deployments"]:
-        api.put(
+        deployment = api.put(
             "deployments",
             {
                 "apiVersion": "apps/v1",
@@ -269,19 +271,26 @@ def owned(api: FakeApiServer, obj: dict) -> dict:
                 "metadata": {
                     "name": f"{name}-rs",
                     "namespace": namespace,
-                    "ownerReferences": [
-                        {
-                            "apiVersion": "apps/v1",
-                            "kind": "Deployment",
-                            "name": name,
-                            "uid": "d",
-                            "controller": True,
-                        }
-                    ],
+                    "ownerReferences": [_reference(deployment)],
                 },
+                "spec": {"selector": {"matchLabels": labels}},
             },
         )
+    replicaset = api.objects["replicasets"][(namespace, f"{name}-rs")]
+    obj["metadata"]["labels"] = labels
+    obj["metadata"]["ownerReferences"] = [_reference(replicaset)]
     return obj
+
+
+def _reference(owner: dict) -> dict:
+    meta = owner["metadata"]
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+    }
 
 
 @contextlib.asynccontextmanager

@@ -427,10 +427,18 @@ def _node_meminfo(i: int, n: FakeNumaNode) -> str:
 
 
 def _put(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write a file as the kernel would show it: unchanged content is not rewritten, and a
+    reader never sees a half-written one."""
     if not text.endswith("\n"):
         text += "\n"
-    path.write_text(text)
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _dirs(path: Path) -> list[Path]:

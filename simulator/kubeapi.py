@@ -76,6 +76,7 @@ class FakeApiServer:
                 web.patch(f"{ns}/{{name}}", self._patch),
             ]
         routes.append(web.post("/api/v1/namespaces/{namespace}/pods/{name}/eviction", self._evict))
+        routes.append(web.get("/version", self._version))
         app.add_routes(routes)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -261,14 +262,28 @@ class FakeApiServer:
         patched = _merge(json.loads(json.dumps(current)), await request.json())
         return web.json_response(self.put(resource, patched))
 
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"major": "1", "minor": "34", "gitVersion": "v1.34.0-fake"})
+
     async def _evict(self, request: web.Request) -> web.Response:
         """policy/v1 Eviction: 201 and the pod gone (its ReplicaSet brings a replacement)
-        when every PodDisruptionBudget over it allows a disruption, else 429."""
+        when every PodDisruptionBudget over it allows a disruption, else 429; 409 when
+        the uid precondition names another pod than the one of that name now."""
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         pod = self.objects["pods"].get((namespace, name))
         if pod is None:
             self.evictions.append((namespace, name, 404))
             return _status(404, f'pods "{name}" not found', "NotFound")
+        body = await request.json()
+        want = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+        if want is not None and want != pod["metadata"]["uid"]:
+            self.evictions.append((namespace, name, 409))
+            return _status(
+                409,
+                f"Precondition failed: UID in precondition: {want}, UID in object meta: "
+                f"{pod['metadata']['uid']}",
+                "Conflict",
+            )
         for pdb in self.objects["poddisruptionbudgets"].values():
             if pdb["metadata"]["namespace"] == namespace and not _disruption_allowed(
                 pdb, pod, self.objects["pods"].values()
@@ -381,6 +396,14 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _claims(pod) -> dict:
+    """A pod with DRA devices names its claims in its spec, as the API server shows it."""
+    names = [claim.claim for c in pod.containers for claim in c.claims]
+    if not names:
+        return {}
+    return {"resourceClaims": [{"name": n, "resourceClaimName": n} for n in names]}
+
+
 def pod_objects(host: FakeHost, node_name: str) -> list[dict]:
     """The API objects of a fake host's pods, as the kubelet would report them."""
     objs = []
@@ -389,7 +412,14 @@ def pod_objects(host: FakeHost, node_name: str) -> list[dict]:
         containers = []
         for ctr in pod.containers:
             image = f"registry.example/{ctr.name}:1.0"
-            containers.append({"name": ctr.name, "image": image})
+            devices = {r: str(len(ids)) for r, ids in sorted(ctr.devices.items())}
+            containers.append(
+                {
+                    "name": ctr.name,
+                    "image": image,
+                    "resources": {"requests": devices, "limits": devices} if devices else {},
+                }
+            )
             statuses.append(
                 {
                     "name": ctr.name,
@@ -407,7 +437,7 @@ def pod_objects(host: FakeHost, node_name: str) -> list[dict]:
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
-                "spec": {"nodeName": node_name, "containers": containers},
+                "spec": {"nodeName": node_name, "containers": containers, **_claims(pod)},
                 "status": {
                     "phase": "Running",
                     "qosClass": {

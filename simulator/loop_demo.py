@@ -188,8 +188,10 @@ async def main(seconds: float) -> None:
                     stale_after_seconds=15,
                     max_per_node=2,
                     give_up_after=2,
+                    verify_after_seconds=12,
+                    verify_deadline_seconds=40,
+                    pdb_retry_seconds=6,
                 ),
-                verify_after_seconds=12,
             )
             refusals: Counter[str] = Counter()
             outcomes: Counter[str] = Counter()

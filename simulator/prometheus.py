@@ -9,11 +9,34 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
 
+from remediator.queries import REQUIRED_LABELS
+from remediator.signals import Signals, frame
 from simulator.processes import wait_ok
+
+
+def as_signals(at: float, rows: dict[str, list[dict]], instances: dict[str, str]) -> Signals:
+    """The remediator's Signals for the given rows per query, read as it reads real
+    answers (empty labels absent, rows lacking a label it needs or with a bad value
+    dropped); every other query answers nothing. ``instances``: node -> its exporter
+    target, given to each row of that node that names no instance, as a scrape would."""
+    answers: dict[str, list] = {name: [] for name in REQUIRED_LABELS}
+    for name, given in rows.items():
+        for row in given:
+            labels = {k: str(v) for k, v in row.items() if k != "value" and v != ""}
+            if labels.get("node") in instances:
+                labels.setdefault("instance", instances[labels["node"]])
+            answers[name].append({"metric": labels, "value": [at, str(row["value"])]})
+    frames, dropped = {}, Counter()
+    for name, result in answers.items():
+        body = {"status": "success", "data": {"resultType": "vector", "result": result}}
+        frames[name], lost = frame(name, body, REQUIRED_LABELS[name])
+        dropped.update({(name, reason): n for reason, n in lost.items()})
+    return Signals(at, frames, dropped)
 
 
 class PrometheusMissing(RuntimeError):

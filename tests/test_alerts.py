@@ -14,6 +14,7 @@ import yaml
 
 from alerts import rules
 from exporter.catalogue import CATALOGUE
+from remediator.queries import EXPORTER_JOB
 from simulator.prometheus import binary
 from tests.test_queries import metric_names
 
@@ -21,7 +22,8 @@ N = {"node": "n1"}
 POD = {**N, "namespace": "ml", "pod": "trainer", "pod_uid": "u1"}
 SLICE = {**N, "gpu": "1", "gpu_uuid": "GPU-1", "mig_uuid": "MIG-1", "mig_profile": "3g.40gb"}
 
-# alert -> (input series {series text: values}, [(eval time, expected label sets)])
+# alert -> (input series {series text: values}, [(eval time, expected label sets)]); the
+# exporters' series get job="numaguard" (below) unless they name another job
 CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
     "NumaguardPodCrossNUMA": (
         {
@@ -32,6 +34,9 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
             'reason="memory_remote"}': "1 1 0 1x27",
             'numaguard_pod_cross_numa{node="n1",namespace="ml",pod="ok",pod_uid="u3",'
             'reason="cpu_span"}': "0x30",
+            # another scrape target serving the same series: never read
+            'numaguard_pod_cross_numa{job="tenant",node="n1",namespace="ml",pod="ok",pod_uid="u3",'
+            'reason="cpu_span"}': "1x30",
         },
         [
             ("9m", []),
@@ -66,25 +71,40 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
     "NumaguardMIGSliceOversized": (
         {
             'numaguard_mig_utilization_ratio{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-1",'
-            'mig_profile="3g.40gb",kind="sm"}': "0.05x70",
+            'mig_profile="3g.40gb",kind="sm"}': "0.05x90",
             'numaguard_mig_processes{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-1",'
-            'mig_profile="3g.40gb"}': "1x70",
+            'mig_profile="3g.40gb"}': "1x90",
             # idle and empty: nobody to tell
             'numaguard_mig_utilization_ratio{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-2",'
-            'mig_profile="1g.10gb",kind="sm"}': "0x70",
+            'mig_profile="1g.10gb",kind="sm"}': "0x90",
             'numaguard_mig_processes{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-2",'
-            'mig_profile="1g.10gb"}': "0x70",
+            'mig_profile="1g.10gb"}': "0x90",
+            # just under the remediator's threshold (0.3), for the whole hour: oversized
+            'numaguard_mig_utilization_ratio{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-3",'
+            'mig_profile="2g.20gb",kind="sm"}': "0.29x90",
+            'numaguard_mig_processes{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-3",'
+            'mig_profile="2g.20gb"}': "1x90",
         },
-        [("30m", [{**SLICE, "kind": "sm"}])],
+        # not before a whole sizing window of data, then both
+        [
+            ("59m", []),
+            (
+                "61m",
+                [
+                    {**SLICE, "kind": "sm"},
+                    {**SLICE, "mig_uuid": "MIG-3", "mig_profile": "2g.20gb", "kind": "sm"},
+                ],
+            ),
+        ],
     ),
     "NumaguardMIGSliceUndersized": (
         {
             'numaguard_mig_utilization_ratio{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-1",'
-            'mig_profile="3g.40gb",kind="sm"}': "0.95x70",
+            'mig_profile="3g.40gb",kind="sm"}': "0.95x90",
             'numaguard_mig_utilization_ratio{node="n1",gpu="1",gpu_uuid="GPU-1",mig_uuid="MIG-2",'
-            'mig_profile="1g.10gb",kind="sm"}': "0.5x70",
+            'mig_profile="1g.10gb",kind="sm"}': "0.5x90",
         },
-        [("30m", [{**SLICE, "kind": "sm"}])],
+        [("59m", []), ("61m", [{**SLICE, "kind": "sm"}])],
     ),
     "NumaguardHighRemoteMemoryTraffic": (
         {
@@ -158,6 +178,28 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
 }
 
 
+# alerts whose series keep the exporter's labels, job among them
+KEEP_JOB = {
+    "NumaguardPodCrossNUMA",
+    "NumaguardGPUStarved",
+    "NumaguardMIGSliceOversized",
+    "NumaguardMIGSliceUndersized",
+    "NumaguardRMIDsExhausted",
+    "NumaguardCollectorFailing",
+    "NumaguardExporterStale",
+}
+
+
+def _scraped(series: str) -> str:
+    """An exporter series as Prometheus stores it: with the scrape job."""
+    if not series.startswith("numaguard_") or series.startswith("numaguard_remediator_"):
+        return series
+    if "job=" in series:
+        return series
+    name, _, rest = series.partition("{")
+    return f'{name}{{job="{EXPORTER_JOB}",{rest}'
+
+
 def test_generated_rules_and_runbooks_are_current():
     assert rules.RULES_FILE.read_text() == rules.rules_yaml(), "run: make docs"
     for a in rules.ALERTS:
@@ -206,6 +248,9 @@ def _annotations(alert: rules.Alert, labels: dict) -> dict:
 @pytest.mark.parametrize("alert", rules.ALERTS, ids=lambda a: a.name)
 def test_promtool_unit_tests(alert, tmp_path):
     series, checks = CASES[alert.name]
+    series = {_scraped(text): values for text, values in series.items()}
+    job = {"job": EXPORTER_JOB} if alert.name in KEEP_JOB else {}
+    checks = [(at, [{**job, **labels} for labels in expected]) for at, expected in checks]
     test = {
         "rule_files": [str(rules.RULES_FILE)],
         "evaluation_interval": "1m",

@@ -115,6 +115,8 @@ def used(requests: list[str]) -> set[tuple[str, str, str]]:
     out = set()
     for request in requests:
         method, path = request.split(" ", 1)
+        if path == "/version":
+            continue  # a non-resource URL every authenticated user may read
         m = _PATH.match(path)
         assert m, path
         resource = m["resource"] + (f"/{m['sub']}" if m["sub"] else "")

@@ -1,45 +1,200 @@
-"""Lease leader election against the fake API server through the real client: one
-holder at a time, takeover after expiry, a lost write race (409), and the pause switch."""
+"""Lease leader election against the fake API server through the real client, on fake
+clocks: one holder at a time, takeover only after the Lease was *seen* unchanged for its
+duration, a leader that cannot renew stops before anyone may take over, clock skew,
+release on shutdown, a lost write race (409), the pause switch, and the shipped
+settings keeping one stable leader between two replicas."""
 
 from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
 
 from exporter.sources.kube import api_client
 from remediator.kube import Kube
 from remediator.leader import LeaderElector
 from simulator.kubeapi import FakeApiServer
 
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
 
-async def test_one_leader_takeover_conflict_and_pause(tmp_path):
+
+class Clocks:
+    """A shared monotonic clock and per-replica wall clocks (which may be skewed)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wall(self, skew: float = 0.0):
+        return lambda: 1_800_000_000.0 + self.now + skew
+
+
+@pytest.fixture
+async def kube(tmp_path):
     api = FakeApiServer()
     await api.start()
     client = await api_client(api.kubeconfig(tmp_path / "kubeconfig"))
-    now = [1000.0]
     try:
-        kube = Kube(client)
-        a = LeaderElector(kube, "ns", "lease", "a", lease_seconds=10, clock=lambda: now[0])
-        b = LeaderElector(kube, "ns", "lease", "b", lease_seconds=10, clock=lambda: now[0])
-        assert await a.acquire_or_renew()
-        assert not await b.acquire_or_renew()
-        assert await a.confirm() and not await b.confirm()
-        now[0] += 5
-        assert await a.acquire_or_renew()  # renewed: b still waits
-        now[0] += 8
-        assert not await b.acquire_or_renew()
-        now[0] += 11  # a stopped renewing: its lease expired
-        assert not await a.confirm()  # a must not write any more ...
-        assert await b.acquire_or_renew()  # ... and b takes over
-        assert not await a.acquire_or_renew()
-        # a write with a stale resourceVersion loses (409), never overwrites
-        lease = api.objects["leases"][("ns", "lease")]
-        stale = {**lease, "metadata": {**lease["metadata"], "resourceVersion": "1"}}
-        answer = await kube.put("/apis/coordination.k8s.io/v1/namespaces/ns/leases/lease", stale)
-        assert answer.status == 409
-        assert api.objects["leases"][("ns", "lease")]["spec"]["holderIdentity"] == "b"
-        # the pause switch lives on the Lease and survives renewals
-        lease["metadata"]["annotations"] = {"numaguard.io/paused": "true"}
-        api.put("leases", lease)
-        assert await b.acquire_or_renew() and b.paused
-        assert await b.acquire_or_renew() and b.paused
+        yield api, Kube(client)
     finally:
         await client.close()
         await api.stop()
+
+
+def elector(kube, clocks, identity, skew=0.0, **timing) -> LeaderElector:
+    settings = {"lease_duration": 15, "renew_deadline": 10, "retry_period": 2, **timing}
+    return LeaderElector(
+        kube,
+        "ns",
+        "lease",
+        identity,
+        clock=clocks.wall(skew),
+        monotonic=clocks.monotonic,
+        **settings,
+    )
+
+
+async def test_one_leader_and_takeover_only_after_an_observed_expiry(kube):
+    api, k = kube
+    t = Clocks()
+    a, b = elector(k, t, "a"), elector(k, t, "b")
+    assert await a.try_acquire_or_renew()
+    assert not await b.try_acquire_or_renew()
+    assert a.leading and not b.leading
+    # a renews every 2 s up to t=1006, then dies; b tries every 2 s all along
+    taken_at = None
+    while taken_at is None and t.now < 1100:
+        t.now += 2
+        if t.now <= 1006:
+            assert await a.try_acquire_or_renew()
+        if await b.try_acquire_or_renew():
+            taken_at = t.now
+        if t.now == 1016:  # a's renew deadline has passed: it no longer writes
+            assert not a.leading
+    # b saw the Lease change last at 1006: it waits the whole 15 s from then
+    assert taken_at == 1022
+    lease = api.objects["leases"][("ns", "lease")]
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+    assert not await a.try_acquire_or_renew()  # a is back: it follows
+
+
+async def test_a_follower_with_a_clock_ahead_does_not_depose_a_healthy_leader(kube):
+    _, k = kube
+    t = Clocks()
+    a = elector(k, t, "a")
+    ahead = elector(k, t, "b", skew=20.0)  # its wall clock runs 20 s ahead
+    assert await a.try_acquire_or_renew()
+    for _ in range(30):  # a minute of renewals every 2 s
+        t.now += 2
+        assert await a.try_acquire_or_renew()
+        assert not await ahead.try_acquire_or_renew()
+    assert a.leading and not ahead.leading
+
+
+async def test_a_leader_that_cannot_renew_stops_before_anyone_takes_over(kube):
+    api, k = kube
+    t = Clocks()
+    a, b = elector(k, t, "a"), elector(k, t, "b")
+    assert await a.try_acquire_or_renew()
+    assert not await b.try_acquire_or_renew()
+    api.fail_next(500, times=100)  # the API server fails a's renewals
+    stopped = taken = None
+    for step in range(1, 20):
+        t.now += 1
+        await a.try_acquire_or_renew()
+        if stopped is None and not a.leading:
+            stopped = step
+    api._failures.clear()
+    for step in range(1, 20):
+        if await b.try_acquire_or_renew():
+            taken = step
+            break
+        t.now += 1
+    assert stopped == 10  # the renew deadline
+    # b last saw a change 19 s ago: it may take the Lease, a has long stopped writing
+    assert taken == 1
+
+
+async def test_release_on_shutdown_lets_a_successor_take_over_at_once(kube):
+    api, k = kube
+    t = Clocks()
+    a, b = elector(k, t, "a"), elector(k, t, "b")
+    assert await a.try_acquire_or_renew()
+    assert not await b.try_acquire_or_renew()
+    await a.release()
+    assert not a.leading
+    assert api.objects["leases"][("ns", "lease")]["spec"]["holderIdentity"] == ""
+    assert await b.try_acquire_or_renew()
+
+
+async def test_a_stale_write_loses_and_the_pause_switch_survives(kube):
+    api, k = kube
+    t = Clocks()
+    b = elector(k, t, "b")
+    assert await b.try_acquire_or_renew()
+    lease = api.objects["leases"][("ns", "lease")]
+    stale = {**lease, "metadata": {**lease["metadata"], "resourceVersion": "1"}}
+    assert (await k.put(f"{LEASES}/lease", stale)).status == 409
+    lease["metadata"]["annotations"] = {"numaguard.io/paused": "true"}
+    api.put("leases", lease)
+    t.now += 2
+    assert await b.try_acquire_or_renew() and b.paused
+    t.now += 2
+    assert await b.try_acquire_or_renew() and b.paused
+
+
+def shipped_timing() -> dict:
+    """The leader-election flags of the shipped remediator Deployment."""
+    text = (Path(__file__).parent.parent / "deploy/base/remediator-deployment.yaml").read_text()
+    flags = dict(re.findall(r"--(lease-duration|renew-deadline|retry-period)=([0-9.]+)", text))
+    assert len(flags) == 3, "the Deployment sets all three"
+    return {
+        "lease_duration": float(flags["lease-duration"]),
+        "renew_deadline": float(flags["renew-deadline"]),
+        "retry_period": float(flags["retry-period"]),
+    }
+
+
+async def test_two_replicas_with_the_shipped_settings_keep_one_leader(kube):
+    api, k = kube
+    t = Clocks()
+    timing = shipped_timing()
+    replicas = [elector(k, t, "a", **timing), elector(k, t, "b", skew=20, **timing)]
+    holders = []
+    # ten minutes; each replica tries every retry period whatever its cycle is doing
+    for _ in range(int(600 / timing["retry_period"])):
+        for r in replicas:
+            await r.try_acquire_or_renew()
+        leading = [r.identity for r in replicas if r.leading]
+        assert len(leading) == 1
+        holders.append(leading[0])
+        t.now += timing["retry_period"]
+    assert set(holders) == {"a"}
+    assert api.objects["leases"][("ns", "lease")]["spec"]["leaseTransitions"] == 0
+
+
+async def test_the_run_loop_renews_in_the_background_and_releases(kube):
+    api, k = kube
+    a = LeaderElector(k, "ns", "lease", "a", lease_duration=6, renew_deadline=4, retry_period=0.2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(a.run(stop))
+    for _ in range(100):
+        if a.leading:
+            break
+        await asyncio.sleep(0.1)
+    assert a.leading
+    renewed = api.objects["leases"][("ns", "lease")]["spec"]["renewTime"]
+    # a long cycle elsewhere: the Lease is renewed meanwhile
+    for _ in range(100):
+        await asyncio.sleep(0.1)
+        if api.objects["leases"][("ns", "lease")]["spec"]["renewTime"] != renewed:
+            break
+    assert api.objects["leases"][("ns", "lease")]["spec"]["renewTime"] != renewed
+    assert a.leading
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert api.objects["leases"][("ns", "lease")]["spec"]["holderIdentity"] == ""

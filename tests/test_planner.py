@@ -4,40 +4,50 @@ the planner's fit check and every guard."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
-import pandas as pd
 import pytest
 
 from remediator.findings import Detection, FindingState, smallest_fit, update
 from remediator.planner import (
     GUARDS,
+    Pending,
     PodInfo,
     Policy,
     WorkloadHistory,
     plan,
 )
-from remediator.queries import expressions
+from remediator.queries import REQUIRED_LABELS
 from remediator.signals import Signals
+from simulator.prometheus import as_signals
 
 GIB = 1 << 30
 NOW = 1_800_000_000.0
 
 
+COLLECTORS = ("host_numa", "pod_placement", "gpu", "pod_resources", "resctrl")
+
+
+def instance(node: str) -> str:
+    return f"{node}.exporter:9847"
+
+
 def signals(**frames: list[dict]) -> Signals:
-    """Signals with the given rows per query; every other query answers nothing."""
-    out = {name: pd.DataFrame({"value": pd.Series(dtype=float)}) for name in expressions()}
-    for name, rows in frames.items():
-        assert name in out, name
-        out[name] = pd.DataFrame(rows)
-    return Signals(NOW, out)
+    """Signals with the given rows per query, read as real answers are; each row gets
+    its node's exporter as ``instance`` unless it names one."""
+    for name in frames:
+        assert name in REQUIRED_LABELS, name
+    nodes = {r["node"] for rows in frames.values() for r in rows if "node" in r}
+    return as_signals(NOW, frames, {n: instance(n) for n in nodes})
 
 
 def healthy(*nodes: str) -> dict:
+    """Each node's exporter target is up and all its collectors just succeeded."""
+    rows = [{"node": n, "collector": c} for n in nodes for c in COLLECTORS]
     return {
-        "collector_age": [{"node": n, "collector": "pod_placement", "value": 5.0} for n in nodes],
-        "collector_success": [
-            {"node": n, "collector": "pod_placement", "value": 1.0} for n in nodes
-        ],
+        "targets_up": [{"node": n, "version": "0.1.0", "value": 1.0} for n in nodes],
+        "collector_age": [{**r, "value": 5.0} for r in rows],
+        "collector_success": [{**r, "value": 1.0} for r in rows],
     }
 
 
@@ -60,7 +70,7 @@ def merge(*parts: dict) -> dict:
     return out
 
 
-def cross_numa(pod: str, node: str = "n1", reason: str = "device_remote") -> dict:
+def cross_numa(pod: str, node: str = "n1", reason: str = "device_remote", age=1.0) -> dict:
     row = {
         "node": node,
         "namespace": "ml",
@@ -69,16 +79,32 @@ def cross_numa(pod: str, node: str = "n1", reason: str = "device_remote") -> dic
         "reason": reason,
         "value": 1.0,
     }
-    return {"cross_numa_sustained": [row], "cross_numa_seen": [row]}
+    return {
+        "cross_numa_sustained": [row],
+        "cross_numa_seen": [row],
+        "cross_numa_age": [{**row, "value": age}],
+    }
 
 
-def needs(pod: str, cpus: float, memory_gib: float, gpu: str = "nvidia.com/gpu") -> dict:
-    ids = {"node": "n1", "namespace": "ml", "pod": pod, "pod_uid": f"uid-{pod}"}
+def needs(
+    pod: str, cpus: float, memory_gib: float, gpu: str = "nvidia.com/gpu", node: str = "n1"
+) -> dict:
+    """What the pod holds: CPUs and memory on NUMA node 0 of its node, and a GPU the
+    kubelet gave it on NUMA node 1 (device_remote)."""
+    ids = {"node": node, "namespace": "ml", "pod": pod, "pod_uid": f"uid-{pod}", "numa_node": "0"}
     return {
         "pod_exclusive_cpus": [{**ids, "value": cpus}],
         "pod_memory": [{**ids, "value": memory_gib * GIB}],
         "holders": [
-            {**ids, "gpu_uuid": f"GPU-{pod}", "mig_uuid": "", "resource": gpu, "value": 1.0}
+            {
+                **ids,
+                "numa_node": "1",
+                "gpu": "0",
+                "gpu_uuid": f"GPU-{pod}",
+                "resource": gpu,
+                "source": "kubelet",
+                "value": 1.0,
+            }
         ],
     }
 
@@ -93,6 +119,7 @@ def pod_info(name: str, **kw) -> PodInfo:
         owner_kind="ReplicaSet",
         owner_name=f"{name}-rs",
         workload=f"Deployment/ml/{name}",
+        resources=frozenset({"nvidia.com/gpu"}),
     )
     return PodInfo(**{**defaults, **kw})
 
@@ -144,7 +171,7 @@ def test_one_free_zone_is_given_once():
             cross_numa("a"),
             cross_numa("b", node="n3"),
             needs("a", 8, 8),
-            needs("b", 8, 8),
+            needs("b", 8, 8, node="n3"),
             zone("n2", "0", 8, 64, devices={"nvidia.com/gpu": 1}),
             healthy("n3"),
         )
@@ -199,21 +226,6 @@ def test_local_storage_allowed_by_policy_and_every_guard_is_named():
     assert len(set(GUARDS)) == len(GUARDS)
 
 
-def test_stale_or_failing_collectors_mean_no_action():
-    parts = [
-        cross_numa("p"),
-        needs("p", 1, 1),
-        zone("n2", "0", 64, 512, devices={"nvidia.com/gpu": 8}),
-        healthy("n2"),
-    ]
-    old = {"collector_age": [{"node": "n1", "collector": "gpu", "value": 95.0}]}
-    failing = {"collector_success": [{"node": "n1", "collector": "pod_resources", "value": 0}]}
-    for bad in (old, failing):
-        result = run(signals(**merge(*parts, bad)), [pod_info("p")])
-        assert not result.actions
-        assert [r.guard for r in result.refusals] == ["stale_data"]
-
-
 def test_caps_hold_under_a_hundred_findings():
     parts = [
         zone(f"spare{i}", "0", 1000, 10_000, devices={"nvidia.com/gpu": 100}) for i in range(5)
@@ -222,7 +234,7 @@ def test_caps_hold_under_a_hundred_findings():
     for i in range(100):
         node, ns = f"n{i % 10}", f"team{i % 4}"
         name = f"p{i}"
-        parts += [cross_numa(name, node=node), needs(name, 1, 1), healthy(node)]
+        parts += [cross_numa(name, node=node), needs(name, 1, 1, node=node), healthy(node)]
         # pairs of pods share a workload
         pods.append(pod_info(name, node=node, namespace=ns, workload=f"Deployment/{ns}/w{i // 2}"))
     for i in range(5):
@@ -263,13 +275,14 @@ def test_cooldown_backoff_and_giving_up():
     ]
     gave_up = {wl: WorkloadHistory(last_action=NOW - 10**6, failures=3)}
     assert [r.guard for r in run(sig, [pod_info("p")], policy, gave_up).refusals] == ["gave_up"]
-    in_flight = {wl: WorkloadHistory(last_action=NOW - 10**6, in_flight=1)}
+    waiting = Pending("cross_numa", "device_remote", NOW - 10**6, "uid-old")
+    in_flight = {wl: WorkloadHistory(last_action=NOW - 10**6, pending=(waiting,))}
     assert [r.guard for r in run(sig, [pod_info("p")], policy, in_flight).refusals] == [
         "cap_workload"
     ]
 
 
-def starved_row(pod: str, reason: str) -> dict:
+def starved_row(pod: str, reason: str, gpu_uuid: str = "") -> dict:
     row = {
         "node": "n1",
         "namespace": "ml",
@@ -277,11 +290,15 @@ def starved_row(pod: str, reason: str) -> dict:
         "pod_uid": f"uid-{pod}",
         "reason": reason,
         "gpu": "0",
-        "gpu_uuid": "GPU-1",
+        "gpu_uuid": gpu_uuid or f"GPU-{pod}",
         "mig_uuid": "",
         "value": 1.0,
     }
-    return {"starved_sustained": [row], "starved_seen": [row]}
+    return {
+        "starved_sustained": [row],
+        "starved_seen": [row],
+        "starved_age": [{**row, "value": 1.0}],
+    }
 
 
 def test_starved_by_placement_is_moved_by_cpu_only_advised():
@@ -319,6 +336,7 @@ def sizing_rows(sm: float, memory_gib: float) -> dict:
         "pod_uid": "uid-infer",
         "container": "main",
         "resource": "nvidia.com/mig-3g.40gb",
+        "source": "kubelet",
         "value": 1.0,
     }
     return {
@@ -326,6 +344,7 @@ def sizing_rows(sm: float, memory_gib: float) -> dict:
         "slice_sm_peak": [{**ids, "value": sm}],
         "slice_memory_peak": [{**ids, "value": memory_gib * GIB}],
         "slice_memory_total": [{**ids, "value": 40 * GIB}],
+        "slice_age": [{**ids, "value": 1.0}],
         "holders": [holder],
     }
 
@@ -338,11 +357,15 @@ def test_oversized_slice_resized_only_when_opted_in():
             zone("n2", "0", 0, 0, devices={"nvidia.com/mig-1g.10gb": 2}),
         )
     )
-    opted = pod_info("infer", workload_annotations={"numaguard.io/auto-resize": "true"})
+    opted = pod_info(
+        "infer",
+        workload_annotations={"numaguard.io/auto-resize": "true"},
+        resources=frozenset({"nvidia.com/mig-3g.40gb"}),
+    )
     result = run(sig, [opted])
     assert [(a.kind, a.finding.recommended) for a in result.actions] == [("resize", "1g.10gb")]
     assert "3g.40gb -> 1g.10gb" in result.actions[0].detail
-    result = run(sig, [pod_info("infer")])
+    result = run(sig, [replace(opted, workload_annotations={})])
     assert [(a.kind, a.finding.recommended) for a in result.actions] == [("recommend", "1g.10gb")]
     # opted in, but no such slice free anywhere: nothing to patch to
     sig = signals(**merge(healthy("n1"), sizing_rows(sm=0.1, memory_gib=6)))
@@ -351,7 +374,7 @@ def test_oversized_slice_resized_only_when_opted_in():
 
 def test_saturated_slice_is_undersized():
     sig = signals(**merge(healthy("n1"), sizing_rows(sm=0.95, memory_gib=20)))
-    result = run(sig, [pod_info("infer")])
+    result = run(sig, [pod_info("infer", resources=frozenset({"nvidia.com/mig-3g.40gb"}))])
     assert [(a.finding.kind, a.finding.recommended) for a in result.actions] == [
         ("undersized", "4g.40gb")
     ]
@@ -394,18 +417,18 @@ def test_a_noisy_neighbour_of_lower_priority_is_evicted():
     noisy = {"node": "n1", "namespace": "batch", "pod": "noisy", "pod_uid": "uid-noisy"}
     quiet = {"node": "n1", "namespace": "batch", "pod": "quiet", "pod_uid": "uid-quiet"}
     elsewhere = {"node": "n1", "namespace": "batch", "pod": "far", "pod_uid": "uid-far"}
+    shares = [
+        {**feeder, "l3_domain": "0", "value": 0.1},
+        {**noisy, "l3_domain": "0", "value": 0.7},
+        {**quiet, "l3_domain": "0", "value": 0.1},
+        {**elsewhere, "l3_domain": "1", "value": 0.9},  # not the feeder's L3
+    ]
     sig = signals(
         **merge(
             healthy("n1", "n2"),
             starved_row("feeder", "cpu_pressure"),
-            {
-                "llc_share": [
-                    {**feeder, "l3_domain": "0", "value": 0.1},
-                    {**noisy, "l3_domain": "0", "value": 0.7},
-                    {**quiet, "l3_domain": "0", "value": 0.1},
-                    {**elsewhere, "l3_domain": "1", "value": 0.9},  # not the feeder's L3
-                ]
-            },
+            needs("feeder", 4, 8),
+            {"llc_share": shares, "llc_age": [{**r, "value": 2.0} for r in shares]},
             needs("noisy", 2, 4),
             zone("n2", "0", 64, 512, devices={"nvidia.com/gpu": 8}),
         )
@@ -420,3 +443,270 @@ def test_a_noisy_neighbour_of_lower_priority_is_evicted():
     pods = [pod_info("feeder", priority=1000), pod_info("noisy", namespace="batch", priority=1000)]
     result = run(sig, pods)
     assert [(r.finding.pod, r.guard) for r in result.refusals] == [("noisy", "not_lower_priority")]
+
+
+def without(part: dict, query: str, **match) -> dict:
+    """``part`` less the rows of ``query`` whose labels match."""
+    rows = [r for r in part[query] if any(r.get(k) != v for k, v in match.items())]
+    return {**part, query: rows}
+
+
+def replaced(part: dict, query: str, value, **match) -> dict:
+    rows = [
+        {**r, "value": value} if all(r.get(k) == v for k, v in match.items()) else r
+        for r in part[query]
+    ]
+    return {**part, query: rows}
+
+
+ROOM = zone("n2", "0", 64, 512, devices={"nvidia.com/gpu": 8})
+
+
+@pytest.mark.parametrize(
+    ("case", "health", "finding", "expected"),
+    [
+        # the exporter was SIGKILLed: its target is down, its verdicts linger in the window
+        (
+            "dead exporter",
+            without(healthy("n1"), "targets_up"),
+            cross_numa("p"),
+            "no exporter target of n1 is up",
+        ),
+        (
+            "no collector series",
+            {"targets_up": healthy("n1")["targets_up"]},
+            cross_numa("p"),
+            "never succeeded",
+        ),
+        (
+            "collector old",
+            replaced(healthy("n1"), "collector_age", 95.0, collector="pod_placement"),
+            cross_numa("p"),
+            "last succeeded 95s ago",
+        ),
+        (
+            "collector failing",
+            replaced(healthy("n1"), "collector_success", 0, collector="host_numa"),
+            cross_numa("p"),
+            "is failing",
+        ),
+        ("verdict an hour old", healthy("n1"), cross_numa("p", age=3600.0), "3600s old"),
+        ("age NaN", healthy("n1"), cross_numa("p", age="NaN"), "no recent sample"),
+        ("age -Inf", healthy("n1"), cross_numa("p", age="-Inf"), "no recent sample"),
+        ("age +Inf", healthy("n1"), cross_numa("p", age="+Inf"), "no recent sample"),
+        ("age in the future", healthy("n1"), cross_numa("p", age=-20.0), "no recent sample"),
+        (
+            "collector age NaN",
+            replaced(healthy("n1"), "collector_age", "NaN", collector="gpu"),
+            starved_row("p", "device_remote"),
+            "never succeeded",
+        ),
+        (
+            "device finding without the kubelet",
+            replaced(healthy("n1"), "collector_age", 900.0, collector="pod_resources"),
+            cross_numa("p"),
+            "pod_resources of n1 last succeeded 900s ago",
+        ),
+    ],
+)
+def test_a_finding_without_fresh_evidence_now_is_not_acted_on(case, health, finding, expected):
+    sig = signals(**merge(health, finding, needs("p", 1, 1), ROOM, healthy("n2")))
+    result = run(sig, [pod_info("p")])
+    assert not result.actions, case
+    assert [r.guard for r in result.refusals] == ["stale_data"], case
+    assert expected in result.refusals[0].detail, (case, result.refusals[0].detail)
+
+
+def test_a_cpu_span_needs_no_kubelet_but_a_device_finding_does():
+    health = without(healthy("n1"), "collector_age", collector="pod_resources")
+    sig = signals(
+        **merge(health, cross_numa("p", reason="cpu_span"), needs("p", 1, 1), ROOM, healthy("n2"))
+    )
+    assert [a.kind for a in run(sig, [pod_info("p")]).actions] == ["evict"]
+
+
+def forged(part: dict, by: str) -> dict:
+    """The same rows, served by another scrape target than the node's exporter."""
+    return {q: [{**r, "instance": by} for r in rows] for q, rows in part.items()}
+
+
+@pytest.mark.parametrize(
+    ("case", "parts", "pod", "expected"),
+    [
+        (
+            "series from another target",
+            [forged(cross_numa("p"), "tenant-pod:8080")],
+            pod_info("p"),
+            "series from tenant-pod:8080",
+        ),
+        (
+            "two targets claim the node",
+            [cross_numa("p"), forged(healthy("n1"), "tenant:80")],
+            pod_info("p"),
+            "2 targets claim",
+        ),
+        ("pod on another node", [cross_numa("p")], pod_info("p", node="n7"), "runs on n7"),
+        ("pod not running", [cross_numa("p")], pod_info("p", phase="Pending"), "Pending"),
+        (
+            "owner uid mismatch",
+            [cross_numa("p")],
+            pod_info("p", mismatch="its owner reference's uid is not ReplicaSet p-rs's"),
+            "owner reference's uid",
+        ),
+        (
+            "device not the kubelet's",
+            [starved_row("p", "device_remote", gpu_uuid="GPU-other")],
+            pod_info("p"),
+            "does not attribute GPU-other",
+        ),
+    ],
+)
+def test_evidence_the_api_server_or_kubelet_contradicts_is_refused(case, parts, pod, expected):
+    sig = signals(**merge(healthy("n1"), *parts, needs("p", 1, 1), ROOM, healthy("n2")))
+    result = run(sig, [pod])
+    assert not result.actions, case
+    assert [r.guard for r in result.refusals] == ["evidence_mismatch"], case
+    assert expected in result.refusals[0].detail, (case, result.refusals[0].detail)
+
+
+def test_device_remote_needs_a_device_the_kubelet_gave():
+    held_by_process = needs("p", 1, 1)
+    held_by_process["holders"][0]["source"] = "process"
+    sig = signals(**merge(healthy("n1", "n2"), cross_numa("p"), held_by_process, ROOM))
+    result = run(sig, [pod_info("p")])
+    assert [r.guard for r in result.refusals] == ["evidence_mismatch"]
+
+
+def test_a_resize_must_name_a_slice_that_exists_and_the_pod_holds():
+    opted = pod_info(
+        "infer",
+        workload_annotations={"numaguard.io/auto-resize": "true"},
+        resources=frozenset({"nvidia.com/mig-3g.40gb"}),
+    )
+    room = zone("n2", "0", 0, 0, devices={"nvidia.com/mig-1g.10gb": 2})
+    rows = sizing_rows(sm=0.1, memory_gib=6)
+    assert [
+        a.kind for a in run(signals(**merge(healthy("n1", "n2"), rows, room)), [opted]).actions
+    ] == ["resize"]
+    # the exporter reports no such slice: no finding at all
+    no_slice = replaced(rows, "slice_memory_total", 40 * GIB)
+    no_slice["slice_memory_total"] = [{**rows["slice_memory_total"][0], "mig_uuid": "MIG-9"}]
+    result = run(signals(**merge(healthy("n1", "n2"), no_slice, room)), [opted])
+    assert not result.actions and not result.refusals
+    # the pod does not ask for that profile: the series lie about it
+    other = replace(opted, resources=frozenset({"nvidia.com/mig-1g.10gb"}))
+    result = run(signals(**merge(healthy("n1", "n2"), rows, room)), [other])
+    assert [r.guard for r in result.refusals] == ["evidence_mismatch"]
+    assert "does not request nvidia.com/mig-3g.40gb" in result.refusals[0].detail
+    # the kubelet did not give it the slice
+    not_held = {**rows, "holders": [{**rows["holders"][0], "source": "process"}]}
+    result = run(signals(**merge(healthy("n1", "n2"), not_held, room)), [opted])
+    assert [r.guard for r in result.refusals] == ["evidence_mismatch"]
+    assert not result.actions
+
+
+def test_caps_count_the_pods_node_not_the_series_label():
+    # five findings whose series name five nodes, for pods all on n1
+    parts = [ROOM, healthy("n2")]
+    pods = []
+    for i in range(5):
+        node = f"m{i}"
+        parts += [healthy(node), cross_numa(f"p{i}", node=node), needs(f"p{i}", 1, 1, node=node)]
+        pods.append(pod_info(f"p{i}", node="n1", workload=f"Deployment/ml/w{i}"))
+    result = run(signals(**merge(*parts)), pods, Policy(dry_run=False, max_per_node=1))
+    assert not result.actions
+    assert {r.guard for r in result.refusals} == {"evidence_mismatch"}
+    # and among pods that are where their series say, one per node
+    parts = [ROOM, healthy("n1", "n2")]
+    for i in range(5):
+        parts += [cross_numa(f"p{i}"), needs(f"p{i}", 1, 1)]
+    pods = [pod_info(f"p{i}", workload=f"Deployment/ml/w{i}") for i in range(5)]
+    result = run(signals(**merge(*parts)), pods, Policy(dry_run=False, max_per_node=1))
+    assert len(result.actions) == 1
+    assert Counter(r.guard for r in result.refusals) == {"cap_node": 4}
+
+
+def test_rows_missing_a_label_or_with_bad_values_are_dropped_not_the_cycle():
+    health = healthy("n1", "n2")
+    health["collector_age"].append({"node": "n1", "value": 5.0})  # no collector label
+    bad_room = {
+        "zone_free_cpus": [{"node": "n3", "numa_node": "0", "value": "+Inf"}],
+        "zone_free_memory": [{"node": "n3", "numa_node": "0", "value": 1e15}],
+        "zone_free_devices": [
+            {"node": "n3", "numa_node": "0", "resource": "nvidia.com/gpu", "value": 8}
+        ],
+    }
+    small = needs("p", 1, 1)
+    small["pod_memory"][0]["value"] = -1e308  # a forged "needs nothing"
+    sig = signals(**merge(health, healthy("n3"), cross_numa("p"), small, bad_room))
+    assert sig.dropped == {
+        ("collector_age", "missing_label"): 1,
+        ("zone_free_cpus", "bad_value"): 1,
+        ("pod_memory", "bad_value"): 1,
+    }
+    result = run(sig, [pod_info("p")])
+    # n3's zone has no CPU count left, and nothing else has room: no eviction
+    assert [r.guard for r in result.refusals] == ["no_fit"]
+
+
+def test_the_pod_s_own_capacity_counts_on_its_own_node():
+    # 8 CPUs on each NUMA node of n1 (cpu_span); n1's node 0 has 8 more free: with the 8
+    # the pod gives back there, 16 fit on node 0 of its own node, and nowhere else
+    spread = needs("p", 8, 4)
+    spread["pod_exclusive_cpus"].append({**spread["pod_exclusive_cpus"][0], "numa_node": "1"})
+    spread["holders"] = []
+    sig = signals(
+        **merge(
+            healthy("n1"),
+            cross_numa("p", reason="cpu_span"),
+            spread,
+            zone("n1", "0", 8, 64),
+            zone("n1", "1", 0, 64),
+        )
+    )
+    result = run(sig, [pod_info("p")])
+    assert [a.detail for a in result.actions] == ["evict: fits aligned on n1 NUMA node 0"]
+
+
+def test_a_pdb_that_keeps_refusing_backs_off_then_is_reported():
+    sig = signals(**merge(healthy("n1", "n2"), cross_numa("p"), needs("p", 1, 1), ROOM))
+    wl = "Deployment/ml/p"
+    policy = Policy(
+        dry_run=False,
+        cooldown_seconds=0,
+        pdb_retry_seconds=100,
+        pdb_blocked_after=3,
+        pdb_backoff_max_seconds=250,
+    )
+
+    def guards(refusals: int, ago: float):
+        h = {wl: WorkloadHistory(pdb_refusals=refusals, last_refusal=NOW - ago)}
+        result = run(sig, [pod_info("p")], policy, h)
+        return [r.guard for r in result.refusals] or [a.kind for a in result.actions]
+
+    assert guards(1, 50) == ["cooldown"]  # 100 s after the first 429
+    assert guards(1, 150) == ["evict"]
+    assert guards(2, 150) == ["cooldown"]  # 200 s after the second
+    assert guards(3, 240) == ["pdb_blocked"]  # 400 s, bounded to 250
+    assert guards(3, 260) == ["evict"]  # asked again, at the bound
+
+
+def test_history_survives_its_round_trip_and_refuses_garbage():
+    h = WorkloadHistory(
+        last_action=NOW,
+        failures=2,
+        pending=(Pending("cross_numa", "cpu_span", NOW, "u-1"),),
+        pdb_refusals=1,
+        last_refusal=NOW - 5,
+    )
+    assert WorkloadHistory.from_json(h.to_json()) == h
+    for text in (
+        "",
+        "{}",
+        "[1]",
+        '{"last_action": "x"}',
+        h.to_json().replace('"failures":2', '"failures":-1'),
+        h.to_json().replace(f'"last_action":{NOW}', '"last_action":NaN'),
+    ):
+        with pytest.raises(ValueError):
+            WorkloadHistory.from_json(text)

@@ -62,13 +62,10 @@ class Cluster:
 
     def controller(self, **policy) -> Controller:
         prometheus = Prometheus(self.prom.url, self.session, windows=Windows("4s", "4s"))
-        settings = dict(dry_run=False, min_pod_age_seconds=0, stale_after_seconds=10)
-        return Controller(
-            prometheus,
-            Kube(self.client),
-            Policy(**{**settings, **policy}),
-            verify_after_seconds=8,
+        settings = dict(
+            dry_run=False, min_pod_age_seconds=0, stale_after_seconds=10, verify_after_seconds=8
         )
+        return Controller(prometheus, Kube(self.client), Policy(**{**settings, **policy}))
 
     async def stop(self):
         await self.client.close()
@@ -98,7 +95,9 @@ async def cycles_until(controller, done, timeout=40.0):
         if done(reports):
             return reports
         await asyncio.sleep(1)
-    raise AssertionError(f"not done in {timeout}s: {[r.results for r in reports]}")
+    raise AssertionError(
+        f"not done in {timeout}s: {[(r.results, r.verified, r.error) for r in reports]}"
+    )
 
 
 async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
@@ -128,8 +127,10 @@ async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
 
 async def test_no_aligned_capacity_means_no_eviction(cluster):
     def fill(host, nvml):
-        # the two free GPUs go to pods that hold them without running anything
-        for gpu, name, cpus in ((3, "hold-a", "24-25"), (7, "hold-b", "60-61")):
+        # the two free GPUs go to aligned pods that hold them without running anything,
+        # and hold-b takes NUMA node 1's free CPUs: trainer-remote's own GPU there is no
+        # use to it either
+        for gpu, name, cpus, numa in ((3, "hold-a", "24-25", 0), (7, "hold-b", "42-61", 1)):
             host.pods.append(
                 FakePod(
                     name,
@@ -139,7 +140,7 @@ async def test_no_aligned_capacity_means_no_eviction(cluster):
                         FakeContainer(
                             "main",
                             cpus,
-                            {0: 1 << 30},
+                            {numa: 1 << 30},
                             exclusive_cpus=True,
                             devices={"nvidia.com/gpu": [nvml.gpus[gpu].uuid]},
                         )
@@ -256,22 +257,30 @@ async def test_only_the_leader_acts_and_a_successor_does_not_repeat(cluster):
     await asyncio.sleep(5)  # a whole finding window of it
     from remediator.leader import LeaderElector
 
+    now = [0.0]  # the replicas' monotonic clock, driven by the test
     first, second = c.controller(), c.controller()
-    first.elector = LeaderElector(
-        first.actuator.kube, "numaguard", "lease", "replica-a", lease_seconds=3
-    )
-    second.elector = LeaderElector(
-        second.actuator.kube, "numaguard", "lease", "replica-b", lease_seconds=3
-    )
-    first.actuator.elector, second.actuator.elector = first.elector, second.elector
+    for controller, identity in ((first, "replica-a"), (second, "replica-b")):
+        controller.elector = controller.actuator.elector = LeaderElector(
+            controller.actuator.kube,
+            "numaguard",
+            "lease",
+            identity,
+            lease_duration=15,
+            renew_deadline=10,
+            retry_period=2,
+            monotonic=lambda: now[0],
+        )
+    assert await first.elector.try_acquire_or_renew()
+    assert not await second.elector.try_acquire_or_renew()
     a = await first.cycle()
     b = await second.cycle()
     assert a.leader and not b.leader
     assert [r for _, r in a.results if r != "recommended"] == ["evicted"]
     assert b.results == []
-    # the leader dies; once its Lease expires the other takes over, and the pod it
-    # evicted is gone: no second eviction
-    await asyncio.sleep(4)
+    # the leader dies; once the Lease has not changed for its duration the other takes
+    # over, and reads what the first did from the workload: no second eviction
+    now[0] += 16
+    assert await second.elector.try_acquire_or_renew()
     b = await second.cycle()
     assert b.leader
     assert [e for e in c.api.evictions if e[2] == 201] == [("ml", "trainer-remote", 201)]
@@ -440,8 +449,9 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
     assert c.api.evictions == []  # dry-run: Events only
     reasons = {e["reason"] for e in c.api.objects["events"].values()}
     assert "DryRun" in reasons
+    # it held the Lease, and released it when it stopped
     lease = c.api.objects["leases"][("numaguard", "numaguard-remediator")]
-    assert lease["spec"]["holderIdentity"] == "replica-a"
+    assert lease["spec"]["holderIdentity"] == "" and lease["metadata"]["resourceVersion"]
 
 
 async def test_an_unreachable_api_server_means_no_action(cluster, tmp_path):

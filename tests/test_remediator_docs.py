@@ -5,14 +5,17 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
+import pytest
+
 from remediator.findings import Detection
 from remediator.planner import GUARDS, Policy
 from remediator.queries import Windows
+from remediator.signals import Source
 
 
 def test_the_doc_covers_every_setting_and_guard():
     doc = (Path(__file__).parent.parent / "docs" / "remediator.md").read_text()
-    for cls in (Policy, Detection, Windows):
+    for cls in (Policy, Detection, Windows, Source):
         for f in fields(cls):
             assert f"  {f.name}:" in doc, f"{cls.__name__}.{f.name} missing from the doc"
     for guard in GUARDS:
@@ -20,21 +23,66 @@ def test_the_doc_covers_every_setting_and_guard():
 
 
 def test_the_documented_config_is_accepted_and_a_bad_one_refused(tmp_path, capsys):
-    import pytest
-
     from remediator.cli import main, parser, settings
 
     doc = (Path(__file__).parent.parent / "docs" / "remediator.md").read_text()
     example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
     config = tmp_path / "config.yaml"
     config.write_text(example)
-    policy, sizing, windows = settings(
+    policy, sizing, windows, source = settings(
         parser().parse_args(["plan", "--config", str(config), "--max-per-node", "3"])
     )
     assert policy == Policy(max_per_node=3)  # the documented values are the defaults
-    assert sizing == Detection() and windows == Windows()
+    assert sizing == Detection() and windows == Windows() and source == Source()
     config.write_text("policy:\n  max_per_nod: 3\n")
     with pytest.raises(SystemExit) as exit_:
         main(["plan", "--config", str(config)])
     assert exit_.value.code == 2
-    assert "policy takes" in capsys.readouterr().err
+    assert "policy.max_per_nod: Unexpected keyword argument" in capsys.readouterr().err
+
+
+BAD = [
+    # (config text, extra flags, what the error must say)
+    ("policy:\n  protected_namespaces: team-gpu-c\n", [], "policy.protected_namespaces"),
+    (
+        'policy:\n  max_per_cycle: "three"\n',
+        [],
+        "policy.max_per_cycle: Input should be a valid integer",
+    ),
+    ("policy:\n  max_per_cycle: -1\n", [], "greater than or equal to 0 (got -1)"),
+    ("policy:\n  cooldown_seconds: 1h\n", [], "policy.cooldown_seconds"),
+    ('policy:\n  dry_run: "no"\n', [], "policy.dry_run: Input should be a valid boolean"),
+    (
+        "detection:\n  low_utilization: 30\n",
+        [],
+        "detection.low_utilization: Input should be less than or equal to 1",
+    ),
+    ("detection:\n  low_utilization: 0.95\n", [], "must be under detection.saturated"),
+    ("windows:\n  sizing: an hour\n", [], "windows.sizing: String should match pattern"),
+    ("policy:\n  stale_after_seconds: .inf\n", [], "finite number"),
+    ('prometheus:\n  selector: "} or vector(1)"\n', [], "prometheus.selector"),
+    ("policy: [1]\n", [], "policy must be a mapping"),
+    ("", ["--max-per-node", "-3"], "policy.max_per_node"),
+    ("", ["--finding-window", "10 minutes"], "windows.finding"),
+]
+
+
+@pytest.mark.parametrize(("text", "flags", "says"), BAD)
+def test_a_wrong_value_is_refused_naming_the_key(tmp_path, capsys, text, flags, says):
+    from remediator.cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--config", str(config), *flags])
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_lease_timing_must_be_ordered(capsys):
+    from remediator.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--lease-duration", "10", "--renew-deadline", "15"])
+    assert exit_.value.code == 2
+    assert "--retry-period < --renew-deadline < --lease-duration" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from remediator.queries import Windows
-from remediator.signals import Prometheus, SignalsError, frame
+from remediator.signals import Prometheus, SignalsError, Source, frame
 from simulator import presets
 from simulator.cluster import one_node
 from simulator.processes import free_port
@@ -46,7 +46,7 @@ async def test_signals_from_a_real_prometheus():
     free = s["zone_free_devices"]
     gpus_free = free[free["resource"] == "nvidia.com/gpu"].set_index("numa_node")["value"]
     assert dict(gpus_free) == {"0": 1.0, "1": 1.0}
-    need = s["pod_exclusive_cpus"].set_index("pod")["value"]
+    need = s["pod_exclusive_cpus"].groupby("pod")["value"].sum()
     assert need["trainer"] == 8 and need["infer-a"] == 2
     assert "notebook-0" not in need.index  # the shared pool is not exclusive
     assert set(s["collector_success"]["collector"]) >= {"gpu", "pod_resources"}
@@ -71,6 +71,11 @@ class BadPrometheus:
             )
         if self.mode == "matrix":
             return web.json_response({"status": "success", "data": {"resultType": "matrix"}})
+        if self.mode == "huge":
+            rows = [{"metric": {"node": f"n{i}"}, "value": [1, "1"]} for i in range(20_000)]
+            return web.json_response(
+                {"status": "success", "data": {"resultType": "vector", "result": rows}}
+            )
         if self.mode == "bad_value":
             body = {
                 "status": "success",
@@ -93,6 +98,7 @@ class BadPrometheus:
         ("matrix", "garbage", 1),
         ("bad_value", "garbage", 1),
         ("garbage", "garbage", 1),
+        ("huge", "answer_too_large", 1),
     ],
 )
 async def test_a_bad_prometheus_gives_no_signals(mode, reason, attempts):
@@ -106,7 +112,8 @@ async def test_a_bad_prometheus_gives_no_signals(mode, reason, attempts):
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         async with aiohttp.ClientSession() as session:
-            client = Prometheus(f"http://127.0.0.1:{port}", session, timeout=0.5, retries=1)
+            limits = Source(timeout_seconds=0.5, max_answer_bytes=100_000)
+            client = Prometheus(f"http://127.0.0.1:{port}", session, limits, retries=1)
             with pytest.raises(SignalsError) as err:
                 await client.query("up", time.time())
     finally:
@@ -123,9 +130,11 @@ async def test_prometheus_down():
     assert err.value.reason == "unreachable"
 
 
-def test_empty_answers_and_nan_samples():
-    empty = frame("x", {"status": "success", "data": {"resultType": "vector", "result": []}})
-    assert empty.empty and list(empty.columns) == ["value"]
+def test_empty_answers_and_bad_rows():
+    empty, dropped = frame(
+        "x", {"status": "success", "data": {"resultType": "vector", "result": []}}, ("node",)
+    )
+    assert empty.empty and list(empty.columns) == ["node", "value"] and not dropped
     body = {
         "status": "success",
         "data": {
@@ -133,8 +142,14 @@ def test_empty_answers_and_nan_samples():
             "result": [
                 {"metric": {"__name__": "m", "node": "a"}, "value": [1, "NaN"]},
                 {"metric": {"node": "b"}, "value": [1, "2.5"]},
+                {"metric": {"node": "c"}, "value": [1, "-Inf"]},
+                {"metric": {"node": "d"}, "value": [1, "+Inf"]},
+                {"metric": {"node": "e"}, "value": [1, "-1e308"]},
+                {"metric": {"pod": "f"}, "value": [1, "1"]},  # no node
+                {"metric": {"node": ""}, "value": [1, "1"]},  # empty is absent
             ],
         },
     }
-    df = frame("x", body)
+    df, dropped = frame("x", body, ("node",))
     assert df.to_dict("records") == [{"node": "b", "value": 2.5}]
+    assert dropped == {"bad_value": 4, "missing_label": 2}

@@ -36,8 +36,22 @@ class KubeconfigError(Exception):
     """The kubeconfig or in-cluster credentials cannot be used."""
 
 
+def find_kubeconfig(given: str | None) -> str | None:
+    """The kubeconfig kubectl would use: the one given, else $KUBECONFIG (its first
+    file), else ~/.kube/config if it exists; None: try the in-cluster account."""
+    if given:
+        return given
+    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if listed:
+        return listed[0]
+    home = os.path.expanduser("~/.kube/config")
+    return home if os.path.isfile(home) else None
+
+
 async def api_client(kubeconfig: str | None) -> client.ApiClient | None:
-    """An API client from ``kubeconfig``, or the in-cluster service account, or None."""
+    """An API client from the kubeconfig kubectl would use, or the in-cluster service
+    account, or None."""
+    kubeconfig = find_kubeconfig(kubeconfig)
     try:
         if kubeconfig:
             return await config.new_client_from_config(config_file=kubeconfig)
