@@ -98,7 +98,7 @@ class Actuator:
             return "evicted"
         if answer.status == 429:
             return "pdb_blocked"
-        if answer.status == 404:
+        if answer.status in (404, 409):  # 409: the name is another pod's now (uid precondition)
             return "gone"
         log.warning("eviction of %s/%s: HTTP %s", pod.namespace, pod.name, answer.status)
         return "failed"

@@ -19,12 +19,18 @@ from remediator.signals import Signals, frame
 from simulator.processes import wait_ok
 
 
-def as_signals(at: float, rows: dict[str, list[dict]], instances: dict[str, str]) -> Signals:
+def as_signals(
+    at: float,
+    rows: dict[str, list[dict]],
+    instances: dict[str, str],
+    queries: dict[str, tuple[str, ...]] = REQUIRED_LABELS,
+) -> Signals:
     """The remediator's Signals for the given rows per query, read as it reads real
     answers (empty labels absent, rows lacking a label it needs or with a bad value
     dropped); every other query answers nothing. ``instances``: node -> its exporter
-    target, given to each row of that node that names no instance, as a scrape would."""
-    answers: dict[str, list] = {name: [] for name in REQUIRED_LABELS}
+    target, given to each row of that node that names no instance, as a scrape would;
+    ``queries``: query name -> the labels its rows need."""
+    answers: dict[str, list] = {name: [] for name in queries}
     for name, given in rows.items():
         for row in given:
             labels = {k: str(v) for k, v in row.items() if k != "value" and v != ""}
@@ -34,7 +40,7 @@ def as_signals(at: float, rows: dict[str, list[dict]], instances: dict[str, str]
     frames, dropped = {}, Counter()
     for name, result in answers.items():
         body = {"status": "success", "data": {"resultType": "vector", "result": result}}
-        frames[name], lost = frame(name, body, REQUIRED_LABELS[name])
+        frames[name], lost = frame(name, body, queries[name])
         dropped.update({(name, reason): n for reason, n in lost.items()})
     return Signals(at, frames, dropped)
 
@@ -61,8 +67,10 @@ class PrometheusServer:
         scrape_interval: str = "1s",
         rule_files: list[str] | None = None,
         alertmanagers: list[str] | None = None,
+        other_jobs: list[dict] | None = None,
     ) -> None:
         self.targets = targets
+        self.other_jobs = other_jobs or []  # more scrape configs, beside job numaguard
         self.port = port
         self.scrape_interval = scrape_interval
         self.rule_files = rule_files or []
@@ -89,7 +97,8 @@ class PrometheusServer:
             },
             "rule_files": self.rule_files,
             "scrape_configs": [
-                {"job_name": "numaguard", "static_configs": [{"targets": self.targets}]}
+                {"job_name": "numaguard", "static_configs": [{"targets": self.targets}]},
+                *self.other_jobs,
             ],
         }
         if self.alertmanagers:

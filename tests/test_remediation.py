@@ -39,7 +39,7 @@ NODE = "gpu-node-3"
 class Cluster:
     """One simulated GPU node with its exporter, scraped by a real Prometheus."""
 
-    async def start(self, tmp_path, prepare=None, policy="single-numa-node"):
+    async def start(self, tmp_path, prepare=None, policy="single-numa-node", other_jobs=None):
         self.sim = SimulatedCluster(str(tmp_path / "cluster"))
         host, nvml = presets.gpu_node()
         if prepare:
@@ -50,18 +50,18 @@ class Cluster:
         await self.sim.start()
         kubeconfig = self.api.kubeconfig(tmp_path / "kubeconfig")
         self.stack = contextlib.AsyncExitStack()
-        url, _ = await self.stack.enter_async_context(
+        url, self.exporter = await self.stack.enter_async_context(
             exporter_process(*self.sim.exporter_args(self.node, kubeconfig), "--interval", "1")
         )
         self.prom = await self.stack.enter_async_context(
-            PrometheusServer([url.removeprefix("http://")], free_port())
+            PrometheusServer([url.removeprefix("http://")], free_port(), other_jobs=other_jobs)
         )
         self.session = await self.stack.enter_async_context(aiohttp.ClientSession())
         self.client = await api_client(kubeconfig)
         return self
 
-    def controller(self, **policy) -> Controller:
-        prometheus = Prometheus(self.prom.url, self.session, windows=Windows("4s", "4s"))
+    def controller(self, window="4s", **policy) -> Controller:
+        prometheus = Prometheus(self.prom.url, self.session, windows=Windows(window, window))
         settings = dict(
             dry_run=False, min_pod_age_seconds=0, stale_after_seconds=10, verify_after_seconds=8
         )
@@ -77,8 +77,8 @@ class Cluster:
 async def cluster(tmp_path):
     clusters = []
 
-    async def make(prepare=None, policy="single-numa-node"):
-        c = await Cluster().start(tmp_path, prepare, policy)
+    async def make(prepare=None, policy="single-numa-node", other_jobs=None):
+        c = await Cluster().start(tmp_path, prepare, policy, other_jobs)
         clusters.append(c)
         return c
 
@@ -194,6 +194,12 @@ async def test_a_pdb_at_its_limit_gets_429_and_is_not_hammered(cluster):
     assert [r for r in results if r != "recommended"] == ["pdb_blocked"]
     refused = {r.guard for rep in [report] for r in rep.plan.refusals}
     assert "cooldown" in refused
+    # the refusal is on the Deployment: a restarted remediator backs off too
+    annotations = c.api.objects["deployments"][("ml", "trainer-remote")]["metadata"]["annotations"]
+    assert json.loads(annotations["numaguard.io/history"])["pdb_refusals"] == 1
+    report = await c.controller(cooldown_seconds=3600).cycle()
+    assert c.api.evictions == [("ml", "trainer-remote", 429)]
+    assert "cooldown" in {r.guard for r in report.plan.refusals}
 
 
 async def test_stale_data_and_a_dead_prometheus_mean_no_action(cluster):
@@ -383,12 +389,16 @@ async def test_a_fix_that_does_not_hold_backs_off_then_stops(cluster):
     outcomes = [v[1] for r in reports for v in r.verified]
     assert outcomes == ["did_not_hold", "gave_up"]
     assert len([e for e in c.api.evictions if e[2] == 201]) == 2
-    # and from then on it is left alone, saying why
+    # and from then on it is left alone, saying why, even by a remediator that restarted
+    # (the history is on the Deployment, not in memory)
+    restarted = c.controller(cooldown_seconds=2, backoff_factor=2, give_up_after=2)
     for _ in range(3):
-        report = await controller.cycle()
+        report = await restarted.cycle()
         await asyncio.sleep(1)
     assert [e for e in c.api.evictions if e[2] == 201][2:] == []
     assert "gave_up" in {r.guard for r in report.plan.refusals}
+    history = c.api.objects["deployments"][("ml", "trainer-remote")]["metadata"]["annotations"]
+    assert json.loads(history["numaguard.io/history"])["failures"] == 2
 
 
 async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
@@ -616,3 +626,76 @@ async def test_guards_and_caps_hold_under_a_hundred_findings(tmp_path):
     feeder_actions = [(a.kind, r) for a, r in report.results if a.finding.pod == "feeder"]
     assert feeder_actions == [("recommend", "recommended")]
     assert [e for e in api.evictions if e[1] == "feeder"] == []
+
+
+async def test_a_dead_exporter_s_lingering_verdicts_are_not_acted_on(cluster):
+    c = await cluster()
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(16)  # a whole (longer) finding window of it
+    c.exporter.kill()  # SIGKILL: no goodbye; its verdicts stay inside the window
+    c.exporter.wait()
+    await c.prom.wait_for('up{job="numaguard"} == 0')
+    controller = c.controller(window="15s")
+    report = await controller.cycle()
+    assert c.api.evictions == [] and report.results == []
+    trainer = [r for r in report.plan.refusals if r.finding.pod == "trainer-remote"]
+    assert trainer and {r.guard for r in trainer} == {"stale_data"}
+    assert all("no exporter target of gpu-node-3 is up" in r.detail for r in trainer)
+
+
+class Tenant:
+    """A tenant's pod serving series it wrote itself, scraped by a kubernetes-pods style
+    job with honor_labels: what it says about job and node is kept."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def __aenter__(self):
+        from aiohttp import web
+
+        async def metrics(_):
+            return web.Response(text=self.text)
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.runner.cleanup()
+
+
+async def test_series_forged_by_another_target_evict_nothing(cluster, tmp_path):
+    # trainer is aligned; a tenant claims it is cross-NUMA, once in its own job and once
+    # under the exporters' job, and that infer-d's slice is idle (for a resize)
+    uid = presets.pod_uid("trainer")
+    labels = f'node="{NODE}",namespace="ml",pod="trainer",pod_uid="{uid}",reason="cpu_span"'
+    forged = (
+        f"numaguard_pod_cross_numa{{{labels}}} 1\n"
+        f'numaguard_pod_cross_numa{{job="numaguard",{labels},container_id="x"}} 1\n'
+    )
+    async with Tenant(forged) as tenant:
+        job = {
+            "job_name": "kubernetes-pods",
+            "honor_labels": True,
+            "static_configs": [{"targets": [f"127.0.0.1:{tenant.port}"]}],
+        }
+        c = await cluster(other_jobs=[job])
+        deployment = c.api.objects["deployments"][("ml", "trainer")]
+        deployment["metadata"]["annotations"]["numaguard.io/auto-resize"] = "true"
+        c.api.put("deployments", deployment)
+        await c.prom.wait_for('numaguard_pod_cross_numa{pod="trainer",job="numaguard"} == 1')
+        await c.prom.wait_for('numaguard_pod_cross_numa{pod="trainer",job="kubernetes-pods"}')
+        await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+        await asyncio.sleep(5)  # a whole finding window of it
+        report = await c.controller(max_per_node=5).cycle()
+    # the series of another job are never read; those under the exporters' job come from
+    # a target that is not gpu-node-3's exporter
+    forged_findings = [f for f in report.findings if f.pod == "trainer"]
+    assert [f.instance for f in forged_findings] == [f"127.0.0.1:{tenant.port}"]
+    refused = {(r.finding.pod, r.guard) for r in report.plan.refusals}
+    assert ("trainer", "evidence_mismatch") in refused
+    assert [e[1] for e in c.api.evictions] == ["trainer-remote"]  # the real one only
