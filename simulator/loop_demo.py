@@ -36,6 +36,21 @@ from simulator.prometheus import PrometheusServer
 # node -> its kubelet's Topology Manager policy
 NODES = {"gpu-a": "single-numa-node", "gpu-b": "single-numa-node", "gpu-c": "none"}
 WINDOW = "6s"
+# refusals that stay until something outside the remediator changes
+FINAL_GUARDS = {
+    "gave_up",
+    "pdb_blocked",
+    "protected_namespace",
+    "opted_out",
+    "mirror_pod",
+    "daemonset",
+    "bare_pod",
+    "unsupported_owner",
+    "system_critical",
+    "local_storage",
+    "no_fit",
+    "not_lower_priority",
+}
 
 
 def add_nodes(sim: SimulatedCluster) -> None:
@@ -101,6 +116,20 @@ async def state(prom: PrometheusServer) -> dict[str, int]:
     }
 
 
+def settled(sim: SimulatedCluster, report, verified: int) -> bool:
+    """Nothing left to happen: no action awaiting verification, something verified, and
+    every finding the remediator would move refused for good."""
+    pending = any(
+        (d["metadata"].get("labels") or {}).get("numaguard.io/pending")
+        for resource in ("deployments", "statefulsets", "replicasets")
+        for d in sim.api.objects[resource].values()
+    )
+    if pending or not verified or report.plan is None or report.error:
+        return False
+    moving = [a for a in report.plan.actions if a.kind != "recommend"]
+    return not moving and all(r.guard in FINAL_GUARDS for r in report.plan.refusals)
+
+
 def live_line(t: float, report) -> str:
     kinds = Counter(f.kind for f in report.findings)
     parts = [
@@ -130,6 +159,8 @@ def live_line(t: float, report) -> str:
 
 
 async def main(seconds: float) -> None:
+    """Run until the loop has settled (every fix verified or refused for good), or for
+    ``seconds`` at most: how long that takes depends on the machine, what happens not."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="numaguard-demo-") as tmp:
         sim = SimulatedCluster(tmp)
@@ -172,7 +203,8 @@ async def main(seconds: float) -> None:
                 print(f"  exporter {node}: {url}/metrics")
             print(f"  API server (fake): {sim.api.url}")
             print(
-                f"running the remediator live for {seconds:g}s (finding window {WINDOW})\n",
+                f"running the remediator live until it settles, {seconds:g}s at most "
+                f"(finding window {WINDOW})\n",
                 flush=True,
             )
             await prom.wait_for("numaguard_pod_cross_numa == 1", 60)
@@ -189,8 +221,9 @@ async def main(seconds: float) -> None:
                     max_per_node=2,
                     give_up_after=2,
                     verify_after_seconds=12,
-                    verify_deadline_seconds=40,
-                    pdb_retry_seconds=6,
+                    verify_deadline_seconds=60,
+                    pdb_retry_seconds=3,
+                    pdb_backoff_max_seconds=6,
                 ),
             )
             refusals: Counter[str] = Counter()
@@ -201,6 +234,9 @@ async def main(seconds: float) -> None:
                 refusals.update(r.guard for r in (report.plan.refusals if report.plan else ()))
                 outcomes.update(o for _, o in report.verified)
                 print(live_line(time.monotonic() - t0, report), flush=True)
+                if settled(sim, report, sum(outcomes.values())):
+                    print("settled: every fix verified or refused for good", flush=True)
+                    break
                 await asyncio.sleep(3)
             await asyncio.sleep(7)  # let the last replacements be scraped
             after = await state(prom)
@@ -221,7 +257,12 @@ async def main(seconds: float) -> None:
 
 def cli() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--seconds", type=float, default=50.0, help="how long the remediator runs")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=240.0,
+        help="the longest the remediator runs; it stops once the loop has settled",
+    )
     args = p.parse_args()
     logs.setup("text", "error")
     asyncio.run(main(args.seconds))
