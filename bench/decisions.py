@@ -2,12 +2,14 @@
 
 Each scenario is a simulated cluster (simulator.cluster: fake hosts, NVML and kubelets,
 ReplicaSets that recreate evicted pods, kubelets admitting them under their Topology
-Manager policy) with cross-socket GPU pods, some of them protected (kube-system, opted
-out, bare). Each cycle the exporter's view is computed from the simulation (placement
-verdicts and free capacity per NUMA zone, as the exporters would report them), the real
-findings code and planner decide, and evictions go through the simulation. Measured:
-the share of remediable findings (an aligned zone existed) fixed within three cycles,
-evictions per fix, and guard violations (actions on protected pods), which must be zero.
+Manager policy) with cross-socket GPU pods (some of them protected: kube-system, opted
+out, bare), pods whose memory sits on the other socket and pods whose CPUs span both.
+Each cycle the exporter's view is computed from the simulation (placement verdicts and
+free capacity per NUMA zone, as the exporters would report them, fresh, from each
+node's own target), the real findings code and planner decide, and evictions go through
+the simulation. Measured: the share of remediable findings (an aligned zone existed)
+fixed within three cycles, evictions per fix, and guard violations (actions on protected
+pods), which must be zero.
 """
 
 from __future__ import annotations
@@ -69,6 +71,17 @@ def scenario(directory: str, seed: int, nodes: int, policies: tuple[str, ...]):
         host.pods.append(pod)
         if kind:
             protected[pod.uid] = kind
+        # a pod whose memory sits on the other socket, and one whose CPUs span both
+        for stem, cpus, memory in (("mem", "56-57", {0: 4 << 30}), ("span", "28,60", {0: 1 << 30})):
+            host.pods.append(
+                FakePod(
+                    f"{stem}-{n}",
+                    presets.pod_uid(f"{name}/{stem}"),
+                    "guaranteed",
+                    [FakeContainer("main", cpus, memory, exclusive_cpus=True)],
+                    f"team-{n}",
+                )
+            )
         sim.add_node(name, host, nvml, rng.choice(policies))
     sim.demand["trainer-remote"] = 0.8
     return sim, protected
@@ -116,6 +129,20 @@ def observe(
             }
             cpus = parse_id_list(ctr.cpus)
             cpu_nodes = {i for i, n in enumerate(host.nodes) if parse_id_list(n.cpus) & cpus}
+            memory = sum(ctr.memory_by_node.values())
+            remote = sum(v for i, v in ctr.memory_by_node.items() if i not in cpu_nodes)
+            # the exporter's verdicts: CPUs across nodes (exclusive ones only), memory
+            # away from them (>= 0.3 of >= 64 MiB)
+            reasons = []
+            if ctr.exclusive_cpus and len(cpu_nodes) > 1:
+                reasons.append("cpu_span")
+            if memory >= 64 << 20 and remote >= 0.3 * memory:
+                reasons.append("memory_remote")
+            for reason in reasons:
+                row = {**ids, "reason": reason, "value": 1}
+                rows["cross_numa_sustained"].append(row)
+                rows["cross_numa_seen"].append(row)
+                rows["cross_numa_age"].append({**row, "value": 1})
             for uuid in ctr.devices.get("nvidia.com/gpu", []):
                 rows["holders"].append(
                     {

@@ -2,8 +2,8 @@
 HTTP API (aiohttp, with timeouts and retries), each answer turned into a pandas frame.
 
 Anything doubtful about an answer as a whole — Prometheus down, slow, answering garbage,
-an error, or more bytes than ``max_answer_bytes`` — raises SignalsError: the cycle then
-takes no action at all. Doubtful rows (a label missing, a value that is not a finite,
+an error, or a cycle's answers over ``max_answer_bytes`` together — raises SignalsError:
+the cycle then takes no action at all. Doubtful rows (a label missing, a value that is not a finite,
 non-negative number) are dropped and counted: they cost only themselves.
 """
 
@@ -38,7 +38,9 @@ class Source:
     # the exporters' own series: the ServiceMonitor's job (the alert rules use the same)
     selector: Annotated[str, StringConstraints(pattern=_MATCHERS, strict=True)] = DEFAULT_SELECTOR
     timeout_seconds: Positive = 10.0  # per query, reading and decoding included
-    max_answer_bytes: Annotated[int, Field(gt=0, strict=True)] = 16 << 20  # per query
+    # all of a cycle's answers together: what decoding them costs in memory is bounded
+    # (about six times this at most)
+    max_answer_bytes: Annotated[int, Field(gt=0, strict=True)] = 32 << 20
 
 
 class SignalsError(Exception):
@@ -88,8 +90,9 @@ class Prometheus:
     ) -> Signals:
         at = time.time() if at is None else at
         names = list(queries)
+        budget = [self.max_answer_bytes]  # shared by the set's answers
         answers = await asyncio.gather(
-            *(self.query(queries[n], at, required.get(n, ())) for n in names)
+            *(self.query(queries[n], at, required.get(n, ()), budget) for n in names)
         )
         frames, dropped = {}, Counter()
         for name, (df, lost) in zip(names, answers, strict=True):
@@ -98,15 +101,23 @@ class Prometheus:
         return Signals(at, frames, dropped)
 
     async def query(
-        self, expr: str, at: float, required: tuple[str, ...] = ()
+        self,
+        expr: str,
+        at: float,
+        required: tuple[str, ...] = (),
+        budget: list[int] | None = None,
     ) -> tuple[pd.DataFrame, Counter]:
-        """One query's frame and dropped rows, read and decoded within the timeout."""
+        """One query's frame and dropped rows, read and decoded within the timeout;
+        ``budget``: the bytes its set of answers may still take."""
+        budget = [self.max_answer_bytes] if budget is None else budget
         last: SignalsError | None = None
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(0.2 * 2**attempt)
             try:
-                return await asyncio.wait_for(self._query_once(expr, at, required), self.timeout)
+                return await asyncio.wait_for(
+                    self._query_once(expr, at, required, budget), self.timeout
+                )
             except TimeoutError:
                 last = SignalsError("timeout", f"{expr}: no answer in {self.timeout:g}s")
             except SignalsError as err:
@@ -116,8 +127,9 @@ class Prometheus:
         assert last is not None
         raise last
 
-    async def _query_once(self, expr: str, at: float, required: tuple[str, ...]):
-        """The read is bounded; the decoding runs off the event loop."""
+    async def _query_once(self, expr: str, at: float, required: tuple[str, ...], budget: list[int]):
+        """The read is bounded by what the budget has left; the decoding runs off the
+        event loop."""
         self.queries_made += 1
         try:
             async with self.session.post(
@@ -126,15 +138,18 @@ class Prometheus:
             ) as response:
                 if response.status >= 500 or response.status == 429:
                     raise SignalsError("http", f"{expr}: HTTP {response.status}")
-                if (response.content_length or 0) > self.max_answer_bytes:
+                if (response.content_length or 0) > budget[0]:
                     raise _too_large(expr, self.max_answer_bytes)
                 raw = bytearray()
                 async for chunk in response.content.iter_chunked(1 << 16):
                     raw += chunk
-                    if len(raw) > self.max_answer_bytes:
+                    if len(raw) > budget[0]:
                         raise _too_large(expr, self.max_answer_bytes)
         except aiohttp.ClientError as err:
             raise SignalsError("unreachable", f"{self.url}: {err}") from None
+        if len(raw) > budget[0]:  # answers read meanwhile took the rest
+            raise _too_large(expr, self.max_answer_bytes)
+        budget[0] -= len(raw)
         return await asyncio.to_thread(_decode, expr, bytes(raw), required)
 
 
@@ -147,7 +162,7 @@ def _decode(expr: str, raw: bytes, required: tuple[str, ...]) -> tuple[pd.DataFr
 
 
 def _too_large(expr: str, limit: int) -> SignalsError:
-    return SignalsError("answer_too_large", f"{expr}: answer over {limit} bytes")
+    return SignalsError("answer_too_large", f"{expr}: the cycle's answers are over {limit} bytes")
 
 
 def frame(expr: str, body, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame, Counter]:

@@ -71,6 +71,11 @@ class BadPrometheus:
             )
         if self.mode == "matrix":
             return web.json_response({"status": "success", "data": {"resultType": "matrix"}})
+        if self.mode == "medium":  # about 45 kB
+            rows = [{"metric": {"node": f"n{i}"}, "value": [1, "1"]} for i in range(1000)]
+            return web.json_response(
+                {"status": "success", "data": {"resultType": "vector", "result": rows}}
+            )
         if self.mode == "huge":
             rows = [{"metric": {"node": f"n{i}"}, "value": [1, "1"]} for i in range(20_000)]
             return web.json_response(
@@ -153,3 +158,25 @@ def test_empty_answers_and_bad_rows():
     df, dropped = frame("x", body, ("node",))
     assert df.to_dict("records") == [{"node": "b", "value": 2.5}]
     assert dropped == {"bad_value": 4, "missing_label": 2}
+
+
+async def test_the_answers_of_a_cycle_share_one_bound():
+    bad = BadPrometheus()
+    bad.mode = "medium"
+    app = web.Application()
+    app.router.add_post("/api/v1/query", bad.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            limits = Source(max_answer_bytes=100_000)
+            client = Prometheus(f"http://127.0.0.1:{port}", session, limits, retries=0)
+            one = await client.fetch_set({"a": "up"}, {}, time.time())  # one fits
+            assert len(one["a"]) == 1000
+            with pytest.raises(SignalsError) as err:  # three do not
+                await client.fetch_set({"a": "up", "b": "up", "c": "up"}, {}, time.time())
+    finally:
+        await runner.cleanup()
+    assert err.value.reason == "answer_too_large"
