@@ -149,7 +149,7 @@ class PrometheusServer:
             raise RuntimeError(f"query {expr!r} failed: {body}")
         return body["data"]["result"]
 
-    async def wait_for(self, expr: str, timeout: float = 30.0) -> list[dict]:
+    async def wait_for(self, expr: str, timeout: float = 60.0) -> list[dict]:
         """Poll ``expr`` until it returns something (scrapes and rules start late)."""
         deadline = time.monotonic() + timeout
         while True:
