@@ -15,12 +15,11 @@ import random
 import statistics
 import time
 
-import pandas as pd
-
 from remediator.findings import FindingState, update
 from remediator.planner import PodInfo, Policy, plan
 from remediator.queries import expressions
 from remediator.signals import Signals
+from simulator.prometheus import as_signals
 
 GIB = 1 << 30
 TARGET_CPU_S = 1.0
@@ -33,7 +32,8 @@ def cluster(nodes: int, pods_per_node: int, seed: int = 7) -> tuple[Signals, dic
     now = time.time()
     for n in range(nodes):
         node = f"node-{n:05d}"
-        for collector in ("pod_placement", "gpu", "pod_resources"):
+        frames["targets_up"].append({"node": node, "value": 1.0})
+        for collector in ("host_numa", "pod_placement", "gpu", "pod_resources", "resctrl"):
             frames["collector_age"].append({"node": node, "collector": collector, "value": 5.0})
             frames["collector_success"].append({"node": node, "collector": collector, "value": 1.0})
         for z in ("0", "1"):
@@ -49,34 +49,34 @@ def cluster(nodes: int, pods_per_node: int, seed: int = 7) -> tuple[Signals, dic
         for p in range(pods_per_node):
             name, uid = f"job-{n}-{p}", f"uid-{n}-{p}"
             ids = {"node": node, "namespace": f"team-{n % 50}", "pod": name, "pod_uid": uid}
-            frames["pod_exclusive_cpus"].append({**ids, "value": float(rng.choice((0, 4, 8)))})
-            frames["pod_memory"].append({**ids, "value": rng.randint(1, 64) * GIB})
+            numa = {"numa_node": str(p % 2)}
+            frames["pod_exclusive_cpus"].append(
+                {**ids, **numa, "value": float(rng.choice((0, 4, 8)))}
+            )
+            frames["pod_memory"].append({**ids, **numa, "value": rng.randint(1, 64) * GIB})
+            gpu = f"GPU-{n}-{p % 4}"
             frames["holders"].append(
                 {
                     **ids,
                     "gpu": str(p % 4),
-                    "gpu_uuid": f"GPU-{n}-{p % 4}",
-                    "mig_uuid": "",
+                    "gpu_uuid": gpu,
+                    "numa_node": str((p + 1) % 2),
                     "resource": "nvidia.com/gpu",
+                    "source": "kubelet",
                     "value": 1.0,
                 }
             )
             roll = rng.random()
             if roll < 0.02:
                 row = {**ids, "reason": "device_remote", "value": 1.0}
-                frames["cross_numa_sustained"].append(row)
-                frames["cross_numa_seen"].append(row)
+                kind = "cross_numa"
             elif roll < 0.03:
-                row = {
-                    **ids,
-                    "reason": "cpu_pressure",
-                    "gpu": "0",
-                    "gpu_uuid": f"GPU-{n}-0",
-                    "mig_uuid": "",
-                    "value": 1.0,
-                }
-                frames["starved_sustained"].append(row)
-                frames["starved_seen"].append(row)
+                row = {**ids, "reason": "cpu_pressure", "gpu": "0", "gpu_uuid": gpu, "value": 1.0}
+                kind = "starved"
+            if roll < 0.03:
+                frames[f"{kind}_sustained"].append(row)
+                frames[f"{kind}_seen"].append(row)
+                frames[f"{kind}_age"].append({**row, "value": 2.0})
             infos[uid] = PodInfo(
                 namespace=ids["namespace"],
                 name=name,
@@ -86,12 +86,10 @@ def cluster(nodes: int, pods_per_node: int, seed: int = 7) -> tuple[Signals, dic
                 owner_kind="ReplicaSet",
                 owner_name=f"{name}-rs",
                 workload=f"Deployment/{ids['namespace']}/w{n % 700}",
+                resources=frozenset({"nvidia.com/gpu"}),
             )
-    empty = pd.DataFrame({"value": pd.Series(dtype=float)})
-    return (
-        Signals(now, {k: pd.DataFrame(v) if v else empty for k, v in frames.items()}),
-        infos,
-    )
+    instances = {f"node-{n:05d}": f"10.1.{n // 250}.{n % 250}:9847" for n in range(nodes)}
+    return as_signals(now, frames, instances), infos
 
 
 def main() -> None:

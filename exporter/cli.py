@@ -67,9 +67,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kubeconfig",
         metavar="FILE",
-        help="kubeconfig for pod names from the API server; in a cluster the "
-        "service account is used without it; with neither, pod series carry "
-        "only pod_uid and container_id",
+        help="kubeconfig for pod names from the API server; without it, as kubectl: "
+        "$KUBECONFIG, ~/.kube/config, then the in-cluster service account; with none, "
+        "pod series carry only pod_uid and container_id",
     )
     p.add_argument(
         "--memory-remote-threshold",

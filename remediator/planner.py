@@ -213,8 +213,9 @@ def plan(
 ) -> Plan:
     """``pods``: by UID, the pods the findings name that the API server knows;
     ``history``: by workload, as read from the workloads this cycle."""
-    evidence = Evidence(signals, policy.stale_after_seconds)
-    capacity = Capacity.from_signals(signals, {f.pod_uid for f in findings}, evidence)
+    uids = {f.pod_uid for f in findings}
+    evidence = Evidence(signals, policy.stale_after_seconds, uids)
+    capacity = Capacity.from_signals(signals, uids, evidence)
     taken: Counter[str] = Counter()
     actions: list[Action] = []
     refusals: list[Refusal] = []
@@ -377,30 +378,38 @@ class Evidence:
     with no series saying its exporter is up and its collectors succeeded recently is
     stale, as is a verdict whose newest sample is old or missing."""
 
-    def __init__(self, signals: Signals, stale_after: float) -> None:
-        self.signals = signals
+    def __init__(self, signals: Signals, stale_after: float, pods: set[str] = frozenset()) -> None:
+        """``pods``: the UIDs whose devices will be asked about (the findings' pods)."""
+        s = signals
         self.stale_after = stale_after
         self.targets: dict[str, set[str]] = {}  # node -> instances up now that speak for it
-        for row in _rows(signals["targets_up"]):
-            self.targets.setdefault(row["node"], set()).add(row["instance"])
-        self.collector_age = {
-            (r["node"], r["instance"], r["collector"]): r["value"]
-            for r in _rows(signals["collector_age"])
-        }
+        for node, instance in _columns(s["targets_up"], "node", "instance"):
+            self.targets.setdefault(node, set()).add(instance)
+        key = ("node", "instance", "collector", "value")
+        self.collector_age = {(n, i, c): v for n, i, c, v in _columns(s["collector_age"], *key)}
         self.collector_ok = {
-            (r["node"], r["instance"], r["collector"])
-            for r in _rows(signals["collector_success"])
-            if r["value"] == 1
+            (n, i, c) for n, i, c, v in _columns(s["collector_success"], *key) if v == 1
         }
-        self.holders = {  # (node, pod uid) -> devices the kubelet gave that pod
-            (r["node"], r["pod_uid"]): set()
-            for r in _rows(signals["holders"])
-            if r["source"] == "kubelet"
-        }
-        for r in _rows(signals["holders"]):
-            if r["source"] == "kubelet":
-                self.holders[(r["node"], r["pod_uid"])] |= {r["gpu_uuid"], r.get("mig_uuid", "")}
-        self.slices = {(r["node"], r["mig_uuid"]) for r in _rows(signals["slice_memory_total"])}
+        holders = s["holders"]
+        holders = holders[(holders["source"] == "kubelet") & holders["pod_uid"].isin(pods)]
+        self.holders: dict[tuple, set[str]] = {}  # (node, pod uid) -> the kubelet's devices
+        for node, uid, gpu, mig in _columns(holders, "node", "pod_uid", "gpu_uuid", "mig_uuid"):
+            self.holders.setdefault((node, uid), set()).update((gpu, mig))
+        self.slices = set(_columns(s["slice_memory_total"], "node", "mig_uuid"))
+        # the age of the newest sample of each verdict, keyed as findings name them
+        self.ages: dict[tuple, float] = {}
+        for uid, reason, age in _columns(s["cross_numa_age"], "pod_uid", "reason", "value"):
+            self._age(("cross_numa", uid, reason, ""), age)
+        starved = _columns(s["starved_age"], "pod_uid", "reason", "gpu_uuid", "mig_uuid", "value")
+        for uid, reason, gpu, mig, age in starved:
+            self._age(("starved", uid, reason, mig or gpu), age)
+        for uid, domain, age in _columns(s["llc_age"], "pod_uid", "l3_domain", "value"):
+            self._age(("llc", uid, domain), age)
+        for mig, age in _columns(s["slice_age"], "mig_uuid", "value"):
+            self._age(("slice", "", mig), age)
+
+    def _age(self, key: tuple, age: float) -> None:
+        self.ages[key] = min(age, self.ages.get(key, age))
 
     def instance(self, node: str) -> tuple[str | None, str]:
         """The one exporter target up now for ``node``, or why there is none."""
@@ -477,30 +486,16 @@ class Evidence:
         return None, ""
 
     def _sample_age(self, f: Finding) -> float | None:
-        s = self.signals
-        if f.kind in ("cross_numa", "starved"):
-            rows = _rows(s[f"{f.kind}_age"])
-            ages = [
-                r["value"]
-                for r in rows
-                if r["pod_uid"] == f.pod_uid
-                and r["reason"] == f.reason
-                and (f.kind == "cross_numa" or f.device in (r["gpu_uuid"], r.get("mig_uuid")))
-            ]
-        elif f.kind == "noisy_neighbour":
-            domain = f.device.removeprefix("l3:")
-            ages = [
-                r["value"]
-                for r in _rows(s["llc_age"])
-                if r["pod_uid"] == f.pod_uid and r["l3_domain"] == domain
-            ]
-        else:
-            ages = [r["value"] for r in _rows(s["slice_age"]) if r["mig_uuid"] == f.device]
-        return min(ages) if ages else None
+        if f.kind == "noisy_neighbour":
+            return self.ages.get(("llc", f.pod_uid, f.device.removeprefix("l3:")))
+        if f.kind in ("oversized", "undersized"):
+            return self.ages.get(("slice", "", f.device))
+        return self.ages.get((f.kind, f.pod_uid, f.reason, f.device if f.kind == "starved" else ""))
 
 
-def _rows(df: pd.DataFrame) -> list[dict]:
-    return [] if df.empty else df.to_dict("records")
+def _columns(df: pd.DataFrame, *names: str):
+    """Rows of ``df`` as tuples of the named columns ("" for a label no row had)."""
+    return zip(*(df[n] if n in df else [""] * len(df) for n in names), strict=True)
 
 
 @dataclass
