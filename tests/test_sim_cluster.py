@@ -93,3 +93,33 @@ def test_no_aligned_room_is_refused_by_strict_policies_only(tmp_path):
         sim.add_node("a", host, nvml, policy)
         assert (evict(sim, "a", "trainer-remote") is not None) == placed
         assert bool(sim.rejected) != placed
+
+
+def test_a_replacement_s_memory_follows_its_new_cpus(tmp_path):
+    # trainer-remote's 32 GiB sit on NUMA node 0 with its CPUs; aligned to GPU 7 on
+    # socket 1, its replacement's memory is first touched there, not copied from before
+    sim = SimulatedCluster(str(tmp_path))
+    host, nvml = presets.gpu_node()
+    hold_gpu3(host, nvml)
+    before = dict(host.pod("trainer-remote").containers[0].memory_by_node)
+    sim.add_node("a", host, nvml, "single-numa-node")
+    evict(sim, "a", "trainer-remote")
+    after = host.pod("trainer-remote.1").containers[0].memory_by_node
+    assert before == {0: 32 << 30} and after == {1: 32 << 30}
+
+
+def test_an_eviction_rewrites_only_the_files_that_changed(tmp_path):
+    sim = SimulatedCluster(str(tmp_path))
+    host, nvml = presets.gpu_node()
+    hold_gpu3(host, nvml)
+    node = sim.add_node("a", host, nvml, "single-numa-node")
+    topology = node.root.root / "sys/devices/system/node/node0/cpulist"
+    uid = host.pod("trainer").uid  # an aligned pod the eviction leaves alone
+    (other_pod,) = [
+        p
+        for p in node.root.root.glob("sys/fs/cgroup/**/cpuset.cpus.effective")
+        if uid.replace("-", "_") in str(p) or uid in str(p)
+    ][:1]
+    stamps = (topology.stat().st_mtime_ns, other_pod.stat().st_mtime_ns)
+    evict(sim, "a", "trainer-remote")
+    assert (topology.stat().st_mtime_ns, other_pod.stat().st_mtime_ns) == stamps
