@@ -49,6 +49,20 @@ GUARDS = (
     "cap_namespace",
     "cap_workload",
 )
+# Refusals that last until something outside the remediator changes (not a cooldown, a
+# cap or a pod too young: those pass by themselves)
+LASTING_GUARDS = frozenset(GUARDS) - {
+    "paused",
+    "stale_data",
+    "pod_gone",
+    "evidence_mismatch",
+    "too_young",
+    "cooldown",
+    "cap_cycle",
+    "cap_node",
+    "cap_namespace",
+    "cap_workload",
+}
 # Owners whose history numaguard can keep (an annotation on them), so that whoever leads
 # next keeps every guard; pods of other owners are not acted on.
 HISTORY_OWNERS = ("Deployment", "StatefulSet", "ReplicaSet")

@@ -24,7 +24,7 @@ from exporter import logs
 from exporter.sources.kube import api_client
 from remediator.controller import Controller
 from remediator.kube import Kube
-from remediator.planner import Policy
+from remediator.planner import LASTING_GUARDS, Policy
 from remediator.queries import Windows
 from remediator.signals import Prometheus
 from simulator import presets
@@ -36,21 +36,6 @@ from simulator.prometheus import PrometheusServer
 # node -> its kubelet's Topology Manager policy
 NODES = {"gpu-a": "single-numa-node", "gpu-b": "single-numa-node", "gpu-c": "none"}
 WINDOW = "6s"
-# refusals that stay until something outside the remediator changes
-FINAL_GUARDS = {
-    "gave_up",
-    "pdb_blocked",
-    "protected_namespace",
-    "opted_out",
-    "mirror_pod",
-    "daemonset",
-    "bare_pod",
-    "unsupported_owner",
-    "system_critical",
-    "local_storage",
-    "no_fit",
-    "not_lower_priority",
-}
 
 
 def add_nodes(sim: SimulatedCluster) -> None:
@@ -127,7 +112,7 @@ def settled(sim: SimulatedCluster, report, verified: int) -> bool:
     if pending or not verified or report.plan is None or report.error:
         return False
     moving = [a for a in report.plan.actions if a.kind != "recommend"]
-    return not moving and all(r.guard in FINAL_GUARDS for r in report.plan.refusals)
+    return not moving and all(r.guard in LASTING_GUARDS for r in report.plan.refusals)
 
 
 def live_line(t: float, report) -> str:

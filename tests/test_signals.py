@@ -93,6 +93,22 @@ class BadPrometheus:
         return web.Response(text=json.dumps({"unexpected": True}))
 
 
+@pytest.fixture
+async def bad_prometheus():
+    """A BadPrometheus on a loopback port: (it, its URL)."""
+    bad = BadPrometheus()
+    app = web.Application()
+    app.router.add_post("/api/v1/query", bad.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield bad, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
 @pytest.mark.parametrize(
     ("mode", "reason", "attempts"),
     [
@@ -106,23 +122,14 @@ class BadPrometheus:
         ("huge", "answer_too_large", 1),
     ],
 )
-async def test_a_bad_prometheus_gives_no_signals(mode, reason, attempts):
-    bad = BadPrometheus()
+async def test_a_bad_prometheus_gives_no_signals(bad_prometheus, mode, reason, attempts):
+    bad, url = bad_prometheus
     bad.mode = mode
-    app = web.Application()
-    app.router.add_post("/api/v1/query", bad.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        async with aiohttp.ClientSession() as session:
-            limits = Source(timeout_seconds=0.5, max_answer_bytes=100_000)
-            client = Prometheus(f"http://127.0.0.1:{port}", session, limits, retries=1)
-            with pytest.raises(SignalsError) as err:
-                await client.query("up", time.time())
-    finally:
-        await runner.cleanup()
+    async with aiohttp.ClientSession() as session:
+        limits = Source(timeout_seconds=0.5, max_answer_bytes=100_000)
+        client = Prometheus(url, session, limits, retries=1)
+        with pytest.raises(SignalsError) as err:
+            await client.query("up", time.time())
     assert err.value.reason == reason
     assert bad.hits == attempts  # retried only what a retry can fix
 
@@ -160,23 +167,13 @@ def test_empty_answers_and_bad_rows():
     assert dropped == {"bad_value": 4, "missing_label": 2}
 
 
-async def test_the_answers_of_a_cycle_share_one_bound():
-    bad = BadPrometheus()
+async def test_the_answers_of_a_cycle_share_one_bound(bad_prometheus):
+    bad, url = bad_prometheus
     bad.mode = "medium"
-    app = web.Application()
-    app.router.add_post("/api/v1/query", bad.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        async with aiohttp.ClientSession() as session:
-            limits = Source(max_answer_bytes=100_000)
-            client = Prometheus(f"http://127.0.0.1:{port}", session, limits, retries=0)
-            one = await client.fetch_set({"a": "up"}, {}, time.time())  # one fits
-            assert len(one["a"]) == 1000
-            with pytest.raises(SignalsError) as err:  # three do not
-                await client.fetch_set({"a": "up", "b": "up", "c": "up"}, {}, time.time())
-    finally:
-        await runner.cleanup()
+    async with aiohttp.ClientSession() as session:
+        client = Prometheus(url, session, Source(max_answer_bytes=100_000), retries=0)
+        one = await client.fetch_set({"a": "up"}, {}, time.time())  # one fits
+        assert len(one["a"]) == 1000
+        with pytest.raises(SignalsError) as err:  # three do not
+            await client.fetch_set({"a": "up", "b": "up", "c": "up"}, {}, time.time())
     assert err.value.reason == "answer_too_large"
