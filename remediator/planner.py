@@ -10,16 +10,16 @@ taken for the rest of the cycle.
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import pandas as pd
+from pydantic import TypeAdapter, ValidationError
 
 from remediator.findings import Finding
 from remediator.signals import Signals
-from remediator.validation import FORBID_EXTRA, Count, Factor, Flag, Names, Seconds
+from remediator.validation import FORBID_EXTRA, Count, Factor, Flag, Names, Seconds, Text
 
 # Starved for a placement reason: moving the pod fixes it. For the others (a CPU-bound
 # feeder on an aligned pod) only a recommendation can.
@@ -133,11 +133,13 @@ class Policy:
 class Pending:
     """An action waiting to be verified."""
 
-    kind: str  # the finding's kind
-    reason: str
-    at: float
-    pod_uid: str  # the pod acted on; its replacements have other uids
-    recommended: str = ""  # a resize's new profile
+    __pydantic_config__ = FORBID_EXTRA
+
+    kind: Text  # the finding's kind
+    reason: Text
+    at: Seconds
+    pod_uid: Text  # the pod acted on; its replacements have other uids
+    recommended: Text = ""  # a resize's new profile
 
 
 @dataclass(frozen=True)
@@ -145,11 +147,13 @@ class WorkloadHistory:
     """What numaguard did to a workload and how it went: kept on the workload itself, so
     that a restarted or new leader keeps every guard."""
 
-    last_action: float = 0.0
-    failures: int = 0  # fixes that did not hold (or could not be verified), in a row
+    __pydantic_config__ = FORBID_EXTRA
+
+    last_action: Seconds = 0.0
+    failures: Count = 0  # fixes that did not hold (or could not be verified), in a row
     pending: tuple[Pending, ...] = ()  # actions not yet verified
-    pdb_refusals: int = 0  # 429s in a row
-    last_refusal: float = 0.0
+    pdb_refusals: Count = 0  # 429s in a row
+    last_refusal: Seconds = 0.0
 
     @property
     def in_flight(self) -> int:
@@ -170,25 +174,23 @@ class WorkloadHistory:
 
     @classmethod
     def from_json(cls, text: str) -> WorkloadHistory:
-        """Raises ValueError on anything but what ``to_json`` writes."""
+        """Raises ValueError on anything but what ``to_json`` writes (every field)."""
         try:
-            d = json.loads(text)
-            history = cls(
-                float(d["last_action"]),
-                int(d["failures"]),
-                tuple(Pending(**p) for p in d["pending"]),
-                int(d["pdb_refusals"]),
-                float(d["last_refusal"]),
-            )
-        except (TypeError, KeyError, ValueError, AttributeError) as err:
-            raise ValueError(f"unreadable history: {err}") from None
-        numbers = (history.last_action, history.last_refusal, *(p.at for p in history.pending))
-        if (
-            not all(math.isfinite(n) and n >= 0 for n in numbers)
-            or min(history.failures, history.pdb_refusals) < 0
-        ):
-            raise ValueError("unreadable history: negative or non-finite numbers")
-        return history
+            data = json.loads(text)
+        except RecursionError:  # nesting deeper than any history
+            raise ValueError("unreadable history: nested too deep") from None
+        keys = {f.name for f in fields(cls)}
+        if not isinstance(data, dict) or set(data) != keys:
+            raise ValueError(f"unreadable history: not an object with exactly {sorted(keys)}")
+        try:
+            return _HISTORY.validate_python(data)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "the document"
+            raise ValueError(f"unreadable history: {where}: {first['msg']}") from None
+
+
+_HISTORY = TypeAdapter(WorkloadHistory)
 
 
 @dataclass(frozen=True)

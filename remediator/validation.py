@@ -16,6 +16,7 @@ Seconds = Annotated[float, Field(ge=0, strict=True, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
 Factor = Annotated[float, Field(ge=1, strict=True, allow_inf_nan=False)]
 Ratio = Annotated[float, Field(ge=0, le=1, strict=True)]
+Text = Annotated[str, Field(strict=True)]
 Names = tuple[Annotated[str, StringConstraints(min_length=1, strict=True)], ...]
 # a PromQL duration: 90s, 10m, 1h30m
 Duration = Annotated[str, StringConstraints(pattern=r"^([0-9]+(ms|s|m|h|d|w|y))+$", strict=True)]

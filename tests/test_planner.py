@@ -3,10 +3,13 @@ the planner's fit check and every guard."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from remediator.findings import Detection, FindingState, smallest_fit, update
 from remediator.planner import (
@@ -707,6 +710,36 @@ def test_history_survives_its_round_trip_and_refuses_garbage():
         '{"last_action": "x"}',
         h.to_json().replace('"failures":2', '"failures":-1'),
         h.to_json().replace(f'"last_action":{NOW}', '"last_action":NaN'),
+        h.to_json().replace('"failures":2', '"failures":2.5'),
+        h.to_json().replace('"failures":2', '"failures":Infinity'),
+        h.to_json().replace('"pdb_refusals":1,', ""),  # a field missing is not a reset
+        "[" * 100_000,
     ):
         with pytest.raises(ValueError):
             WorkloadHistory.from_json(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(max_size=40)
+    | st.builds(
+        lambda d: json.dumps(d),
+        st.fixed_dictionaries(
+            {
+                "last_action": st.floats() | st.text(max_size=3) | st.integers(),
+                "failures": st.integers() | st.floats(),
+                "pending": st.lists(st.dictionaries(st.text(max_size=6), st.integers()), max_size=2)
+                | st.integers(),
+                "pdb_refusals": st.integers(),
+                "last_refusal": st.floats(),
+            }
+        ),
+    )
+)
+def test_any_history_text_is_read_or_refused_never_half_read(text):
+    try:
+        h = WorkloadHistory.from_json(text)
+    except ValueError:
+        return
+    assert h.failures >= 0 and h.pdb_refusals >= 0 and h.last_action >= 0
+    assert WorkloadHistory.from_json(h.to_json()) == h

@@ -11,6 +11,8 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from remediator.queries import Windows
 from remediator.signals import Prometheus, SignalsError, Source, frame
@@ -177,3 +179,42 @@ async def test_the_answers_of_a_cycle_share_one_bound(bad_prometheus):
         with pytest.raises(SignalsError) as err:  # three do not
             await client.fetch_set({"a": "up", "b": "up", "c": "up"}, {}, time.time())
     assert err.value.reason == "answer_too_large"
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    result=st.lists(
+        st.fixed_dictionaries({"metric": JSON, "value": JSON})
+        | st.fixed_dictionaries(
+            {
+                "metric": st.dictionaries(
+                    st.sampled_from(["node", "pod_uid", "__name__"]), st.text(max_size=4)
+                ),
+                "value": st.tuples(
+                    st.floats(), st.sampled_from(["1", "NaN", "-Inf", "x", "1e999"])
+                ),
+            }
+        )
+        | JSON,
+        max_size=5,
+    )
+)
+def test_any_answer_is_a_frame_or_a_named_error(result):
+    body = {"status": "success", "data": {"resultType": "vector", "result": result}}
+    try:
+        df, dropped = frame("x", body, ("node",))
+    except SignalsError as err:
+        assert err.reason == "garbage"
+        return
+    assert "node" in df.columns
+    assert all(v >= 0 and v == v and v != float("inf") for v in df["value"])
+    assert len(df) + sum(dropped.values()) == len(result)
