@@ -11,10 +11,10 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL, RESOURCE_OF
+from remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL
 from remediator.kube import Kube
 from remediator.leader import LeaderElector
-from remediator.planner import Action, PodInfo, Refusal, WorkloadHistory
+from remediator.planner import HISTORY_OWNERS, Action, PodInfo, Refusal, WorkloadHistory
 
 log = logging.getLogger(__name__)
 COMPONENT = "numaguard-remediator"
@@ -69,7 +69,7 @@ class Actuator:
             return "not_leader"
         kind, namespace, name = workload.split("/")
         answer = await self.kube.patch(
-            f"/apis/apps/v1/namespaces/{namespace}/{RESOURCE_OF[kind]}/{name}",
+            f"/apis/apps/v1/namespaces/{namespace}/{HISTORY_OWNERS[kind]}/{name}",
             {"metadata": _history_metadata(history)},
         )
         if answer.ok:

@@ -10,15 +10,10 @@ from datetime import datetime
 
 from remediator.findings import Finding
 from remediator.kube import Kube
-from remediator.planner import PodInfo, WorkloadHistory
+from remediator.planner import HISTORY_OWNERS, PodInfo, WorkloadHistory
 
 HISTORY_ANNOTATION = "numaguard.io/history"  # the workload's history, JSON
 PENDING_LABEL = "numaguard.io/pending"  # "true" while an action awaits verification
-RESOURCE_OF = {
-    "Deployment": "deployments",
-    "StatefulSet": "statefulsets",
-    "ReplicaSet": "replicasets",
-}
 
 _CONCURRENCY = 16
 _APPS = "/apis/apps/v1/namespaces"
@@ -116,7 +111,7 @@ async def _workload(
 async def _owner(
     kube: Kube, namespace: str, ref: dict, owners: dict[str, dict | None]
 ) -> tuple[dict | None, str]:
-    path = f"{_APPS}/{namespace}/{RESOURCE_OF[ref['kind']]}/{ref['name']}"
+    path = f"{_APPS}/{namespace}/{HISTORY_OWNERS[ref['kind']]}/{ref['name']}"
     if path not in owners:
         answer = await kube.get(path)
         if not answer.ok and answer.status != 404:
@@ -134,7 +129,7 @@ async def pending_workloads(kube: Kube) -> dict[str, tuple[WorkloadHistory | Non
     """Workloads with actions awaiting verification (labelled so by the actuator): by
     workload, their history (None when unreadable) and object."""
     out: dict[str, tuple[WorkloadHistory | None, dict]] = {}
-    for kind, resource in RESOURCE_OF.items():
+    for kind, resource in HISTORY_OWNERS.items():
         answer = await kube.get(f"/apis/apps/v1/{resource}", labelSelector=f"{PENDING_LABEL}=true")
         if not answer.ok:
             raise ClusterError(f"LIST {resource}: HTTP {answer.status}")

@@ -64,8 +64,12 @@ LASTING_GUARDS = frozenset(GUARDS) - {
     "cap_workload",
 }
 # Owners whose history numaguard can keep (an annotation on them), so that whoever leads
-# next keeps every guard; pods of other owners are not acted on.
-HISTORY_OWNERS = ("Deployment", "StatefulSet", "ReplicaSet")
+# next keeps every guard, with their API resource; pods of other owners are not acted on.
+HISTORY_OWNERS = {
+    "Deployment": "deployments",
+    "StatefulSet": "statefulsets",
+    "ReplicaSet": "replicasets",
+}
 # The collectors each finding's evidence comes from; their freshness is checked on the
 # pod's node before anything is done about it.
 DEPENDS_ON = {
@@ -346,7 +350,7 @@ def _guard(pod, policy, history, now) -> tuple[str | None, str]:
     if not pod.owner_kind:
         return "bare_pod", "no controller would recreate it"
     if pod.workload.split("/")[0] not in HISTORY_OWNERS:
-        return "unsupported_owner", f"{pod.workload}: history is kept on {HISTORY_OWNERS}"
+        return "unsupported_owner", f"{pod.workload}: history is kept on {sorted(HISTORY_OWNERS)}"
     if pod.priority >= SYSTEM_CRITICAL_PRIORITY or pod.priority_class.startswith("system-"):
         return "system_critical", pod.priority_class or str(pod.priority)
     if pod.local_storage and not policy.allow_local_storage:
