@@ -109,7 +109,7 @@ class Actuator:
         """Swap nvidia.com/mig-<old> for nvidia.com/mig-<new> in the owner's pod template,
         with the history recording it in the same write."""
         kind, namespace, name = pod.workload.split("/")
-        path = f"/apis/apps/v1/namespaces/{namespace}/{kind.lower()}s/{name}"
+        path = f"/apis/apps/v1/namespaces/{namespace}/{HISTORY_OWNERS[kind]}/{name}"
         answer = await self.kube.get(path)
         if not answer.ok:
             return "gone" if answer.status == 404 else "failed"
