@@ -630,8 +630,8 @@ async def test_guards_and_caps_hold_under_a_hundred_findings(tmp_path):
 
 async def test_a_dead_exporter_s_lingering_verdicts_are_not_acted_on(cluster):
     c = await cluster()
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(16)  # a whole (longer) finding window of it
+    # a whole (longer) finding window of it
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} offset 16s == 1', 120)
     c.exporter.kill()  # SIGKILL: no goodbye; its verdicts stay inside the window
     c.exporter.wait()
     await c.prom.wait_for('up{job="numaguard"} == 0')
@@ -687,10 +687,13 @@ async def test_series_forged_by_another_target_evict_nothing(cluster, tmp_path):
         deployment = c.api.objects["deployments"][("ml", "trainer")]
         deployment["metadata"]["annotations"]["numaguard.io/auto-resize"] = "true"
         c.api.put("deployments", deployment)
-        await c.prom.wait_for('numaguard_pod_cross_numa{pod="trainer",job="numaguard"} == 1')
-        await c.prom.wait_for('numaguard_pod_cross_numa{pod="trainer",job="kubernetes-pods"}')
-        await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-        await asyncio.sleep(5)  # a whole finding window of it
+        # a whole finding window of each
+        for series in (
+            'numaguard_pod_cross_numa{pod="trainer",job="numaguard",container_id="x"}',
+            'numaguard_pod_cross_numa{pod="trainer",job="kubernetes-pods"}',
+            'numaguard_pod_cross_numa{reason="device_remote"}',
+        ):
+            await c.prom.wait_for(f"{series} offset 5s == 1", 120)
         report = await c.controller(max_per_node=5).cycle()
     # the series of another job are never read; those under the exporters' job come from
     # a target that is not gpu-node-3's exporter
