@@ -134,6 +134,15 @@ class FakeApiServer:
         self._watches.clear()
         self._changed.set()
 
+    async def wait_until(self, predicate, timeout: float = 60.0) -> None:
+        """Return once ``predicate()`` holds, looking again at every change of state."""
+        async with asyncio.timeout(timeout):
+            while True:
+                self._changed.clear()  # before looking: a change meanwhile wakes us
+                if predicate():
+                    return
+                await self._changed.wait()
+
     def compact(self) -> None:
         """Forget all history: a watch from an older version now gets 410 Gone."""
         self._events.clear()

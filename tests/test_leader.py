@@ -179,21 +179,28 @@ async def test_two_replicas_with_the_shipped_settings_keep_one_leader(kube):
 
 async def test_the_run_loop_renews_in_the_background_and_releases(kube):
     api, k = kube
-    a = LeaderElector(k, "ns", "lease", "a", lease_duration=6, renew_deadline=4, retry_period=0.2)
+    took = asyncio.Event()
+    a = LeaderElector(
+        k,
+        "ns",
+        "lease",
+        "a",
+        lease_duration=6,
+        renew_deadline=4,
+        retry_period=0.2,
+        on_change=lambda leading: leading and took.set(),
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(a.run(stop))
-    for _ in range(100):
-        if a.leading:
-            break
-        await asyncio.sleep(0.1)
-    assert a.leading
-    renewed = api.objects["leases"][("ns", "lease")]["spec"]["renewTime"]
-    # a long cycle elsewhere: the Lease is renewed meanwhile
-    for _ in range(100):
-        await asyncio.sleep(0.1)
-        if api.objects["leases"][("ns", "lease")]["spec"]["renewTime"] != renewed:
-            break
-    assert api.objects["leases"][("ns", "lease")]["spec"]["renewTime"] != renewed
+
+    def lease() -> dict:
+        return api.objects["leases"].get(("ns", "lease"), {}).get("spec", {})
+
+    await asyncio.wait_for(took.wait(), 60)
+    assert a.leading and lease()["holderIdentity"] == "a"
+    renewed = lease()["renewTime"]
+    # while nothing else runs here (a long cycle elsewhere), the Lease is renewed
+    await api.wait_until(lambda: lease()["renewTime"] != renewed)
     assert a.leading
     stop.set()
     await asyncio.wait_for(task, 10)
