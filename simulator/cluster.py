@@ -1,14 +1,22 @@
-"""A simulated GPU cluster for the remediator's tests, the demo and the benchmarks.
+"""A simulated GPU cluster on a real control plane, for the remediator's tests, the demo
+and the benchmarks.
 
-Nodes are fake hosts (cgroups, sysfs, resctrl-less) with fake NVML GPUs and a fake
-kubelet each; pods belong to Deployments on one fake API server. When a pod is evicted,
-its ReplicaSet makes a replacement: a NUMA-blind scheduler picks a node, and that node's
-kubelet admits it under its Topology Manager policy:
+The control plane is real (simulator.controlplane: kube-apiserver, the controllers, the
+NUMA-blind default scheduler); the simulator is every node's kubelet. Nodes are fake
+hosts (cgroups, sysfs) with fake NVML GPUs and a fake PodResources kubelet each. The
+agent registers a Node per host, watches the pods the scheduler binds to it and admits
+them as a kubelet with the CPU manager's ``static`` policy and the node's Topology
+Manager policy would:
 
-* ``single-numa-node`` / ``restricted``: CPUs and device on one NUMA node, or the pod
-  fails admission (TopologyAffinityError) and is not placed;
+* ``single-numa-node`` / ``restricted``: CPUs and devices on one NUMA node, or the pod
+  ends ``Failed`` with reason ``TopologyAffinityError``;
 * ``best-effort``: aligned when it can, anywhere otherwise (silently misaligned);
 * ``none``: the lowest free CPUs and the first free device, aligned or not.
+
+A preset's pods are the cluster's starting point: each is created bound to its node
+(with the labels of its workload's ReplicaSet, which then adopts it, as does the
+Deployment the ReplicaSet) and admitted where the preset put it: that is how a pod ends
+up misaligned in the first place. Their replacements come from the real controllers.
 
 A GPU job keeps its GPU busy only when fed from its own NUMA node: its device shows its
 ``demand`` when aligned and a fraction of it when not, so a fix can be seen to hold.
@@ -16,23 +24,33 @@ A GPU job keeps its GPU busy only when fed from its own NUMA node: its device sh
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import aiohttp
 
 from exporter.readers import format_id_list, parse_id_list
-from simulator import presets
+from simulator.controlplane import ApiError, ControlPlane, path_of
 from simulator.host import FakeContainer, FakeHost, FakeHostRoot, FakePod
-from simulator.kubeapi import FakeApiServer, pod_objects
 from simulator.kubelet import FakeKubelet
 from simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
 from simulator.processes import exporter_process
 
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand
+PRESET_HASH = "preset"  # the pod-template-hash of the ReplicaSets that adopt preset pods
+QOS = {"guaranteed": "Guaranteed", "burstable": "Burstable", "besteffort": "BestEffort"}
+MIN_MEMORY = 64 << 20
+SYSTEM_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease"}
+# what a cluster leaves in a namespace it cannot delete
+WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "PodDisruptionBudget")
 
 
 @dataclass
@@ -41,9 +59,11 @@ class SimNode:
     host: FakeHost
     nvml: FakeNvml
     policy: str
+    index: int = 0
     root: FakeHostRoot | None = None
     kubelet: FakeKubelet | None = None
     description: str = ""  # the fake NVML description file its exporter follows
+    presets: dict[tuple[str, str], FakePod] = field(default_factory=dict)
 
     def write(self) -> None:
         self.root.write()
@@ -53,40 +73,204 @@ class SimNode:
         os.replace(tmp, self.description)
 
 
+def stem(name: str) -> str:
+    """The workload a preset pod belongs to: pods ``name`` and ``name.N`` are
+    Deployment ``name``'s."""
+    return name.split(".")[0]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class SimulatedCluster:
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, control_plane: ControlPlane) -> None:
         self.directory = directory
-        self.api = FakeApiServer()
-        self.api.recreate = self.replace
+        self.cp = control_plane
         self.nodes: dict[str, SimNode] = {}
-        self.demand: dict[str, float] = {}  # workload (pod name stem) -> SM demand
-        self.generation = 0
+        self.demand: dict[str, float] = {}  # workload -> SM demand of its GPU job
         self.rejected: list[str] = []  # pods the Topology Manager refused
+        self.admitted: list[str] = []  # pods admitted, in order
+        self.namespaces: set[str] = set()
+        self.session: aiohttp.ClientSession | None = None
+        self._running: dict[str, tuple[SimNode, FakePod]] = {}  # uid -> where it runs
+        self._tasks: list[asyncio.Task] = []
+        self._changed = asyncio.Event()
 
     def add_node(self, name: str, host: FakeHost, nvml: FakeNvml, policy: str) -> SimNode:
         assert policy in POLICIES, policy
-        node = SimNode(name, host, nvml, policy)
+        node = SimNode(name, host, nvml, policy, index=len(self.nodes) + 1)
         d = f"{self.directory}/{name}"
         os.makedirs(d, exist_ok=True)
         node.root = FakeHostRoot(f"{d}/host", host)
         node.description = f"{d}/gpus.json"
+        for pod in host.pods:
+            keep_ids(host, pod)
+            node.presets[(pod.namespace, pod.name)] = pod
+        host.pods = []  # the pods arrive as the agent admits them
         node.write()
         self.nodes[name] = node
         return node
 
-    async def start(self) -> None:
-        await self.api.start()
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, customise=None) -> None:
+        """Register the nodes and create the presets' pods and workloads; returns once
+        every pod is admitted and owned (see ``add_pods`` for ``customise``)."""
+        self.session = aiohttp.ClientSession()
         for node in self.nodes.values():
             socket = f"{self.directory}/{node.name}/kubelet.sock"
             node.kubelet = await FakeKubelet(socket, node.host, node.nvml).start()
-            for obj in pod_objects(node.host, node.name):
-                self.api.put("pods", owned(self.api, obj))
+            await self.cp.create(self.session, self._node_object(node))
+            # the API server taints a new Node not-ready; the node lifecycle controller
+            # lifts it once the Node reports Ready, as this one does from the start
+            await self.cp.patch(self.session, "Node", None, node.name, {"spec": {"taints": None}})
+            await self.cp.create(self.session, self._node_lease(node))
+        self._tasks = [
+            asyncio.create_task(self._agent()),
+            asyncio.create_task(self._heartbeat()),
+        ]
+        await self.add_pods(
+            [(node, pod) for node in self.nodes.values() for pod in node.presets.values()],
+            customise,
+        )
+
+    async def add_pods(self, pods: list[tuple[SimNode, FakePod]], customise=None) -> None:
+        """Create pods bound to their nodes, to be admitted where they are placed, with a
+        Deployment and ReplicaSet per workload that adopt them; returns once they run and
+        are owned. ``customise``: ``async (cluster, pod object)`` to change a pod before it
+        is created (one left without the ReplicaSet's labels is not in its workload)."""
+        for node, pod in pods:
+            keep_ids(node.host, pod)
+            node.presets[(pod.namespace, pod.name)] = pod
+        for namespace in sorted({pod.namespace for _, pod in pods}):
+            await self.ensure_namespace(namespace)
+        workloads: dict[tuple[str, str], list[tuple[SimNode, FakePod]]] = {}
+        for node, pod in pods:
+            workloads.setdefault((pod.namespace, stem(pod.name)), []).append((node, pod))
+        paused = []
+        for (namespace, name), members in workloads.items():
+            template = pod_template(members[0][1], name)
+            owned = 0
+            for node, pod in members:
+                obj = bound_pod(pod, node.name, template)
+                if customise is not None:
+                    await customise(self, obj)
+                owned += PRESET_HASH in obj["metadata"].get("labels", {}).values()
+                await self.cp.create(self.session, obj)
+            if not owned:
+                continue
+            await self.cp.create(self.session, replicaset(namespace, name, template, owned))
+            # paused, a Deployment adopts the ReplicaSet but makes none of its own
+            await self.cp.create(self.session, deployment(namespace, name, template, owned))
+            paused.append((namespace, name))
+        await self.wait_until(
+            lambda: not any(node.presets for node in self.nodes.values()), "presets admitted"
+        )
+        await self.wait_for_api(self._all_adopted, "preset pods adopted by their Deployments")
+        for namespace, name in paused:
+            await self.cp.patch(
+                self.session, "Deployment", namespace, name, {"spec": {"paused": False}}
+            )
 
     async def stop(self) -> None:
+        """Stop the agent and take everything this cluster made out of the control plane
+        (namespaces, Nodes), so that the next cluster starts from a clean one."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.session is not None:
+            for namespace in self.namespaces:
+                if namespace in SYSTEM_NAMESPACES:  # these stay: empty them
+                    for kind in WORKLOAD_KINDS:
+                        await self.cp.request(self.session, "DELETE", path_of(kind, namespace))
+                else:
+                    await self.cp.request(
+                        self.session, "DELETE", path_of("Namespace", None, namespace)
+                    )
+                for pod in await self.cp.items(self.session, "Pod", namespace):
+                    await self._force_delete(pod)
+            for node in self.nodes.values():
+                await self.cp.request(self.session, "DELETE", path_of("Node", None, node.name))
+                await self.cp.request(
+                    self.session, "DELETE", path_of("Lease", "kube-node-lease", node.name)
+                )
+            await self.wait_for_api(self._namespaces_gone, "namespaces deleted")
+            await self.session.close()
         for node in self.nodes.values():
             if node.kubelet:
                 await node.kubelet.stop()
-        await self.api.stop()
+
+    async def ensure_namespace(self, namespace: str) -> None:
+        """Create it and wait for its default ServiceAccount (pods need it)."""
+        if namespace not in self.namespaces:
+            self.namespaces.add(namespace)
+            obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+            try:
+                await self.cp.create(self.session, obj)
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+        await self.wait_for_api(
+            lambda s: self.cp.get(s, "ServiceAccount", namespace, "default"),
+            f"ServiceAccount {namespace}/default",
+        )
+
+    async def wait_until(self, predicate, what: str, timeout: float = 120.0) -> None:
+        """Return once ``predicate()`` holds, looking again whenever the agent acted."""
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    self._changed.clear()
+                    if predicate():
+                        return
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"not {what} in {timeout:g}s") from None
+
+    async def wait_for_api(self, check, what: str, timeout: float = 120.0):
+        """Poll ``await check(session)`` until it is truthy; returns it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            result = await check(self.session)
+            if result:
+                return result
+            if loop.time() > deadline:
+                raise AssertionError(f"not {what} in {timeout:g}s")
+            await asyncio.sleep(0.1)
+
+    async def _all_adopted(self, session) -> bool:
+        for namespace in self.namespaces:
+            for pod in await self.cp.items(session, "Pod", namespace):
+                labels = pod["metadata"].get("labels") or {}
+                if labels.get("pod-template-hash") and not pod["metadata"].get("ownerReferences"):
+                    return False
+            for rs in await self.cp.items(session, "ReplicaSet", namespace):
+                if not rs["metadata"].get("ownerReferences"):
+                    return False
+        return True
+
+    async def _namespaces_gone(self, session) -> bool:
+        for namespace in self.namespaces:
+            pods = await self.cp.items(session, "Pod", namespace)
+            for pod in pods:
+                await self._force_delete(pod)
+            if namespace in SYSTEM_NAMESPACES:
+                if pods:
+                    return False
+            elif await self.cp.get(session, "Namespace", None, namespace) is not None:
+                return False
+        return True
+
+    async def _force_delete(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+        await self.cp.request(
+            self.session, "DELETE", path_of("Pod", meta["namespace"], meta["name"]), body
+        )
 
     def exporter_args(self, node: SimNode, kubeconfig: str) -> tuple[str, ...]:
         return (
@@ -102,44 +286,240 @@ class SimulatedCluster:
             node.kubelet.socket_path,
         )
 
-    # -- the ReplicaSet, the scheduler and the kubelet ---------------------------------
+    def running(self, name_prefix: str = "") -> list[FakePod]:
+        """The pods the nodes run now (whose names start with ``name_prefix``)."""
+        return [p for _, p in self._running.values() if p.name.startswith(name_prefix)]
 
-    def replace(self, evicted: dict) -> dict | None:
-        """The evicted pod's replacement, placed as the cluster would place it."""
-        old_node = self.nodes[evicted["spec"]["nodeName"]]
-        old = next(p for p in old_node.host.pods if p.uid == evicted["metadata"]["uid"])
-        stem = old.name.split(".")[0]
-        self._remove(old_node, old)
-        need_cpus = len(parse_id_list(old.containers[0].cpus))
-        resources = list(old.containers[0].devices)
-        self.generation += 1
-        name = f"{stem}.{self.generation}"
-        for node in self._by_room(need_cpus):
-            placed = self._admit(node, need_cpus, resources)
+    # -- the nodes' agent ---------------------------------------------------------------
+
+    def _node_object(self, node: SimNode) -> dict:
+        memory = sum(n.memory_total_bytes for n in node.host.nodes)
+        capacity = {
+            "cpu": str(len(node.host.all_cpus)),
+            "memory": str(memory),
+            "pods": "250",
+        }
+        for resource, count in advertised(node).items():
+            capacity[resource] = str(count)
+        labels = {
+            "kubernetes.io/hostname": node.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+        }
+        if node.nvml.gpus:  # as GPU Feature Discovery labels a GPU node
+            labels |= {
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.count": str(len(node.nvml.gpus)),
+                "nvidia.com/gpu.product": node.nvml.gpus[0].model.name.replace(" ", "-"),
+                "nvidia.com/mig.strategy": "mixed",
+            }
+        now = _now()
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node.name, "labels": labels},
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "addresses": [
+                    {"type": "InternalIP", "address": f"10.0.{node.index}.1"},
+                    {"type": "Hostname", "address": node.name},
+                ],
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "kubelet is posting ready status",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            },
+        }
+
+    @staticmethod
+    def _node_lease(node: SimNode) -> dict:
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": node.name, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": node.name,
+                "leaseDurationSeconds": 40,
+                "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            },
+        }
+
+    async def _heartbeat(self) -> None:
+        """Renew each node's Lease, as a kubelet does every 10 s."""
+        while True:
+            await asyncio.sleep(10)
+            for node in self.nodes.values():
+                renew = self._node_lease(node)["spec"]["renewTime"]
+                with contextlib.suppress(ApiError, aiohttp.ClientError):
+                    await self.cp.patch(
+                        self.session,
+                        "Lease",
+                        "kube-node-lease",
+                        node.name,
+                        {"spec": {"renewTime": renew}},
+                    )
+
+    async def _agent(self) -> None:
+        """List and watch every pod; act on those bound to our nodes."""
+        version = ""
+        while True:
+            try:
+                if not version:
+                    listing = await self.cp.call(self.session, "GET", "/api/v1/pods")
+                    for pod in listing["items"]:
+                        await self._on_pod("ADDED", pod)
+                    version = listing["metadata"]["resourceVersion"]
+                version = await self._watch(version)
+            except (aiohttp.ClientError, ApiError, OSError, TimeoutError):
+                await asyncio.sleep(0.2)  # the next list or watch will do
+            except asyncio.CancelledError:
+                raise
+
+    async def _watch(self, version: str) -> str:
+        path = f"/api/v1/pods?watch=1&resourceVersion={version}&allowWatchBookmarks=true"
+        headers = {"Authorization": f"Bearer {self.cp.admin_token}"}
+        async with self.session.get(
+            self.cp.url + path,
+            headers=headers,
+            ssl=self.cp.ssl_context(),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+        ) as r:
+            if r.status != 200:
+                return ""
+            async for line in r.content:
+                event = json.loads(line)
+                if event["type"] == "ERROR":
+                    return ""  # 410 Gone: list again
+                version = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    await self._on_pod(event["type"], event["object"])
+        return version
+
+    async def _on_pod(self, type_: str, pod: dict) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        node = self.nodes.get(spec.get("nodeName", ""))
+        uid = meta["uid"]
+        if node is None:
+            return
+        if type_ == "DELETED" or meta.get("deletionTimestamp"):
+            if uid in self._running:
+                self._stop_pod(*self._running.pop(uid))
+            if type_ != "DELETED":
+                await self._force_delete(pod)  # the kubelet confirms the containers are gone
+            self._changed.set()
+            return
+        if uid in self._running or pod["status"].get("phase") in ("Failed", "Succeeded"):
+            return
+        preset = node.presets.pop((meta["namespace"], meta["name"]), None)
+        if preset is not None:
+            preset.uid = uid
+            self._start_pod(node, preset)
+        else:
+            placed = self._place(node, pod)
             if placed is None:
-                continue
-            cpus, units = placed
-            ctr = FakeContainer(
-                "main",
-                format_id_list(cpus),
-                self._first_touch(node, cpus, sum(old.containers[0].memory_by_node.values())),
-                exclusive_cpus=True,
-                devices={r: [u.uuid] for r, u in zip(resources, units, strict=True)},
+                self.rejected.append(meta["name"])
+                status = {
+                    "phase": "Failed",
+                    "reason": "TopologyAffinityError",
+                    "message": "Pod was rejected: Resources cannot be allocated with "
+                    "Topology locality",
+                }
+                await self._patch_status(pod, status)
+                self._changed.set()
+                return
+            preset = placed
+        self._running[uid] = (node, preset)
+        self.admitted.append(meta["name"])
+        await self._patch_status(pod, self._running_status(node, preset))
+        self._changed.set()
+
+    async def _patch_status(self, pod: dict, status: dict) -> None:
+        meta = pod["metadata"]
+        with contextlib.suppress(ApiError):  # deleted meanwhile: the watch will say so
+            await self.cp.patch(
+                self.session, "Pod", meta["namespace"], meta["name"], {"status": status}, "status"
             )
-            pod = FakePod(name, presets.pod_uid(name), "guaranteed", [ctr], old.namespace)
+
+    def _running_status(self, node: SimNode, pod: FakePod) -> dict:
+        now = _now()
+        ip = f"10.244.{node.index}.{len(self.admitted) % 250 + 2}"
+        ready = [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ]
+        statuses = []
+        for ctr in pod.containers:
+            image = f"registry.example/{ctr.name}:1.0"
+            runtime = node.host.runtime_scheme
+            statuses.append(
+                {
+                    "name": ctr.name,
+                    "containerID": f"{runtime}://{node.host.container_id(pod, ctr)}",
+                    "image": image,
+                    "imageID": f"{image}@sha256:{'0' * 64}",
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": now}},
+                }
+            )
+        return {
+            "phase": "Running",
+            "conditions": ready,
+            "hostIP": f"10.0.{node.index}.1",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "startTime": now,
+            "containerStatuses": statuses,
+        }
+
+    def _start_pod(self, node: SimNode, pod: FakePod) -> None:
+        node.host.pods.append(pod)
+        node.write()
+
+    def _place(self, node: SimNode, obj: dict) -> FakePod | None:
+        """Admit a pod as the kubelet would: exclusive CPUs and devices by policy, its
+        memory where its CPUs first touch it; its GPU job started."""
+        container = obj["spec"]["containers"][0]
+        requests = container.get("resources", {}).get("requests", {})
+        limits = container.get("resources", {}).get("limits", {})
+        resources = sorted(r for r in limits if r.startswith("nvidia.com/"))
+        qos = obj["status"].get("qosClass", "BestEffort").lower()
+        exclusive = qos == "guaranteed" and str(requests.get("cpu", "")).isdigit()
+        need = int(requests["cpu"]) if exclusive else 0
+        placed = self._admit(node, need, resources)
+        if placed is None:
+            return None
+        cpus, units = placed
+        if not exclusive:
+            cpus = self.free_cpus(node)
+        memory = parse_quantity(requests.get("memory", "0"))
+        ctr = FakeContainer(
+            container["name"],
+            format_id_list(cpus),
+            self._first_touch(node, cpus, memory),
+            exclusive_cpus=exclusive,
+            devices={r: [u.uuid] for r, u in zip(resources, units, strict=True)},
+        )
+        meta = obj["metadata"]
+        pod = FakePod(meta["name"], meta["uid"], qos, [ctr], meta["namespace"])
+        if exclusive:
             for p in node.host.pods:  # the shared pool gives up the CPUs
                 for c in p.containers:
                     if not c.exclusive_cpus:
                         c.cpus = format_id_list(parse_id_list(c.cpus) - cpus)
-            node.host.pods.append(pod)
-            self._run(node, pod, units, stem)
-            node.write()
-            obj = next(
-                o for o in pod_objects(node.host, node.name) if o["metadata"]["name"] == name
-            )
-            return owned(self.api, obj)
-        self.rejected.append(name)
-        return None
+        node.host.pods.append(pod)
+        workload = (meta.get("labels") or {}).get("app", meta["name"])
+        self._run(node, pod, units, workload)
+        node.write()
+        return pod
 
     @staticmethod
     def _first_touch(node: SimNode, cpus: frozenset[int], total: int) -> dict[int, int]:
@@ -151,13 +531,6 @@ class SimulatedCluster:
             if parse_id_list(n.cpus) & cpus
         }
         return {i: total * k // len(cpus) for i, k in share.items()}
-
-    def _by_room(self, need: int) -> list[SimNode]:
-        """The scheduler: NUMA-blind, it looks at the node's totals only."""
-        return sorted(
-            (n for n in self.nodes.values() if len(self.free_cpus(n)) >= need),
-            key=lambda n: (-len(self.free_cpus(n)), n.name),
-        )
 
     def _admit(self, node: SimNode, need: int, resources: list[str]):
         free = self.free_cpus(node)
@@ -202,16 +575,11 @@ class SimulatedCluster:
                 continue
             units = [gpu] if gpu.mig is None else gpu.mig
             for unit in units:
-                name = (
-                    "nvidia.com/gpu"
-                    if isinstance(unit, FakeGpu)
-                    else f"nvidia.com/mig-{unit.profile.name}"
-                )
-                if name == resource and unit.uuid not in held:
+                if unit_resource(unit) == resource and unit.uuid not in held:
                     return unit
         return None
 
-    def _remove(self, node: SimNode, pod: FakePod) -> None:
+    def _stop_pod(self, node: SimNode, pod: FakePod) -> None:
         pids = {node.host.pid(pod, c) for c in pod.containers}
         for gpu in node.nvml.gpus:
             for unit in [gpu, *(gpu.mig or [])]:
@@ -221,7 +589,7 @@ class SimulatedCluster:
         node.host.pods.remove(pod)
         node.write()
 
-    def _run(self, node: SimNode, pod: FakePod, units, stem: str) -> None:
+    def _run(self, node: SimNode, pod: FakePod, units, workload: str) -> None:
         """Start the job's process on its devices, as busy as its feeding allows."""
         ctr = pod.containers[0]
         cpu_nodes = {
@@ -235,7 +603,7 @@ class SimulatedCluster:
                 if isinstance(unit, FakeGpu)
                 else next(g for g in node.nvml.gpus if unit in (g.mig or []))
             )
-            demand = self.demand.get(stem, 0.8)
+            demand = self.demand.get(workload, 0.8)
             sm = demand if gpu.numa_node in cpu_nodes else demand * STARVED_SHARE
             unit.processes.append(Process(node.host.pid(pod, ctr), 8 << 30))
             unit.activity.set(sm=sm, graphics=min(1.0, sm * 1.1))
@@ -243,68 +611,134 @@ class SimulatedCluster:
                 unit.memory_used_bytes = 8 << 30
 
 
-def owned(api: FakeApiServer, obj: dict) -> dict:
-    """Give a pod a Deployment and a ReplicaSet, as ``kubectl create deployment`` would:
-    pods ``name`` and ``name.N`` belong to Deployment ``name``; owner references carry
-    their owners' uids."""
-    name = obj["metadata"]["name"].split(".")[0]
-    namespace = obj["metadata"]["namespace"]
-    labels = {"app": name}
-    if (namespace, name) not in api.objects["deployments"]:
-        deployment = api.put(
-            "deployments",
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": name, "namespace": namespace, "annotations": {}},
-                "spec": {
-                    "selector": {"matchLabels": labels},
-                    "template": {"metadata": {"labels": labels}, "spec": {"containers": []}},
-                },
-            },
-        )
-        api.put(
-            "replicasets",
-            {
-                "apiVersion": "apps/v1",
-                "kind": "ReplicaSet",
-                "metadata": {
-                    "name": f"{name}-rs",
-                    "namespace": namespace,
-                    "ownerReferences": [_reference(deployment)],
-                },
-                "spec": {"selector": {"matchLabels": labels}},
-            },
-        )
-    replicaset = api.objects["replicasets"][(namespace, f"{name}-rs")]
-    obj["metadata"]["labels"] = labels
-    obj["metadata"]["ownerReferences"] = [_reference(replicaset)]
-    return obj
+def keep_ids(host: FakeHost, pod: FakePod) -> None:
+    """Fix a preset pod's container ids (and so its processes' PIDs) before the API
+    server gives the pod its own uid."""
+    for ctr in pod.containers:
+        ctr.id = host.container_id(pod, ctr)
 
 
-def _reference(owner: dict) -> dict:
-    meta = owner["metadata"]
+def unit_resource(unit: FakeGpu | FakeSlice) -> str:
+    """The device plugin's (mixed strategy) resource name for a GPU or a slice."""
+    if isinstance(unit, FakeGpu):
+        return "nvidia.com/gpu"
+    return f"nvidia.com/mig-{unit.profile.name}"
+
+
+def advertised(node: SimNode) -> dict[str, int]:
+    """Device plugin resources the node advertises (not the GPUs a DRA driver holds)."""
+    claimed = {
+        claim.device for p in node.presets.values() for c in p.containers for claim in c.claims
+    }
+    counts: dict[str, int] = {}
+    for index, gpu in enumerate(node.nvml.gpus):
+        if f"gpu-{index}" in claimed:
+            continue
+        for unit in [gpu] if gpu.mig is None else gpu.mig:
+            counts[unit_resource(unit)] = counts.get(unit_resource(unit), 0) + 1
+    return counts
+
+
+def parse_quantity(text: str) -> int:
+    """Bytes of a Kubernetes memory quantity as the API server writes them."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 1000, "M": 10**6}
+    units |= {"G": 10**9}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return int(text[: -len(suffix)]) * factor
+    return int(text or 0)
+
+
+def container_spec(pod: FakePod, ctr: FakeContainer) -> dict:
+    """A container as the pod's QoS class and the preset's allocation imply it."""
+    devices = {r: str(len(ids)) for r, ids in sorted(ctr.devices.items())}
+    memory = str(max(sum(ctr.memory_by_node.values()), MIN_MEMORY))
+    if pod.qos_class == "guaranteed":
+        cpu = str(len(parse_id_list(ctr.cpus))) if ctr.exclusive_cpus else "500m"
+        both = {"cpu": cpu, "memory": memory, **devices}
+        resources = {"requests": both, "limits": both}
+    elif pod.qos_class == "burstable":
+        resources = {"requests": {"cpu": "100m", "memory": memory, **devices}}
+        if devices:
+            resources["limits"] = devices
+    else:
+        resources = {"requests": devices, "limits": devices} if devices else {}
+    out = {"name": ctr.name, "image": f"registry.example/{ctr.name}:1.0", "resources": resources}
+    claims = [{"name": claim.claim} for claim in ctr.claims]
+    if claims:
+        out["resources"]["claims"] = claims
+    return out
+
+
+def pod_template(pod: FakePod, workload: str) -> dict:
+    spec = {
+        "containers": [container_spec(pod, c) for c in pod.containers],
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 5,
+    }
+    claims = [c.claim for ctr in pod.containers for c in ctr.claims]
+    if claims:
+        spec["resourceClaims"] = [{"name": n, "resourceClaimName": n} for n in claims]
+    return {"metadata": {"labels": {"app": workload}}, "spec": spec}
+
+
+def bound_pod(pod: FakePod, node: str, template: dict) -> dict:
+    """A preset pod, already bound to its node, labelled for its ReplicaSet to adopt."""
+    labels = {**template["metadata"]["labels"], "pod-template-hash": PRESET_HASH}
+    spec = json.loads(json.dumps(template["spec"]))
+    spec["containers"] = [container_spec(pod, c) for c in pod.containers]
     return {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": labels},
+        "spec": {**spec, "nodeName": node},
+    }
+
+
+def replicaset(namespace: str, name: str, template: dict, replicas: int) -> dict:
+    labels = {**template["metadata"]["labels"], "pod-template-hash": PRESET_HASH}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": f"{name}-{PRESET_HASH}", "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {**template, "metadata": {"labels": labels}},
+        },
+    }
+
+
+def deployment(namespace: str, name: str, template: dict, replicas: int) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "paused": True,
+            "selector": {"matchLabels": template["metadata"]["labels"]},
+            "template": template,
+        },
     }
 
 
 @contextlib.asynccontextmanager
 async def one_node(
-    host: FakeHost, nvml: FakeNvml, name: str = "gpu-node-3", policy: str = "single-numa-node"
+    control_plane: ControlPlane,
+    host: FakeHost,
+    nvml: FakeNvml,
+    name: str = "gpu-node-3",
+    policy: str = "single-numa-node",
 ) -> AsyncIterator[tuple[SimulatedCluster, str]]:
     """A one-node simulated cluster with its exporter process scraping every second:
     yields (the cluster, the exporter's URL)."""
     directory = tempfile.mkdtemp(prefix="ng", dir="/tmp")  # unix socket paths are short
-    sim = SimulatedCluster(directory)
+    sim = SimulatedCluster(directory, control_plane)
     node = sim.add_node(name, host, nvml, policy)
     await sim.start()
     try:
-        kubeconfig = sim.api.kubeconfig(f"{directory}/kubeconfig")
+        kubeconfig = control_plane.kubeconfig(f"{directory}/kubeconfig", control_plane.admin_token)
         async with exporter_process(*sim.exporter_args(node, kubeconfig), "--interval", "1") as (
             url,
             _,

@@ -1,12 +1,16 @@
-"""A real Kubernetes control plane for the tests, started as envtest starts one: etcd and
-kube-apiserver (built from their pinned Go modules by ``make k8s-parts``) on loopback
-ports with temporary directories, RBAC authorization, a generated service-account
-signing key and a self-signed serving certificate; an admin token for the test itself.
+"""A real Kubernetes control plane for the tests and the demo, started as envtest starts
+one: etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built from their
+pinned Go modules by ``make k8s-parts``) on loopback ports with temporary directories,
+RBAC authorization, a generated service-account signing key and a self-signed serving
+certificate. The controllers and the scheduler run as the users Kubernetes' bootstrap
+RBAC has roles for; the test itself is an admin; our components get ServiceAccount
+tokens from the TokenRequest API.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import re
@@ -17,14 +21,56 @@ import tempfile
 from pathlib import Path
 
 import aiohttp
+import yaml
 
+from simulator.faultproxy import FaultProxy
 from simulator.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+# deploy/'s namespace, ServiceAccounts and RBAC, applied to the test cluster as shipped
+RBAC_MANIFESTS = ("namespace.yaml", "exporter-rbac.yaml", "remediator-rbac.yaml")
+ACCOUNTS = ("numaguard-exporter", "numaguard-remediator")
+# The controllers the simulated cluster's behaviour depends on (kube-controller-manager
+# names; the node lifecycle controller stays off: the simulator is every node's kubelet).
+CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "disruption-controller",
+    "garbage-collector-controller",
+    "endpointslice-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+)
+# kind -> (API path prefix, plural, namespaced): what the simulator and tests create.
+KINDS = {
+    "Namespace": ("/api/v1", "namespaces", False),
+    "Node": ("/api/v1", "nodes", False),
+    "Pod": ("/api/v1", "pods", True),
+    "Event": ("/api/v1", "events", True),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "ReplicaSet": ("/apis/apps/v1", "replicasets", True),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets", True),
+    "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+}
 
 
 class ControlPlaneMissing(RuntimeError):
     pass
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, body: dict, what: str) -> None:
+        super().__init__(f"{what}: {status} {body.get('message', body)}")
+        self.status = status
+        self.body = body
 
 
 def parts_dir() -> Path:
@@ -38,36 +84,74 @@ def parts_dir() -> Path:
     return path
 
 
+def path_of(kind: str, namespace: str | None = None, name: str | None = None) -> str:
+    prefix, plural, namespaced = KINDS[kind]
+    # a namespaced kind without a namespace: the list across all namespaces
+    if namespaced and namespace is not None:
+        path = f"{prefix}/namespaces/{namespace}/{plural}"
+    else:
+        path = f"{prefix}/{plural}"
+    return f"{path}/{name}" if name else path
+
+
 class ControlPlane:
+    """Start with ``await cp.start()`` (or ``async with``); ``stop()`` kills by PID."""
+
     def __init__(self) -> None:
         self.bin = parts_dir()
         self.admin_token = secrets.token_hex(16)
         self.url = ""
+        self.started_seconds = 0.0  # how long start() took
         self._dir: tempfile.TemporaryDirectory | None = None
-        self._procs: list[subprocess.Popen] = []
+        self._procs: dict[str, subprocess.Popen] = {}
+        self.tokens: dict[str, str] = {}  # ServiceAccount -> its token, once installed
+
+    @property
+    def directory(self) -> Path:
+        return Path(self._dir.name)
+
+    @property
+    def ca_file(self) -> Path:
+        """The API server's self-signed serving certificate, with the CA that signed it."""
+        return self.directory / "certs" / "apiserver.crt"
 
     async def __aenter__(self) -> ControlPlane:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         self._dir = tempfile.TemporaryDirectory(prefix="numaguard-k8s-")
-        d = Path(self._dir.name)
+        d = self.directory
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         self._start(
-            d / "etcd.log",
-            self.bin / "etcd",
+            "etcd",
             f"--data-dir={d / 'etcd'}",
             f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
             f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
             f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
             f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
             f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",  # a test cluster: its data dies with it
         )
         key = d / "sa.key"
         subprocess.run(
             ["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True
         )
-        (d / "tokens.csv").write_text(f"{self.admin_token},admin,admin,system:masters\n")
+        users = {
+            "admin": (self.admin_token, "system:masters"),
+            "system:kube-controller-manager": (secrets.token_hex(16), ""),
+            "system:kube-scheduler": (secrets.token_hex(16), ""),
+        }
+        (d / "tokens.csv").write_text(
+            "".join(f'{token},{user},{user},"{group}"\n' for user, (token, group) in users.items())
+        )
         self._start(
-            d / "apiserver.log",
-            self.bin / "kube-apiserver",
+            "kube-apiserver",
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
@@ -82,56 +166,169 @@ class ControlPlane:
             "--service-cluster-ip-range=10.0.0.0/24",
         )
         self.url = f"https://127.0.0.1:{api_port}"
-        await self._wait_ready()
-        return self
+        await self._wait(lambda s: self._ok(s, "/readyz"), "kube-apiserver ready")
+        for component, flags in (
+            (
+                "kube-controller-manager",
+                [
+                    f"--controllers={','.join(CONTROLLERS)}",
+                    "--use-service-account-credentials=true",
+                    f"--root-ca-file={self.ca_file}",
+                ],
+            ),
+            ("kube-scheduler", []),
+        ):
+            user = f"system:{component}"
+            config = self.kubeconfig(d / f"{component}.kubeconfig", users[user][0], user)
+            self._start(component, f"--kubeconfig={config}", "--secure-port=0", *flags)
+        # both have started their loops once each holds its leader Lease, and the
+        # serviceaccount controller has given the default namespace its account
+        await self._wait(self._components_ready, "controller-manager and scheduler ready")
+        self.started_seconds = loop.time() - began
 
-    async def __aexit__(self, *exc) -> None:
-        for proc in reversed(self._procs):
+    def stop(self) -> None:
+        for proc in reversed(self._procs.values()):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
         if self._dir:
             self._dir.cleanup()
+            self._dir = None
 
-    def _start(self, log: Path, *argv) -> None:
-        with open(log, "wb") as out:
-            self._procs.append(
-                subprocess.Popen([str(a) for a in argv], stdout=out, stderr=subprocess.STDOUT)
+    def _start(self, name: str, *argv) -> None:
+        with open(self.directory / f"{name}.log", "wb") as out:
+            self._procs[name] = subprocess.Popen(
+                [str(self.bin / name), *map(str, argv)], stdout=out, stderr=subprocess.STDOUT
             )
 
     def log(self, name: str) -> str:
-        return (Path(self._dir.name) / f"{name}.log").read_text()[-3000:]
+        return (self.directory / f"{name}.log").read_text()[-3000:]
 
-    async def _wait_ready(self, timeout: float = 120.0) -> None:
-        """Poll /readyz (the post-start hooks, RBAC's bootstrap roles among them)."""
+    def fault_proxy(self) -> FaultProxy:
+        """A proxy in front of this API server (start it), serving its certificate."""
+        certs = self.directory / "certs"
+        return FaultProxy(
+            self.url, str(self.ca_file), str(certs / "apiserver.crt"), str(certs / "apiserver.key")
+        )
+
+    def kubeconfig(self, path: str | Path, token: str, user: str = "admin", server="") -> str:
+        """Write a kubeconfig for ``token`` (trusting the API server's certificate);
+        returns its path. ``server``: another address (the fault proxy) to use."""
+        ca = base64.b64encode(self.ca_file.read_bytes()).decode()
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "numaguard-test",
+                    "cluster": {"server": server or self.url, "certificate-authority-data": ca},
+                }
+            ],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": user, "context": {"cluster": "numaguard-test", "user": user}}],
+            "current-context": user,
+        }
+        Path(path).write_text(json.dumps(config, indent=1))
+        os.chmod(path, 0o600)
+        return str(path)
+
+    async def install_numaguard(self, session: aiohttp.ClientSession) -> None:
+        """Apply deploy/'s namespace and RBAC as they ship, and get a token for each of
+        our ServiceAccounts (``self.tokens``): our components run as those."""
+        for name in RBAC_MANIFESTS:
+            for obj in yaml.safe_load_all((ROOT / "deploy" / "base" / name).read_text()):
+                await self.create(session, obj)
+        for account in ACCOUNTS:
+            self.tokens[account] = await self.service_account_token(session, "numaguard", account)
+
+    async def service_account_token(
+        self, session: aiohttp.ClientSession, namespace: str, name: str, seconds: int = 86400
+    ) -> str:
+        """A bound token for the ServiceAccount, from the TokenRequest API."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest"}
+        body["spec"] = {"expirationSeconds": seconds}
+        path = path_of("ServiceAccount", namespace, name) + "/token"
+        return (await self.call(session, "POST", path, body))["status"]["token"]
+
+    async def _wait(self, ready, what: str, timeout: float = 120.0) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         async with aiohttp.ClientSession() as session:
             while loop.time() < deadline:
-                for proc, name in zip(self._procs, ("etcd", "apiserver"), strict=False):
+                for name, proc in self._procs.items():
                     if proc.poll() is not None:
                         raise RuntimeError(f"{name} exited: {self.log(name)}")
                 try:
-                    status, _ = await self.request(session, "GET", "/readyz")
-                    if status == 200:
+                    if await ready(session):
                         return
                 except (aiohttp.ClientError, OSError):
                     pass
-                await asyncio.sleep(0.5)
-        raise RuntimeError(f"kube-apiserver not ready in {timeout:g}s: {self.log('apiserver')}")
+                await asyncio.sleep(0.2)
+        logs = "\n".join(f"== {n}\n{self.log(n)}" for n in self._procs)
+        raise RuntimeError(f"not {what} in {timeout:g}s:\n{logs}")
+
+    async def _ok(self, session, path: str) -> bool:
+        return (await self.request(session, "GET", path))[0] == 200
+
+    async def _components_ready(self, session) -> bool:
+        for lease in ("kube-controller-manager", "kube-scheduler"):
+            status, body = await self.request(
+                session, "GET", path_of("Lease", "kube-system", lease)
+            )
+            if status != 200 or not body["spec"].get("holderIdentity"):
+                return False
+        return await self._ok(session, path_of("ServiceAccount", "default", "default"))
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
 
     async def request(
         self, session: aiohttp.ClientSession, method: str, path: str, body=None, token=None
     ) -> tuple[int, dict]:
         """One request as the admin (or ``token``'s owner); (status, JSON body)."""
         headers = {"Authorization": f"Bearer {token or self.admin_token}"}
-        context = ssl.create_default_context()
-        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # self-signed
+        if body is not None:
+            json_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
+            headers["Content-Type"] = json_type
         async with session.request(
-            method, self.url + path, json=body, headers=headers, ssl=context
+            method,
+            self.url + path,
+            data=None if body is None else json.dumps(body),
+            headers=headers,
+            ssl=self.ssl_context(),
         ) as r:
             text = await r.text()
             try:
                 return r.status, json.loads(text) if text else {}
             except ValueError:
                 return r.status, {"text": text}
+
+    async def call(self, session, method: str, path: str, body=None, token=None) -> dict:
+        """A request that must succeed: its JSON body, or ApiError."""
+        status, answer = await self.request(session, method, path, body, token)
+        if status >= 300:
+            raise ApiError(status, answer, f"{method} {path}")
+        return answer
+
+    async def create(self, session, obj: dict, token=None) -> dict:
+        meta = obj["metadata"]
+        path = path_of(obj["kind"], meta.get("namespace", "default"))
+        return await self.call(session, "POST", path, obj, token)
+
+    async def get(self, session, kind: str, namespace: str | None, name: str) -> dict | None:
+        status, body = await self.request(session, "GET", path_of(kind, namespace, name))
+        if status == 404:
+            return None
+        if status != 200:
+            raise ApiError(status, body, f"GET {kind} {namespace}/{name}")
+        return body
+
+    async def items(self, session, kind: str, namespace: str | None = None, **query) -> list:
+        path = path_of(kind, namespace)
+        if query:
+            path += "?" + "&".join(f"{k}={v}" for k, v in query.items())
+        return (await self.call(session, "GET", path))["items"]
+
+    async def patch(self, session, kind: str, namespace, name: str, patch: dict, sub="") -> dict:
+        path = path_of(kind, namespace, name) + (f"/{sub}" if sub else "")
+        return await self.call(session, "PATCH", path, patch)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
+import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,6 +23,7 @@ from exporter.sources.gpu import NvmlSource
 from exporter.sources.host import HostSource
 from exporter.sources.kubelet import PodResourcesSource
 from exporter.sources.resctrl import ResctrlSource
+from simulator.controlplane import ControlPlane
 from simulator.host import FakeHost, FakeHostRoot
 from simulator.resctrl import FakeResctrl
 
@@ -91,3 +94,22 @@ def fake_root(tmp_path):
         return FakeHostRoot(tmp_path / "host", host).write()
 
     return build
+
+
+@pytest.fixture(scope="session")
+def control_plane():
+    """The real control plane, once per session, with deploy/'s namespace and RBAC
+    applied and a token for each of our ServiceAccounts. Each simulated cluster removes
+    what it made when it stops."""
+    cp = ControlPlane()
+
+    async def start():
+        await cp.start()
+        async with aiohttp.ClientSession() as session:
+            await cp.install_numaguard(session)
+
+    try:
+        asyncio.run(start())
+        yield cp
+    finally:
+        cp.stop()

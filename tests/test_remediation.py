@@ -1,10 +1,13 @@
 """Remediation scenarios end to end: the exporter on the simulated GPU node (fake NVML,
-fake kubelet over gRPC), a real Prometheus scraping it, the fake API server with
-Deployments, ReplicaSets and the Eviction API, and the remediator's controller."""
+fake kubelet over gRPC), a real Prometheus scraping it, the real control plane (API
+server, Deployment/ReplicaSet/disruption controllers, scheduler) with the simulator as
+the node's kubelet, and the remediator's controller. The exporter and the remediator
+run as their ServiceAccounts with deploy/'s RBAC, each through a fault proxy."""
 
 from __future__ import annotations
 
 import asyncio
+import calendar
 import contextlib
 import json
 import signal
@@ -17,47 +20,71 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.readers.nvml import sysfs_pci_address
-from exporter.sources.kube import API_USE as EXPORTER_API_USE
 from exporter.sources.kube import api_client
 from remediator.controller import Controller
-from remediator.kube import API_USE as REMEDIATOR_API_USE
 from remediator.kube import Kube
 from remediator.planner import Policy
 from remediator.queries import Windows
 from remediator.signals import Prometheus
 from simulator import presets
 from simulator.cluster import SimulatedCluster
+from simulator.controlplane import ControlPlane, path_of
 from simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from simulator.nvml import FakeNvml, Process
 from simulator.processes import exporter_process, free_port
 from simulator.prometheus import PrometheusServer
-from tests.test_deploy import used
 
 NODE = "gpu-node-3"
+
+
+async def component_kubeconfigs(cp: ControlPlane, sim: SimulatedCluster, stack, directory):
+    """The exporter's and the remediator's kubeconfigs: each its ServiceAccount's token,
+    through its own fault proxy. Returns (exporter's, remediator's, remediator's proxy)."""
+    paths = []
+    for account in ("numaguard-exporter", "numaguard-remediator"):
+        proxy = await stack.enter_async_context(cp.fault_proxy())
+        path = directory / f"{account}.kubeconfig"
+        paths.append(cp.kubeconfig(path, cp.tokens[account], account, server=proxy.url))
+    return paths[0], paths[1], proxy
+
+
+async def forget_leases(cp: ControlPlane, session) -> None:
+    """Leader-election Leases live in deploy/'s namespace, which outlives each cluster."""
+    for lease in await cp.items(session, "Lease", "numaguard"):
+        name = lease["metadata"]["name"]
+        await cp.request(session, "DELETE", path_of("Lease", "numaguard", name))
 
 
 class Cluster:
     """One simulated GPU node with its exporter, scraped by a real Prometheus."""
 
-    async def start(self, tmp_path, prepare=None, policy="single-numa-node", other_jobs=None):
-        self.sim = SimulatedCluster(str(tmp_path / "cluster"))
+    async def start(self, cp, tmp_path, prepare=None, policy="single-numa-node", other_jobs=None):
+        self.cp = cp
+        self.sim = SimulatedCluster(str(tmp_path / "cluster"), cp)
         host, nvml = presets.gpu_node()
         if prepare:
             prepare(host, nvml)
         self.node = self.sim.add_node(NODE, host, nvml, policy)
-        self.host, self.nvml, self.api = host, nvml, self.sim.api
+        self.host, self.nvml = host, nvml
         self.sim.demand["trainer-remote"] = 0.8
-        await self.sim.start()
-        kubeconfig = self.api.kubeconfig(tmp_path / "kubeconfig")
         self.stack = contextlib.AsyncExitStack()
+        await self.sim.start()
+        self.stack.push_async_callback(self.sim.stop)
+        self.stack.push_async_callback(forget_leases, cp, self.sim.session)
+        exporter_kubeconfig, self.kubeconfig, self.proxy = await component_kubeconfigs(
+            cp, self.sim, self.stack, tmp_path
+        )
         url, self.exporter = await self.stack.enter_async_context(
-            exporter_process(*self.sim.exporter_args(self.node, kubeconfig), "--interval", "1")
+            exporter_process(
+                *self.sim.exporter_args(self.node, exporter_kubeconfig), "--interval", "1"
+            )
         )
         self.prom = await self.stack.enter_async_context(
             PrometheusServer([url.removeprefix("http://")], free_port(), other_jobs=other_jobs)
         )
         self.session = await self.stack.enter_async_context(aiohttp.ClientSession())
-        self.client = await api_client(kubeconfig)
+        self.client = await api_client(self.kubeconfig)
+        self.stack.push_async_callback(self.client.close)
         return self
 
     def controller(self, window="4s", **policy) -> Controller:
@@ -67,18 +94,33 @@ class Cluster:
         )
         return Controller(prometheus, Kube(self.client), Policy(**{**settings, **policy}))
 
+    async def get(self, kind: str, name: str, namespace: str = "ml") -> dict | None:
+        return await self.cp.get(self.sim.session, kind, namespace, name)
+
+    async def patch(self, kind: str, name: str, patch: dict, namespace: str = "ml") -> dict:
+        return await self.cp.patch(self.sim.session, kind, namespace, name, patch)
+
+    async def events(self, namespace: str = "ml") -> list[dict]:
+        return await self.cp.items(self.sim.session, "Event", namespace)
+
+    def evictions(self, status: int | None = None) -> list[tuple[str, str, int]]:
+        """The remediator's evictions as the API server answered them."""
+        return [e for e in self.proxy.evictions() if status in (None, e[2])]
+
+    async def history(self, workload: str) -> dict:
+        annotations = (await self.get("Deployment", workload))["metadata"]["annotations"]
+        return json.loads(annotations["numaguard.io/history"])
+
     async def stop(self):
-        await self.client.close()
         await self.stack.aclose()
-        await self.sim.stop()
 
 
 @pytest.fixture
-async def cluster(tmp_path):
+async def cluster(tmp_path, control_plane):
     clusters = []
 
     async def make(prepare=None, policy="single-numa-node", other_jobs=None):
-        c = await Cluster().start(tmp_path, prepare, policy, other_jobs)
+        c = await Cluster().start(control_plane, tmp_path, prepare, policy, other_jobs)
         clusters.append(c)
         return c
 
@@ -106,8 +148,7 @@ async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
     await asyncio.sleep(5)  # a whole finding window of it
     controller = c.controller()
     reports = await cycles_until(controller, lambda rs: any(r.verified for r in rs))
-    evictions = [e for e in c.api.evictions if e[2] == 201]
-    assert evictions == [("ml", "trainer-remote", 201)]  # once, whatever the cycles saw
+    assert c.evictions(201) == [("ml", "trainer-remote", 201)]  # once, whatever the cycles saw
     acted = [(a.kind, a.pod.name, result) for r in reports for a, result in r.results]
     assert [a for a in acted if a[0] != "recommend"] == [("evict", "trainer-remote", "evicted")]
     # the idle slices get one recommendation each, not one per cycle
@@ -115,12 +156,13 @@ async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
     assert sorted(recommended) == sorted(set(recommended))
     assert "infer-d" in recommended
     assert [v for r in reports for v in r.verified] == [("Deployment/ml/trainer-remote", "held")]
-    verdict = await c.prom.query('numaguard_pod_cross_numa{pod="trainer-remote.1"}')
+    # the real ReplicaSet made the replacement, the scheduler bound it, and the node's
+    # kubelet (single-numa-node) admitted it aligned
+    (replacement,) = c.sim.running("trainer-remote-")
+    verdict = await c.prom.query(f'numaguard_pod_cross_numa{{pod="{replacement.name}"}}')
     assert {(r["metric"]["reason"], r["value"][1]) for r in verdict} >= {("device_remote", "0")}
     evicted = {
-        e["involvedObject"]["kind"]
-        for e in c.api.objects["events"].values()
-        if e["reason"] == "RemediationEvicted"
+        e["involvedObject"]["kind"] for e in await c.events() if e["reason"] == "RemediationEvicted"
     }
     assert evicted == {"Pod", "Deployment"}  # on the pod and on its owner
 
@@ -158,14 +200,14 @@ async def test_no_aligned_capacity_means_no_eviction(cluster):
     for _ in range(8):
         reports.append(await controller.cycle())
         await asyncio.sleep(1)
-    assert c.api.evictions == []
+    assert c.evictions() == []
     refused = {(r.finding.pod, r.guard) for rep in reports if rep.plan for r in rep.plan.refusals}
     assert ("trainer-remote", "no_fit") in refused
     assert controller.metrics.unremediable._value.get() >= 1
     # one Event per finding (cross_numa and starved) says so, not one per cycle
     refused = [
         e
-        for e in c.api.objects["events"].values()
+        for e in await c.events()
         if e["reason"] == "RemediationRefused" and e["involvedObject"]["name"] == "trainer-remote"
     ]
     assert [e["message"].split(":")[0] for e in refused] == ["no_fit", "no_fit"]
@@ -173,15 +215,21 @@ async def test_no_aligned_capacity_means_no_eviction(cluster):
 
 async def test_a_pdb_at_its_limit_gets_429_and_is_not_hammered(cluster):
     c = await cluster()
-    c.api.put(
-        "poddisruptionbudgets",
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "trainer-remote", "namespace": "ml"},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer-remote"}}},
-        },
-    )
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "trainer-remote", "namespace": "ml"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer-remote"}}},
+    }
+    await c.cp.create(c.sim.session, pdb)
+
+    async def counted(_):  # the real disruption controller keeps the budget's status
+        status = (await c.get("PodDisruptionBudget", "trainer-remote")).get("status", {})
+        return status.get("currentHealthy") == 1 and status.get("observedGeneration") == 1
+
+    await c.sim.wait_for_api(counted, "the PDB's status from the disruption controller")
+    status = (await c.get("PodDisruptionBudget", "trainer-remote"))["status"]
+    assert status["disruptionsAllowed"] == 0 and status["desiredHealthy"] == 1
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
     await asyncio.sleep(5)  # a whole finding window of it
     controller = c.controller(cooldown_seconds=3600)
@@ -190,15 +238,15 @@ async def test_a_pdb_at_its_limit_gets_429_and_is_not_hammered(cluster):
         report = await controller.cycle()
         results += [result for _, result in report.results]
         await asyncio.sleep(1)
-    assert c.api.evictions == [("ml", "trainer-remote", 429)]  # asked once, then held off
+    # the API server's Eviction API refused it (429), once: then it held off
+    assert c.evictions() == [("ml", "trainer-remote", 429)]
     assert [r for r in results if r != "recommended"] == ["pdb_blocked"]
     refused = {r.guard for rep in [report] for r in rep.plan.refusals}
     assert "cooldown" in refused
     # the refusal is on the Deployment: a restarted remediator backs off too
-    annotations = c.api.objects["deployments"][("ml", "trainer-remote")]["metadata"]["annotations"]
-    assert json.loads(annotations["numaguard.io/history"])["pdb_refusals"] == 1
+    assert (await c.history("trainer-remote"))["pdb_refusals"] == 1
     report = await c.controller(cooldown_seconds=3600).cycle()
-    assert c.api.evictions == [("ml", "trainer-remote", 429)]
+    assert c.evictions() == [("ml", "trainer-remote", 429)]
     assert "cooldown" in {r.guard for r in report.plan.refusals}
 
 
@@ -208,31 +256,22 @@ async def test_stale_data_and_a_dead_prometheus_mean_no_action(cluster):
     await asyncio.sleep(5)  # a whole finding window of it
     controller = c.controller(stale_after_seconds=0.001)  # every sample is too old
     report = await controller.cycle()
-    assert report.results == [] and c.api.evictions == []
+    assert report.results == [] and c.evictions() == []
     assert {r.guard for r in report.plan.refusals} == {"stale_data"}
     dead = Prometheus(f"http://127.0.0.1:{free_port()}", c.session, retries=0)
     controller.prometheus = dead
     report = await controller.cycle()
     assert report.error.startswith("unreachable") and report.plan is None
-    assert c.api.evictions == []
+    assert c.evictions() == []
 
 
 async def test_an_opted_in_oversized_slice_is_resized_and_others_only_advised(cluster):
     c = await cluster()
     # infer-d holds a 3g.40gb slice and uses none of it; its Deployment opted in
-    deployment = c.api.objects["deployments"][("ml", "infer-d")]
-    deployment["metadata"]["annotations"]["numaguard.io/auto-resize"] = "true"
-    deployment["spec"]["template"]["spec"]["containers"] = [
-        {
-            "name": "main",
-            "image": "infer:1",
-            "resources": {
-                "requests": {"cpu": "2", "nvidia.com/mig-3g.40gb": "1"},
-                "limits": {"cpu": "2", "nvidia.com/mig-3g.40gb": "1"},
-            },
-        }
-    ]
-    c.api.put("deployments", deployment)
+    annotations = {"numaguard.io/auto-resize": "true"}
+    before = await c.patch("Deployment", "infer-d", {"metadata": {"annotations": annotations}})
+    (container,) = before["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "1"
     await c.prom.wait_for('numaguard_mig_utilization_ratio{kind="sm"}')
     await asyncio.sleep(5)  # a sizing window of data
     controller = c.controller(max_per_node=3)  # the eviction of trainer-remote is one
@@ -242,16 +281,24 @@ async def test_an_opted_in_oversized_slice_is_resized_and_others_only_advised(cl
         "resize 3g.40gb -> 1g.10gb (Deployment/ml/infer-d)",
         "resized",
     )
-    resources = c.api.objects["deployments"][("ml", "infer-d")]["spec"]["template"]["spec"][
-        "containers"
-    ][0]["resources"]
-    assert resources == {
-        "requests": {"cpu": "2", "nvidia.com/mig-1g.10gb": "1"},
-        "limits": {"cpu": "2", "nvidia.com/mig-1g.10gb": "1"},
+    after = await c.get("Deployment", "infer-d")
+    want = {
+        kind: {
+            ("nvidia.com/mig-1g.10gb" if k == "nvidia.com/mig-3g.40gb" else k): v
+            for k, v in amounts.items()
+        }
+        for kind, amounts in container["resources"].items()
     }
-    # every request made (exporter and remediator) is one deploy/'s RBAC grants
-    assert used(c.api.requests) <= REMEDIATOR_API_USE | EXPORTER_API_USE
-    assert ("apps", "deployments", "patch") in used(c.api.requests)
+    assert after["spec"]["template"]["spec"]["containers"][0]["resources"] == want
+    # the real Deployment controller rolls it out: the new pod runs on a 1g.10gb slice
+    await c.sim.wait_until(
+        lambda: [
+            p.containers[0].devices
+            for p in c.sim.running("infer-d-")
+            if "nvidia.com/mig-1g.10gb" in p.containers[0].devices
+        ],
+        "infer-d rolled out onto a 1g.10gb slice",
+    )
     # the notebooks sit on the smallest profile already: nothing to say about them (an
     # oversized slice whose Deployment did not opt in is only advised: see the first test)
     assert not [k for k in done if k[1].startswith("notebook")]
@@ -289,10 +336,11 @@ async def test_only_the_leader_acts_and_a_successor_does_not_repeat(cluster):
     assert await second.elector.try_acquire_or_renew()
     b = await second.cycle()
     assert b.leader
-    assert [e for e in c.api.evictions if e[2] == 201] == [("ml", "trainer-remote", 201)]
+    assert c.evictions(201) == [("ml", "trainer-remote", 201)]
     assert [r for _, r in b.results if r not in ("recommended",)] == []
-    assert used(c.api.requests) <= REMEDIATOR_API_USE | EXPORTER_API_USE
-    assert ("coordination.k8s.io", "leases", "update") in used(c.api.requests)
+    # both took the Lease through the API server, as the Role in deploy/ lets them
+    lease_writes = {(e.method, e.status) for e in c.proxy.writes() if "/leases" in e.path}
+    assert {("POST", 201), ("PUT", 200)} <= lease_writes
 
 
 async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path):
@@ -307,7 +355,7 @@ async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path
         "--prometheus",
         c.prom.url,
         "--kubeconfig",
-        str(tmp_path / "kubeconfig"),
+        c.kubeconfig,
         "--finding-window",
         "4s",
         "--min-pod-age",
@@ -333,8 +381,7 @@ async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path
             "detail": evict[0]["detail"],
         }
     ]
-    assert c.api.evictions == []
-    assert not [r for r in c.api.requests if not r.startswith("GET")]
+    assert c.proxy.writes() == []
 
 
 async def test_api_server_errors_mean_no_action(cluster):
@@ -342,11 +389,12 @@ async def test_api_server_errors_mean_no_action(cluster):
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
     await asyncio.sleep(5)  # a whole finding window of it
     controller = c.controller()
-    c.api.fail_next(500, times=50)
+    c.proxy.fail_next(500, times=50)
     report = await controller.cycle()
     assert report.error.startswith("api_server") and report.results == []
     assert controller.metrics.errors.labels("api_server")._value.get() == 1
-    c.api._failures.clear()
+    assert c.evictions() == []
+    c.proxy.clear()
     report = await controller.cycle()
     assert [r for _, r in report.results if r != "recommended"] == ["evicted"]
 
@@ -388,17 +436,16 @@ async def test_a_fix_that_does_not_hold_backs_off_then_stops(cluster):
     )
     outcomes = [v[1] for r in reports for v in r.verified]
     assert outcomes == ["did_not_hold", "gave_up"]
-    assert len([e for e in c.api.evictions if e[2] == 201]) == 2
+    assert len(c.evictions(201)) == 2
     # and from then on it is left alone, saying why, even by a remediator that restarted
     # (the history is on the Deployment, not in memory)
     restarted = c.controller(cooldown_seconds=2, backoff_factor=2, give_up_after=2)
     for _ in range(3):
         report = await restarted.cycle()
         await asyncio.sleep(1)
-    assert [e for e in c.api.evictions if e[2] == 201][2:] == []
+    assert c.evictions(201)[2:] == []
     assert "gave_up" in {r.guard for r in report.plan.refusals}
-    history = c.api.objects["deployments"][("ml", "trainer-remote")]["metadata"]["annotations"]
-    assert json.loads(history["numaguard.io/history"])["failures"] == 2
+    assert (await c.history("trainer-remote"))["failures"] == 2
 
 
 async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
@@ -414,7 +461,7 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
         "--prometheus",
         c.prom.url,
         "--kubeconfig",
-        str(tmp_path / "kubeconfig"),
+        c.kubeconfig,
         "--finding-window",
         "3s",
         "--min-pod-age",
@@ -456,11 +503,11 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
         for f in text_string_to_metric_families(metrics)
     }
     assert served == {n for n, s in CATALOGUE.items() if s.group == "remediator"}
-    assert c.api.evictions == []  # dry-run: Events only
-    reasons = {e["reason"] for e in c.api.objects["events"].values()}
+    assert c.evictions() == []  # dry-run: Events only
+    reasons = {e["reason"] for e in await c.events()}
     assert "DryRun" in reasons
     # it held the Lease, and released it when it stopped
-    lease = c.api.objects["leases"][("numaguard", "numaguard-remediator")]
+    lease = await c.get("Lease", "numaguard-remediator", "numaguard")
     assert lease["spec"]["holderIdentity"] == "" and lease["metadata"]["resourceVersion"]
 
 
@@ -469,9 +516,8 @@ async def test_an_unreachable_api_server_means_no_action(cluster, tmp_path):
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
     await asyncio.sleep(5)  # a whole finding window of it
     dead = tmp_path / "dead-kubeconfig"
-    dead.write_text(
-        (tmp_path / "kubeconfig").read_text().replace(c.api.url, f"http://127.0.0.1:{free_port()}")
-    )
+    with open(c.kubeconfig) as f:
+        dead.write_text(f.read().replace(c.proxy.url, f"https://127.0.0.1:{free_port()}"))
     client = await api_client(str(dead))
     try:
         controller = c.controller()
@@ -480,7 +526,7 @@ async def test_an_unreachable_api_server_means_no_action(cluster, tmp_path):
     finally:
         await client.close()
     assert report.error.startswith("api_server") and report.results == []
-    assert c.api.evictions == []
+    assert c.evictions() == []
 
 
 def crowded_node(clock=time.monotonic):
@@ -535,97 +581,135 @@ def crowded_node(clock=time.monotonic):
     return host, nvml
 
 
-async def test_guards_and_caps_hold_under_a_hundred_findings(tmp_path):
-    sim = SimulatedCluster(str(tmp_path / "cluster"))
+async def protect(sim: SimulatedCluster, pod: dict) -> None:
+    """Make the crowded node's special pods what their names say, as they are created."""
+    meta, spec = pod["metadata"], pod["spec"]
+    how = SPECIAL.get(meta["name"], ("", ""))[0]
+    if how in ("bare", "daemonset"):
+        meta["labels"] = {}  # not the ReplicaSet's
+    if how == "daemonset":
+        agent = await sim.cp.create(
+            sim.session,
+            {
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "metadata": {"name": "agent", "namespace": meta["namespace"]},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "agent"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "agent"}},
+                        "spec": {"containers": [{"name": "agent", "image": "agent:1"}]},
+                    },
+                },
+            },
+        )
+        owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "controller": True}
+        meta["ownerReferences"] = [{**owner, "name": "agent", "uid": agent["metadata"]["uid"]}]
+    elif how == "opted_out":
+        meta["annotations"] = {"numaguard.io/remediate": "false"}
+    elif how == "critical":
+        spec["priorityClassName"] = "system-node-critical"
+    elif how == "scratch":
+        spec["volumes"] = [{"name": "tmp", "emptyDir": {}}]
+
+
+SPECIAL = {  # pod -> (how it is special, the guard that must refuse it)
+    "w0.0": ("bare", "bare_pod"),
+    "w1.0": ("daemonset", "daemonset"),
+    "w2.0": ("opted_out", "opted_out"),
+    "late": ("young", "too_young"),
+    "w4.0": ("critical", "system_critical"),
+    "w5.0": ("scratch", "local_storage"),
+}
+
+
+def created(pod: dict) -> float:
+    stamp = time.strptime(pod["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")
+    return calendar.timegm(stamp)
+
+
+async def test_guards_and_caps_hold_under_a_hundred_findings(tmp_path, control_plane):
+    sim = SimulatedCluster(str(tmp_path / "cluster"), control_plane)
     host, nvml = crowded_node()
+    late = host.pod("w3.0")  # w3.0's place goes to a pod made later: a young one
+    host.pods.remove(late)
+    late.name = "late"
     node = sim.add_node(NODE, host, nvml, "single-numa-node")
-    await sim.start()
-    api = sim.api
-    old = "2026-01-01T00:00:00Z"
-    special = {  # pod -> (how it is special, the guard that must refuse it)
-        "w0.0": ("bare", "bare_pod"),
-        "w1.0": ("daemonset", "daemonset"),
-        "w2.0": ("opted_out", "opted_out"),
-        "w3.0": ("young", "too_young"),
-        "w4.0": ("critical", "system_critical"),
-        "w5.0": ("scratch", "local_storage"),
-    }
-    for (_, name), pod in list(api.objects["pods"].items()):
-        pod["metadata"]["creationTimestamp"] = old
-        how = special.get(name, ("", ""))[0]
-        if how == "bare":
-            del pod["metadata"]["ownerReferences"]
-        elif how == "daemonset":
-            pod["metadata"]["ownerReferences"][0].update(kind="DaemonSet", name="agent")
-        elif how == "opted_out":
-            pod["metadata"]["annotations"] = {"numaguard.io/remediate": "false"}
-        elif how == "young":
-            pod["metadata"]["creationTimestamp"] = time.strftime(
-                "%Y-%m-%dT%H:%M:%SZ", time.gmtime()
-            )
-        elif how == "critical":
-            pod["spec"].update(priority=2_000_001_000, priorityClassName="system-node-critical")
-        elif how == "scratch":
-            pod["spec"]["volumes"] = [{"name": "tmp", "emptyDir": {}}]
-        api.put("pods", pod)
-    feeder = host.pod("feeder").containers[0]
+    async with contextlib.AsyncExitStack() as stack:
+        await sim.start(protect)
+        stack.push_async_callback(sim.stop)
+        feeder = host.pod("feeder").containers[0]
 
-    async def throttle():  # the feeder's CPU quota is too small for its data loader
-        while True:
-            periods, throttled, seconds = feeder.throttling
-            feeder.throttling = (periods + 100, throttled + 50, seconds + 0.5)
-            node.root.write()
-            await asyncio.sleep(0.5)
+        async def throttle():  # the feeder's CPU quota is too small for its data loader
+            while True:
+                periods, throttled, seconds = feeder.throttling
+                feeder.throttling = (periods + 100, throttled + 50, seconds + 0.5)
+                node.root.write()
+                await asyncio.sleep(0.5)
 
-    ticker = asyncio.create_task(throttle())
-    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            url, _ = await stack.enter_async_context(
-                exporter_process(*sim.exporter_args(node, kubeconfig), "--interval", "1")
-            )
-            prom = await stack.enter_async_context(
-                PrometheusServer([url.removeprefix("http://")], free_port())
-            )
-            session = await stack.enter_async_context(aiohttp.ClientSession())
-            client = await api_client(kubeconfig)
-            stack.push_async_callback(client.close)
-            await prom.wait_for(
-                # named series: before the pod names arrive the series carry none
-                'count(numaguard_pod_cross_numa{reason="cpu_span", pod=~"w.+"} == 1) >= 100'
-            )
-            await prom.wait_for('numaguard_gpu_starved{reason="cpu_throttled"} == 1')
-            await asyncio.sleep(5)  # a whole window of it
-            controller = Controller(
-                Prometheus(prom.url, session, windows=Windows("4s", "4s")),
-                Kube(client),
-                Policy(
-                    dry_run=False,
-                    max_per_cycle=8,
-                    max_per_node=100,
-                    max_per_namespace=2,
-                    stale_after_seconds=10,
-                ),
-            )
-            report = await controller.cycle()
-    finally:
-        ticker.cancel()
-        await sim.stop()
+        ticker = asyncio.create_task(throttle())
+        stack.callback(ticker.cancel)
+        exporter_kubeconfig, kubeconfig, proxy = await component_kubeconfigs(
+            control_plane, sim, stack, tmp_path
+        )
+        url, _ = await stack.enter_async_context(
+            exporter_process(*sim.exporter_args(node, exporter_kubeconfig), "--interval", "1")
+        )
+        prom = await stack.enter_async_context(
+            PrometheusServer([url.removeprefix("http://")], free_port())
+        )
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        client = await api_client(kubeconfig)
+        stack.push_async_callback(client.close)
+        await prom.wait_for(
+            # named series: before the pod names arrive the series carry none
+            'count(numaguard_pod_cross_numa{reason="cpu_span", pod=~"w.+"} == 1) >= 99'
+        )
+        (old,) = await control_plane.items(
+            sim.session, "Pod", "team-0", fieldSelector="metadata.name=w0.1"
+        )
+
+        async def seconds_later(_):  # creation times are in whole seconds
+            return time.time() - created(old) >= 4
+
+        await sim.wait_for_api(seconds_later, "4 s after the first pods")
+        await sim.add_pods([(node, late)])
+        young = await control_plane.get(sim.session, "Pod", "team-3", "late")
+        await prom.wait_for(
+            'numaguard_pod_cross_numa{reason="cpu_span", pod="late"} offset 5s == 1'
+        )
+        await prom.wait_for('numaguard_gpu_starved{reason="cpu_throttled"} offset 5s == 1')
+        # old enough: the pods made at the start; too young: the late one
+        now = time.time()
+        min_age = now - (created(old) + created(young)) / 2
+        controller = Controller(
+            Prometheus(prom.url, session, windows=Windows("4s", "4s")),
+            Kube(client),
+            Policy(
+                dry_run=False,
+                max_per_cycle=8,
+                max_per_node=100,
+                max_per_namespace=2,
+                stale_after_seconds=10,
+                min_pod_age_seconds=min_age,
+            ),
+        )
+        report = await controller.cycle()
     assert len([f for f in report.findings if f.kind == "cross_numa"]) == 100
     refused = {r.finding.pod: r.guard for r in report.plan.refusals}
-    for pod, (_, guard) in special.items():
+    for pod, (_, guard) in SPECIAL.items():
         assert refused[pod] == guard, pod
     evicted = [a.pod for a, result in report.results if result == "evicted"]
     assert len(evicted) == 8
     assert max(Counter(p.namespace for p in evicted).values()) <= 2
     assert len({p.workload for p in evicted}) == 8  # one per Deployment
-    assert not set(special) & {p.name for p in evicted}
+    assert not set(SPECIAL) & {p.name for p in evicted}
     caps = Counter(g for g in refused.values() if g.startswith("cap_"))
     assert set(caps) <= {"cap_cycle", "cap_namespace", "cap_workload"} and caps
     # the throttled feeder is aligned: advice, never an eviction
     feeder_actions = [(a.kind, r) for a, r in report.results if a.finding.pod == "feeder"]
     assert feeder_actions == [("recommend", "recommended")]
-    assert [e for e in api.evictions if e[1] == "feeder"] == []
+    assert len(proxy.evictions()) == 8 and [e for e in proxy.evictions() if e[1] == "feeder"] == []
 
 
 async def test_a_dead_exporter_s_lingering_verdicts_are_not_acted_on(cluster):
@@ -637,7 +721,7 @@ async def test_a_dead_exporter_s_lingering_verdicts_are_not_acted_on(cluster):
     await c.prom.wait_for('up{job="numaguard"} == 0')
     controller = c.controller(window="15s")
     report = await controller.cycle()
-    assert c.api.evictions == [] and report.results == []
+    assert c.evictions() == [] and report.results == []
     trainer = [r for r in report.plan.refusals if r.finding.pod == "trainer-remote"]
     assert trainer and {r.guard for r in trainer} == {"stale_data"}
     assert all("no exporter target of gpu-node-3 is up" in r.detail for r in trainer)
@@ -671,22 +755,24 @@ class Tenant:
 async def test_series_forged_by_another_target_evict_nothing(cluster, tmp_path):
     # trainer is aligned; a tenant claims it is cross-NUMA, once in its own job and once
     # under the exporters' job, and that infer-d's slice is idle (for a resize)
-    uid = presets.pod_uid("trainer")
-    labels = f'node="{NODE}",namespace="ml",pod="trainer",pod_uid="{uid}",reason="cpu_span"'
-    forged = (
-        f"numaguard_pod_cross_numa{{{labels}}} 1\n"
-        f'numaguard_pod_cross_numa{{job="numaguard",{labels},container_id="x"}} 1\n'
-    )
-    async with Tenant(forged) as tenant:
+    async with Tenant("") as tenant:
         job = {
             "job_name": "kubernetes-pods",
             "honor_labels": True,
             "static_configs": [{"targets": [f"127.0.0.1:{tenant.port}"]}],
         }
         c = await cluster(other_jobs=[job])
-        deployment = c.api.objects["deployments"][("ml", "trainer")]
-        deployment["metadata"]["annotations"]["numaguard.io/auto-resize"] = "true"
-        c.api.put("deployments", deployment)
+        uid = (await c.get("Pod", "trainer"))["metadata"]["uid"]  # what a tenant can read
+        labels = f'node="{NODE}",namespace="ml",pod="trainer",pod_uid="{uid}",reason="cpu_span"'
+        tenant.text = (
+            f"numaguard_pod_cross_numa{{{labels}}} 1\n"
+            f'numaguard_pod_cross_numa{{job="numaguard",{labels},container_id="x"}} 1\n'
+        )
+        await c.patch(
+            "Deployment",
+            "trainer",
+            {"metadata": {"annotations": {"numaguard.io/auto-resize": "true"}}},
+        )
         # a whole finding window of each
         for series in (
             'numaguard_pod_cross_numa{pod="trainer",job="numaguard",container_id="x"}',
@@ -701,4 +787,4 @@ async def test_series_forged_by_another_target_evict_nothing(cluster, tmp_path):
     assert [f.instance for f in forged_findings] == [f"127.0.0.1:{tenant.port}"]
     refused = {(r.finding.pod, r.guard) for r in report.plan.refusals}
     assert ("trainer", "evidence_mismatch") in refused
-    assert [e[1] for e in c.api.evictions] == ["trainer-remote"]  # the real one only
+    assert [e[1] for e in c.evictions()] == ["trainer-remote"]  # the real one only
