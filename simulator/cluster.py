@@ -424,7 +424,6 @@ class SimulatedCluster:
         else:
             placed = self._place(node, pod)
             if placed is None:
-                self.rejected.append(meta["name"])
                 status = {
                     "phase": "Failed",
                     "reason": "TopologyAffinityError",
@@ -432,12 +431,13 @@ class SimulatedCluster:
                     "Topology locality",
                 }
                 await self._patch_status(pod, status)
+                self.rejected.append(meta["name"])
                 self._changed.set()
                 return
             preset = placed
         self._running[uid] = (node, preset)
-        self.admitted.append(meta["name"])
         await self._patch_status(pod, self._running_status(node, preset))
+        self.admitted.append(meta["name"])
         self._changed.set()
 
     async def _patch_status(self, pod: dict, status: dict) -> None:

@@ -30,7 +30,7 @@ def test_the_example_alertmanager_config_is_valid():
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-async def test_an_alert_reaches_a_webhook_through_alertmanager(tmp_path):
+async def test_an_alert_reaches_a_webhook_through_alertmanager(tmp_path, control_plane):
     received: list[dict] = []
     got = asyncio.Event()
 
@@ -64,7 +64,7 @@ async def test_an_alert_reaches_a_webhook_through_alertmanager(tmp_path):
     try:
         async with (
             AlertmanagerServer(config, free_port()) as am,
-            one_node(host, nvml) as (_, url),
+            one_node(control_plane, host, nvml) as (_, url),
             PrometheusServer(
                 [url.removeprefix("http://")],
                 free_port(),

@@ -67,11 +67,11 @@ async def test_promtool_check_metrics_is_silent(exporter):
     assert check.stdout.decode() == "" and check.stderr.decode() == ""
 
 
-async def test_prometheus_on_a_simulated_8_gpu_mig_node():
+async def test_prometheus_on_a_simulated_8_gpu_mig_node(control_plane):
     """The exporter process with the fake NVML node and the fake kubelet; PromQL finds
     per-slice utilization and the starved verdict."""
     host, nvml = presets.gpu_node()
-    async with one_node(host, nvml) as (_, url):
+    async with one_node(control_plane, host, nvml) as (_, url):
         target = url.removeprefix("http://")
         async with PrometheusServer([target], free_port()) as prom:
             sm = await prom.wait_for(

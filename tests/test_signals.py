@@ -22,10 +22,10 @@ from simulator.processes import free_port
 from simulator.prometheus import PrometheusServer
 
 
-async def test_signals_from_a_real_prometheus():
+async def test_signals_from_a_real_prometheus(control_plane):
     host, nvml = presets.gpu_node()
     async with (
-        one_node(host, nvml) as (_, url),
+        one_node(control_plane, host, nvml) as (_, url),
         PrometheusServer([url.removeprefix("http://")], free_port()) as prom,
     ):
         await prom.wait_for("numaguard_gpu_starved == 1")

@@ -1,30 +1,79 @@
-"""The simulated cluster's kubelet admits replacements under its Topology Manager policy."""
+"""The simulated nodes' kubelet on the real control plane: it admits the pods the real
+scheduler binds under its Topology Manager policy, and the real ReplicaSet and
+StatefulSet controllers make the replacements of evicted pods."""
 
 from __future__ import annotations
+
+import types
 
 import pytest
 
 from exporter.readers import parse_id_list
+from exporter.sources.kube import api_client
+from remediator.actuator import Actuator
+from remediator.kube import Kube
 from simulator import presets
 from simulator.cluster import SimulatedCluster
 from simulator.host import FakeContainer, FakePod
 
 
-def evict(sim: SimulatedCluster, node: str, pod: str):
-    host = sim.nodes[node].host
-    obj = {"metadata": {"uid": host.pod(pod).uid}, "spec": {"nodeName": node}}
-    return sim.replace(obj)
+@pytest.fixture
+async def sim_cluster(tmp_path, control_plane):
+    made = []
+
+    async def make(policy: str, *prepare) -> SimulatedCluster:
+        sim = SimulatedCluster(str(tmp_path / policy), control_plane)
+        host, nvml = presets.gpu_node()
+        for step in prepare:
+            step(host, nvml)
+        sim.add_node("a", host, nvml, policy)
+        made.append(sim)
+        await sim.start()
+        return sim
+
+    yield make
+    for sim in made:
+        await sim.stop()
 
 
-def placement(sim: SimulatedCluster, name: str) -> tuple[set[int], int]:
+async def evict(sim: SimulatedCluster, name: str, uid: str | None = None) -> int:
+    """Ask the Eviction API (as the admin) to evict ml/``name``; its HTTP status."""
+    pod = await sim.cp.get(sim.session, "Pod", "ml", name)
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": "ml"},
+        "deleteOptions": {"preconditions": {"uid": uid or pod["metadata"]["uid"]}},
+    }
+    path = f"/api/v1/namespaces/ml/pods/{name}/eviction"
+    status, _ = await sim.cp.request(sim.session, "POST", path, body)
+    return status
+
+
+async def replacement(sim: SimulatedCluster, workload: str) -> FakePod | None:
+    """Evict the workload's pod; its replacement once admitted, or None once the
+    kubelet refused one."""
+    admitted, rejected = len(sim.admitted), len(sim.rejected)
+    assert await evict(sim, workload) == 201
+    await sim.wait_until(
+        lambda: (
+            [n for n in sim.admitted[admitted:] if n.startswith(f"{workload}-")]
+            or sim.rejected[rejected:]
+        ),
+        f"{workload} replaced",
+    )
+    if sim.rejected[rejected:]:
+        return None
+    return next(p for p in sim.running(f"{workload}-"))
+
+
+def placement(sim: SimulatedCluster, pod: FakePod) -> tuple[set[int], int]:
     """(NUMA nodes of its CPUs, NUMA node of its GPU)."""
-    host = next(n.host for n in sim.nodes.values() if any(p.name == name for p in n.host.pods))
-    nvml = next(n.nvml for n in sim.nodes.values() if n.host is host)
-    ctr = host.pod(name).containers[0]
-    cpus = parse_id_list(ctr.cpus)
-    nodes = {i for i, n in enumerate(host.nodes) if parse_id_list(n.cpus) & cpus}
-    (uuid,) = ctr.devices["nvidia.com/gpu"]
-    return nodes, next(g.numa_node for g in nvml.gpus if g.uuid == uuid)
+    node = sim.nodes["a"]
+    cpus = parse_id_list(pod.containers[0].cpus)
+    nodes = {i for i, n in enumerate(node.host.nodes) if parse_id_list(n.cpus) & cpus}
+    (uuid,) = pod.containers[0].devices["nvidia.com/gpu"]
+    return nodes, next(g.numa_node for g in node.nvml.gpus if g.uuid == uuid)
 
 
 def hold_gpu3(host, nvml):
@@ -47,6 +96,19 @@ def hold_gpu3(host, nvml):
     )
 
 
+def busy_socket1(host, nvml):
+    """Socket 1 keeps its GPU 7 free but has only 2 free CPUs."""
+    host.pods.append(
+        FakePod(
+            "busy",
+            presets.pod_uid("busy"),
+            "guaranteed",
+            [FakeContainer("main", "42-61", {1: 1 << 30}, exclusive_cpus=True)],
+            "ml",
+        )
+    )
+
+
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [
@@ -56,70 +118,108 @@ def hold_gpu3(host, nvml):
         ("none", ({0}, 1)),  # lowest CPUs (socket 0), first free GPU (7): misaligned
     ],
 )
-def test_admission_follows_the_topology_policy(tmp_path, policy, expected):
-    sim = SimulatedCluster(str(tmp_path))
-    host, nvml = presets.gpu_node()
-    hold_gpu3(host, nvml)
-    sim.add_node("a", host, nvml, policy)
-    obj = evict(sim, "a", "trainer-remote")
-    assert obj["metadata"]["name"] == "trainer-remote.1"
-    assert obj["metadata"]["ownerReferences"][0]["name"] == "trainer-remote-rs"
-    assert placement(sim, "trainer-remote.1") == expected
+async def test_admission_follows_the_topology_policy(sim_cluster, policy, expected):
+    sim = await sim_cluster(policy, hold_gpu3)
+    pod = await replacement(sim, "trainer-remote")
+    obj = await sim.cp.get(sim.session, "Pod", "ml", pod.name)
+    # made by the real ReplicaSet (of the real Deployment), bound by the real scheduler
+    assert obj["metadata"]["ownerReferences"][0]["name"] == "trainer-remote-preset"
+    assert obj["spec"]["nodeName"] == "a" and obj["status"]["phase"] == "Running"
+    assert placement(sim, pod) == expected
     # the job runs on its new GPU, as busy as its feeding lets it be
-    (uuid,) = host.pod("trainer-remote.1").containers[0].devices["nvidia.com/gpu"]
+    host, nvml = sim.nodes["a"].host, sim.nodes["a"].nvml
+    (uuid,) = pod.containers[0].devices["nvidia.com/gpu"]
     gpu = next(g for g in nvml.gpus if g.uuid == uuid)
-    assert [p.pid for p in gpu.processes] == [
-        host.pid(host.pod("trainer-remote.1"), host.pod("trainer-remote.1").containers[0])
-    ]
+    assert [p.pid for p in gpu.processes] == [host.pid(pod, pod.containers[0])]
     aligned = expected[0] == {expected[1]}
     assert gpu.activity.rates["sm"] == pytest.approx(0.8 if aligned else 0.8 * 0.15)
 
 
-def test_no_aligned_room_is_refused_by_strict_policies_only(tmp_path):
-    for policy, placed in (("single-numa-node", False), ("best-effort", True)):
-        sim = SimulatedCluster(str(tmp_path / policy))
-        host, nvml = presets.gpu_node()
-        hold_gpu3(host, nvml)
-        # socket 1 keeps its GPU 7 free but has only 2 free CPUs
-        host.pods.append(
-            FakePod(
-                "busy",
-                presets.pod_uid("busy"),
-                "guaranteed",
-                [FakeContainer("main", "42-61", {1: 1 << 30}, exclusive_cpus=True)],
-                "ml",
-            )
-        )
-        sim.add_node("a", host, nvml, policy)
-        assert (evict(sim, "a", "trainer-remote") is not None) == placed
-        assert bool(sim.rejected) != placed
+@pytest.mark.parametrize(("policy", "placed"), [("single-numa-node", False), ("best-effort", True)])
+async def test_no_aligned_room_is_refused_by_strict_policies_only(sim_cluster, policy, placed):
+    sim = await sim_cluster(policy, hold_gpu3, busy_socket1)
+    pod = await replacement(sim, "trainer-remote")
+    assert (pod is not None) == placed
+    if not placed:  # as the kubelet reports it
+        name = sim.rejected[0]
+        status = (await sim.cp.get(sim.session, "Pod", "ml", name))["status"]
+        assert (status["phase"], status["reason"]) == ("Failed", "TopologyAffinityError")
 
 
-def test_a_replacement_s_memory_follows_its_new_cpus(tmp_path):
+async def test_a_replacement_s_memory_follows_its_new_cpus(sim_cluster):
     # trainer-remote's 32 GiB sit on NUMA node 0 with its CPUs; aligned to GPU 7 on
     # socket 1, its replacement's memory is first touched there, not copied from before
-    sim = SimulatedCluster(str(tmp_path))
-    host, nvml = presets.gpu_node()
-    hold_gpu3(host, nvml)
-    before = dict(host.pod("trainer-remote").containers[0].memory_by_node)
-    sim.add_node("a", host, nvml, "single-numa-node")
-    evict(sim, "a", "trainer-remote")
-    after = host.pod("trainer-remote.1").containers[0].memory_by_node
-    assert before == {0: 32 << 30} and after == {1: 32 << 30}
+    sim = await sim_cluster("single-numa-node", hold_gpu3)
+    (before,) = sim.running("trainer-remote")
+    assert before.containers[0].memory_by_node == {0: 32 << 30}
+    pod = await replacement(sim, "trainer-remote")
+    assert pod.containers[0].memory_by_node == {1: 32 << 30}
 
 
-def test_an_eviction_rewrites_only_the_files_that_changed(tmp_path):
-    sim = SimulatedCluster(str(tmp_path))
-    host, nvml = presets.gpu_node()
-    hold_gpu3(host, nvml)
-    node = sim.add_node("a", host, nvml, "single-numa-node")
+async def test_an_eviction_rewrites_only_the_files_that_changed(sim_cluster):
+    sim = await sim_cluster("single-numa-node", hold_gpu3)
+    node = sim.nodes["a"]
     topology = node.root.root / "sys/devices/system/node/node0/cpulist"
-    uid = host.pod("trainer").uid  # an aligned pod the eviction leaves alone
+    uid = node.host.pod("trainer").uid  # an aligned pod the eviction leaves alone
     (other_pod,) = [
         p
         for p in node.root.root.glob("sys/fs/cgroup/**/cpuset.cpus.effective")
         if uid.replace("-", "_") in str(p) or uid in str(p)
     ][:1]
     stamps = (topology.stat().st_mtime_ns, other_pod.stat().st_mtime_ns)
-    evict(sim, "a", "trainer-remote")
+    await replacement(sim, "trainer-remote")
     assert (topology.stat().st_mtime_ns, other_pod.stat().st_mtime_ns) == stamps
+
+
+async def test_a_statefulset_pod_comes_back_by_name_and_its_old_uid_is_refused(
+    sim_cluster, tmp_path
+):
+    sim = await sim_cluster("single-numa-node")
+    limits = {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"}
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "db", "namespace": "ml"},
+        "spec": {
+            "replicas": 1,
+            "serviceName": "db",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {
+                "metadata": {"labels": {"app": "db"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "db:1",
+                            "resources": {"requests": limits, "limits": limits},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    await sim.cp.create(sim.session, statefulset)
+    await sim.wait_until(lambda: sim.running("db-0"), "db-0 running")
+    (first,) = sim.running("db-0")
+    # evicted as the remediator evicts, as the remediator's ServiceAccount
+    kubeconfig = sim.cp.kubeconfig(
+        tmp_path / "remediator", sim.cp.tokens["numaguard-remediator"], "numaguard-remediator"
+    )
+    client = await api_client(kubeconfig)
+    try:
+        actuator = Actuator(Kube(client), None)
+        old = types.SimpleNamespace(namespace="ml", name="db-0", uid=first.uid)
+        assert await actuator._evict(old) == "evicted"
+        # the real StatefulSet controller makes db-0 again, a new pod
+        await sim.wait_until(
+            lambda: [p for p in sim.running("db-0") if p.uid != first.uid], "db-0 recreated"
+        )
+        # an eviction naming the old pod's uid is not the new pod's: the API server
+        # refuses it (409), so a second remediator acting on old data evicts nothing
+        assert await evict(sim, "db-0", uid=first.uid) == 409
+        assert await actuator._evict(old) == "gone"
+        (again,) = sim.running("db-0")
+        assert again.uid != first.uid
+    finally:
+        await client.close()
