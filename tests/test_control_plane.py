@@ -1,37 +1,25 @@
-"""deploy/'s RBAC against a real kube-apiserver's RBAC authorizer (etcd and kube-apiserver
-built from their pinned Go modules): each component's ServiceAccount may do exactly
-what its code uses (the API_USE tables), and nothing this test tries beyond that."""
+"""deploy/'s RBAC against a real kube-apiserver's RBAC authorizer (the control plane built
+from its pinned Go modules): each component's ServiceAccount may do exactly what its
+code uses (the API_USE tables), nothing this test tries beyond that, and a verb taken
+out of the shipped ClusterRole makes the remediator's call fail with the server's 403."""
 
 from __future__ import annotations
 
+import asyncio
+import types
 from pathlib import Path
 
 import aiohttp
-import pytest
 import yaml
 
 from exporter.sources.kube import API_USE as EXPORTER_API_USE
+from exporter.sources.kube import api_client
+from remediator.actuator import Actuator
 from remediator.kube import API_USE as REMEDIATOR_API_USE
+from remediator.kube import Kube
 from simulator.controlplane import ControlPlane
 
 DEPLOY = Path(__file__).parent.parent / "deploy" / "base"
-# kind -> (API path prefix, plural, namespaced)
-PATHS = {
-    "Namespace": ("/api/v1", "namespaces", False),
-    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
-    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
-    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
-    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
-    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
-}
-
-
-async def apply(cp: ControlPlane, session, obj: dict) -> None:
-    prefix, plural, namespaced = PATHS[obj["kind"]]
-    ns = obj["metadata"].get("namespace")
-    path = f"{prefix}/namespaces/{ns}/{plural}" if namespaced else f"{prefix}/{plural}"
-    status, body = await cp.request(session, "POST", path, obj)
-    assert status == 201, (obj["kind"], obj["metadata"]["name"], body)
 
 
 async def allowed(cp: ControlPlane, session, account: str, group, resource, verb, ns) -> bool:
@@ -59,12 +47,9 @@ async def allowed(cp: ControlPlane, session, account: str, group, resource, verb
     return body["status"]["allowed"]
 
 
-@pytest.mark.timeout(300)
-async def test_the_shipped_rbac_grants_exactly_what_the_code_uses():
-    async with ControlPlane() as cp, aiohttp.ClientSession() as session:
-        for name in ("namespace.yaml", "exporter-rbac.yaml", "remediator-rbac.yaml"):
-            for obj in yaml.safe_load_all((DEPLOY / name).read_text()):
-                await apply(cp, session, obj)
+async def test_the_shipped_rbac_grants_exactly_what_the_code_uses(control_plane):
+    cp = control_plane  # deploy/'s namespace and RBAC applied as they ship
+    async with aiohttp.ClientSession() as session:
         for account, uses in (
             ("numaguard-remediator", REMEDIATOR_API_USE),
             ("numaguard-exporter", EXPORTER_API_USE),
@@ -100,3 +85,65 @@ async def test_the_shipped_rbac_grants_exactly_what_the_code_uses():
         assert status == 200
         status, _ = await cp.request(session, "GET", "/api/v1/namespaces", token="forged")
         assert status == 401
+
+
+async def test_a_service_account_token_is_refused_what_its_role_does_not_grant(control_plane):
+    cp = control_plane
+    token = cp.tokens["numaguard-remediator"]
+    async with aiohttp.ClientSession() as session:
+        status, _ = await cp.request(session, "GET", "/api/v1/pods", token=token)
+        assert status == 200  # list pods: granted
+        status, body = await cp.request(session, "GET", "/api/v1/secrets", token=token)
+        assert status == 403 and body["reason"] == "Forbidden"
+        path = "/api/v1/namespaces/default/pods/any"
+        status, body = await cp.request(session, "DELETE", path, token=token)
+        assert status == 403, body  # evictions only, never a plain delete
+
+
+async def test_without_the_eviction_verb_the_remediator_s_eviction_gets_403(
+    control_plane, tmp_path
+):
+    """Take pods/eviction create out of deploy/'s ClusterRole: the remediator's own
+    eviction call is refused by the real authorizer (and then allowed again)."""
+    cp = control_plane
+    (role,) = [
+        o
+        for o in yaml.safe_load_all((DEPLOY / "remediator-rbac.yaml").read_text())
+        if o["kind"] == "ClusterRole"
+    ]
+    path = f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role['metadata']['name']}"
+    without = [r for r in role["rules"] if r["resources"] != ["pods/eviction"]]
+    assert len(without) == len(role["rules"]) - 1
+    kubeconfig = cp.kubeconfig(
+        tmp_path / "kubeconfig", cp.tokens["numaguard-remediator"], "numaguard-remediator"
+    )
+    client = await api_client(kubeconfig)
+    pod = types.SimpleNamespace(namespace="default", name="nobody", uid="0")
+
+    async def may_evict(session) -> bool:
+        return await allowed(
+            cp, session, "numaguard-remediator", "", "pods/eviction", "create", "default"
+        )
+
+    eviction = ("/api/v1/namespaces/default/pods/nobody/eviction", {"kind": "Eviction"})
+    async with aiohttp.ClientSession() as session:
+        try:
+            await cp.call(session, "PATCH", path, {"rules": without})
+            await wait(lambda: may_evict(session), False)
+            answer = await Kube(client).post(*eviction)
+            assert answer.status == 403 and answer.body["reason"] == "Forbidden"
+            assert await Actuator(Kube(client), None)._evict(pod) == "failed"
+        finally:
+            await cp.call(session, "PATCH", path, {"rules": role["rules"]})
+        await wait(lambda: may_evict(session), True)
+        try:  # as shipped: allowed (there is no such pod)
+            assert await Actuator(Kube(client), None)._evict(pod) == "gone"
+        finally:
+            await client.close()
+
+
+async def wait(check, want: bool, timeout: float = 30.0) -> None:
+    """Until the authorizer (whose role cache follows a watch) answers ``want``."""
+    async with asyncio.timeout(timeout):
+        while await check() != want:
+            await asyncio.sleep(0.1)
