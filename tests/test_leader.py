@@ -1,23 +1,28 @@
-"""Lease leader election against the fake API server through the real client, on fake
-clocks: one holder at a time, takeover only after the Lease was *seen* unchanged for its
-duration, a leader that cannot renew stops before anyone may take over, clock skew,
-release on shutdown, a lost write race (409), the pause switch, and the shipped
+"""Lease leader election against the real API server, as the remediator's ServiceAccount
+with deploy/'s Role, through the real client and a fault proxy, on fake clocks: one
+holder at a time, takeover only after the Lease was *seen* unchanged for its duration, a
+leader that cannot renew stops before anyone may take over, clock skew, release on
+shutdown, a lost write race (the server's 409), the pause switch, and the shipped
 settings keeping one stable leader between two replicas."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from exporter.sources.kube import api_client
 from remediator.kube import Kube
 from remediator.leader import LeaderElector
-from simulator.kubeapi import FakeApiServer
+from simulator.controlplane import ControlPlane, path_of
+from simulator.faultproxy import FaultProxy
 
-LEASES = "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+NAMESPACE = "numaguard"  # where deploy/'s Role lets the remediator keep its Lease
+LEASE = path_of("Lease", NAMESPACE, "lease")
 
 
 class Clocks:
@@ -33,23 +38,38 @@ class Clocks:
         return lambda: 1_800_000_000.0 + self.now + skew
 
 
+@dataclass
+class Server:
+    cp: ControlPlane
+    proxy: FaultProxy
+    session: aiohttp.ClientSession
+
+    async def lease(self) -> dict:
+        """The Lease as the API server has it now ({} when there is none)."""
+        return await self.cp.get(self.session, "Lease", NAMESPACE, "lease") or {}
+
+
 @pytest.fixture
-async def kube(tmp_path):
-    api = FakeApiServer()
-    await api.start()
-    client = await api_client(api.kubeconfig(tmp_path / "kubeconfig"))
-    try:
-        yield api, Kube(client)
-    finally:
-        await client.close()
-        await api.stop()
+async def kube(tmp_path, control_plane):
+    cp = control_plane
+    async with cp.fault_proxy() as proxy, aiohttp.ClientSession() as session:
+        account = "numaguard-remediator"
+        kubeconfig = cp.kubeconfig(
+            tmp_path / "kubeconfig", cp.tokens[account], account, server=proxy.url
+        )
+        client = await api_client(kubeconfig)
+        try:
+            yield Server(cp, proxy, session), Kube(client)
+        finally:
+            await client.close()
+            await cp.request(session, "DELETE", LEASE)
 
 
 def elector(kube, clocks, identity, skew=0.0, **timing) -> LeaderElector:
     settings = {"lease_duration": 15, "renew_deadline": 10, "retry_period": 2, **timing}
     return LeaderElector(
         kube,
-        "ns",
+        NAMESPACE,
         "lease",
         identity,
         clock=clocks.wall(skew),
@@ -77,7 +97,7 @@ async def test_one_leader_and_takeover_only_after_an_observed_expiry(kube):
             assert not a.leading
     # b saw the Lease change last at 1006: it waits the whole 15 s from then
     assert taken_at == 1022
-    lease = api.objects["leases"][("ns", "lease")]
+    lease = await api.lease()
     assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
     assert not await a.try_acquire_or_renew()  # a is back: it follows
 
@@ -101,14 +121,14 @@ async def test_a_leader_that_cannot_renew_stops_before_anyone_takes_over(kube):
     a, b = elector(k, t, "a"), elector(k, t, "b")
     assert await a.try_acquire_or_renew()
     assert not await b.try_acquire_or_renew()
-    api.fail_next(500, times=100)  # the API server fails a's renewals
+    api.proxy.fail_next(500, times=100)  # the API server fails a's renewals
     stopped = taken = None
     for step in range(1, 20):
         t.now += 1
         await a.try_acquire_or_renew()
         if stopped is None and not a.leading:
             stopped = step
-    api._failures.clear()
+    api.proxy.clear()
     for step in range(1, 20):
         if await b.try_acquire_or_renew():
             taken = step
@@ -127,7 +147,7 @@ async def test_release_on_shutdown_lets_a_successor_take_over_at_once(kube):
     assert not await b.try_acquire_or_renew()
     await a.release()
     assert not a.leading
-    assert api.objects["leases"][("ns", "lease")]["spec"]["holderIdentity"] == ""
+    assert (await api.lease())["spec"]["holderIdentity"] == ""
     assert await b.try_acquire_or_renew()
 
 
@@ -136,11 +156,11 @@ async def test_a_stale_write_loses_and_the_pause_switch_survives(kube):
     t = Clocks()
     b = elector(k, t, "b")
     assert await b.try_acquire_or_renew()
-    lease = api.objects["leases"][("ns", "lease")]
+    lease = await api.lease()
     stale = {**lease, "metadata": {**lease["metadata"], "resourceVersion": "1"}}
-    assert (await k.put(f"{LEASES}/lease", stale)).status == 409
-    lease["metadata"]["annotations"] = {"numaguard.io/paused": "true"}
-    api.put("leases", lease)
+    assert (await k.put(LEASE, stale)).status == 409  # the real optimistic concurrency
+    paused = {"metadata": {"annotations": {"numaguard.io/paused": "true"}}}
+    await api.cp.patch(api.session, "Lease", NAMESPACE, "lease", paused)  # an operator's
     t.now += 2
     assert await b.try_acquire_or_renew() and b.paused
     t.now += 2
@@ -174,7 +194,7 @@ async def test_two_replicas_with_the_shipped_settings_keep_one_leader(kube):
         holders.append(leading[0])
         t.now += timing["retry_period"]
     assert set(holders) == {"a"}
-    assert api.objects["leases"][("ns", "lease")]["spec"]["leaseTransitions"] == 0
+    assert (await api.lease())["spec"]["leaseTransitions"] == 0
 
 
 async def test_the_run_loop_renews_in_the_background_and_releases(kube):
@@ -182,7 +202,7 @@ async def test_the_run_loop_renews_in_the_background_and_releases(kube):
     took = asyncio.Event()
     a = LeaderElector(
         k,
-        "ns",
+        NAMESPACE,
         "lease",
         "a",
         lease_duration=6,
@@ -193,15 +213,17 @@ async def test_the_run_loop_renews_in_the_background_and_releases(kube):
     stop = asyncio.Event()
     task = asyncio.create_task(a.run(stop))
 
-    def lease() -> dict:
-        return api.objects["leases"].get(("ns", "lease"), {}).get("spec", {})
+    async def spec() -> dict:
+        return (await api.lease()).get("spec", {})
 
     await asyncio.wait_for(took.wait(), 60)
-    assert a.leading and lease()["holderIdentity"] == "a"
-    renewed = lease()["renewTime"]
+    assert a.leading and (await spec())["holderIdentity"] == "a"
+    renewed = (await spec())["renewTime"]
     # while nothing else runs here (a long cycle elsewhere), the Lease is renewed
-    await api.wait_until(lambda: lease()["renewTime"] != renewed)
+    async with asyncio.timeout(60):
+        while (await spec())["renewTime"] == renewed:
+            await asyncio.sleep(0.05)
     assert a.leading
     stop.set()
     await asyncio.wait_for(task, 10)
-    assert api.objects["leases"][("ns", "lease")]["spec"]["holderIdentity"] == ""
+    assert (await spec())["holderIdentity"] == ""
