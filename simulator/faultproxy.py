@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class FaultProxy:
         self.log: list[Exchange] = []
         self.delay = 0.0  # seconds before forwarding each request
         self.silent_watches = False  # accept new watches, then send nothing
+        self.expire_watches = 0  # answer this many new watches "410 Gone", in the stream
         self._faults: list[_Fault] = []
         self._watches: set[web.StreamResponse] = set()
         self._client_ssl = ssl.create_default_context(cafile=ca_file)
@@ -86,6 +88,7 @@ class FaultProxy:
         self._faults.clear()
         self.delay = 0.0
         self.silent_watches = False
+        self.expire_watches = 0
 
     async def drop_watches(self) -> None:
         """Cut every open watch, as an API server restart or a load balancer would."""
@@ -128,6 +131,16 @@ class FaultProxy:
             self.log.append(Exchange(request.method, path, status, injected=True))
             return web.json_response(_status_body(status), status=status)
         watch = request.query.get("watch") in ("1", "true")
+        if watch and self.expire_watches:
+            # what the API server sends once the version asked for is compacted away
+            # (etcd compacts every 5 minutes; a test cannot wait for it)
+            self.expire_watches -= 1
+            self.log.append(Exchange(request.method, path, 200, injected=True))
+            gone = _status_body(410) | {"message": "too old resource version"}
+            return web.Response(
+                text=json.dumps({"type": "ERROR", "object": gone}) + "\n",
+                content_type="application/json",
+            )
         headers = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers}
         body = await request.read()
         timeout = aiohttp.ClientTimeout(total=None if watch else 60, sock_read=None)
@@ -169,6 +182,7 @@ class FaultProxy:
 def _status_body(code: int) -> dict:
     reason, message = {
         409: ("Conflict", "Operation cannot be fulfilled: the object has been modified"),
+        410: ("Expired", "too old resource version"),
         429: ("TooManyRequests", "the server has received too many requests"),
         500: ("InternalError", "an error on the server has prevented the request"),
         503: ("ServiceUnavailable", "the server is currently unable to handle the request"),

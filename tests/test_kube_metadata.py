@@ -1,5 +1,6 @@
-"""Pod names from the API server: the real kubernetes.aio client against the fake API
-server, through list, watch, dropped watches, 410 Gone and server errors."""
+"""Pod names from the API server: the exporter's watch (the real kubernetes.aio client, as
+the exporter's ServiceAccount) against the real API server, through list, watch, dropped
+watches, 410 Gone and server errors from the fault proxy."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import pytest
 
 from exporter.sources.kube import PodMetadataWatch, api_client
 from simulator import presets
-from simulator.kubeapi import FakeApiServer, pod_objects
+from simulator.cluster import SimulatedCluster
+from simulator.nvml import FakeNvml
 
 NODE = "gpu-node-1"
 
 
-async def eventually(check, timeout=10.0):
+async def eventually(check, timeout=30.0):
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
@@ -29,81 +31,98 @@ async def eventually(check, timeout=10.0):
         await asyncio.sleep(0.05)
 
 
+def lists(proxy) -> list[str]:
+    return [
+        e.path for e in proxy.log if "watch=" not in e.path and e.path.startswith("/api/v1/pods")
+    ]
+
+
 @pytest.fixture
-async def cluster(tmp_path):
-    server = FakeApiServer()
-    await server.start()
-    host = presets.two_socket()
-    for obj in pod_objects(host, NODE):
-        server.put("pods", obj)
-    other = pod_objects(presets.far_memory(), "other-node")[0]
-    other["metadata"]["uid"] = "0000-other"
-    server.put("pods", other)
-    api = await api_client(server.kubeconfig(tmp_path / "kubeconfig"))
-    watch = PodMetadataWatch(api, NODE)
-    task = asyncio.create_task(watch.run())
-    yield server, host, watch
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    await api.close()
-    await server.stop()
+async def cluster(tmp_path, control_plane):
+    """Node gpu-node-1 with two_socket's pods, another node with one pod, and the
+    exporter's watch of gpu-node-1 through a fault proxy. Yields (cluster, proxy, watch,
+    start): ``start()`` starts the watch."""
+    cp = control_plane
+    sim = SimulatedCluster(str(tmp_path / "cluster"), cp)
+    node = sim.add_node(NODE, presets.two_socket(), FakeNvml(), "none")
+    other = presets.far_memory()
+    other.pods = [other.pod("cache")]
+    sim.add_node("other-node", other, FakeNvml(), "none")
+    tasks = []
+    async with contextlib.AsyncExitStack() as stack:
+        await sim.start()
+        stack.push_async_callback(sim.stop)
+        proxy = await stack.enter_async_context(cp.fault_proxy())
+        account = "numaguard-exporter"
+        kubeconfig = cp.kubeconfig(
+            tmp_path / "kubeconfig", cp.tokens[account], account, server=proxy.url
+        )
+        api = await api_client(kubeconfig)
+        stack.push_async_callback(api.close)
+        watch = PodMetadataWatch(api, NODE)
+
+        def start():
+            tasks.append(asyncio.create_task(watch.run()))
+
+        try:
+            yield sim, node, proxy, watch, start
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+def newcomer(node):
+    """One more pod for the node, created through the API server."""
+    pod = presets.far_memory().pod("cache")
+    pod.name, pod.namespace = "newcomer", "ml"
+    return [(node, pod)]
 
 
 async def test_names_come_from_a_node_scoped_list_and_watch(cluster):
-    server, host, watch = cluster
+    sim, node, proxy, watch, start = cluster
+    start()
     pods = await eventually(watch.current)
-    aligned = host.pod("trainer-aligned")
+    aligned = node.host.pod("trainer-aligned")
     meta = pods[aligned.uid]
     assert (meta.namespace, meta.name) == ("ml", "trainer-aligned")
-    assert meta.containers == {host.container_id(aligned, aligned.containers[0]): "main"}
-    assert set(pods) == {p.uid for p in host.pods}  # the other node's pod is not ours
-    assert any("fieldSelector=spec.nodeName%3Dgpu-node-1" in r for r in server.requests)
+    assert meta.containers == {node.host.container_id(aligned, aligned.containers[0]): "main"}
+    assert set(pods) == {p.uid for p in node.host.pods}  # the other node's pod is not ours
+    assert all("fieldSelector=spec.nodeName%3Dgpu-node-1" in path for path in lists(proxy))
 
-    new = pod_objects(presets.far_memory(), NODE)[0]
-    server.put("pods", new)
-    await eventually(lambda: new["metadata"]["uid"] in watch.current())
-    server.delete("pods", "ml", "trainer-aligned")
+    await sim.add_pods(newcomer(node))
+    new = node.host.pod("newcomer")
+    await eventually(lambda: new.uid in watch.current())
+    await sim.cp.request(sim.session, "DELETE", f"/api/v1/namespaces/ml/pods/{aligned.name}")
     await eventually(lambda: aligned.uid not in watch.current())
     # changes came through the watch: one listing, no relist
-    lists = [
-        r for r in server.requests if r.startswith("GET /api/v1/pods") and "watch=true" not in r
-    ]
-    assert len(lists) == 1, server.requests
+    assert len(lists(proxy)) == 1, proxy.log
 
 
 async def test_dropped_watch_resumes_and_410_relists(cluster):
-    server, host, watch = cluster
+    sim, node, proxy, watch, start = cluster
+    start()
     await eventually(watch.current)
-    await server.drop_watches()
-    new = pod_objects(presets.far_memory(), NODE)[0]
-    server.put("pods", new)
-    await eventually(lambda: new["metadata"]["uid"] in watch.current())
+    await proxy.drop_watches()
+    await sim.add_pods(newcomer(node))
+    await eventually(lambda: node.host.pod("newcomer").uid in watch.current())
+    assert len(lists(proxy)) == 1  # resumed from its version
 
-    # history compacted while the watch is down: the client gets 410 and lists again
-    server.compact()
-    await server.drop_watches()
-    server.delete("pods", "default", "web")
-    server.compact()
-    await eventually(lambda: host.pod("web").uid not in watch.current())
+    # the version it resumes from is compacted away: 410, and it lists again
+    proxy.expire_watches = 1
+    await proxy.drop_watches()
+    web = node.host.pod("web")
+    await sim.cp.request(sim.session, "DELETE", "/api/v1/namespaces/default/pods/web")
+    await eventually(lambda: web.uid not in watch.current())
+    assert len(lists(proxy)) == 2
 
 
-async def test_server_errors_are_retried(tmp_path):
-    server = FakeApiServer()
-    await server.start()
-    for obj in pod_objects(presets.two_socket(), NODE):
-        server.put("pods", obj)
-    server.fail_next(500, times=2)
-    api = await api_client(server.kubeconfig(tmp_path / "kubeconfig"))
-    watch = PodMetadataWatch(api, NODE)
-    task = asyncio.create_task(watch.run())
-    try:
-        assert watch.current() is None
-        pods = await eventually(watch.current, timeout=15)
-        assert len(pods) == 3
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await api.close()
-        await server.stop()
+async def test_server_errors_are_retried(cluster):
+    _, node, proxy, watch, start = cluster
+    proxy.fail_next(500, times=2)
+    start()
+    assert watch.current() is None
+    pods = await eventually(watch.current)
+    assert set(pods) == {p.uid for p in node.host.pods} and len(pods) == 3
+    assert [e.status for e in proxy.log[:3]] == [500, 500, 200]
