@@ -45,6 +45,9 @@ class FaultProxy:
         self.delay = 0.0  # seconds before forwarding each request
         self.silent_watches = False  # accept new watches, then send nothing
         self.expire_watches = 0  # answer this many new watches "410 Gone", in the stream
+        # (match, change): answers to requests that match(method, path) are change()d,
+        # as a cache that lags or an object re-made meanwhile would show them
+        self.rewrites: list[tuple[Callable[[str, str], bool], Callable[[int, dict], tuple]]] = []
         self._faults: list[_Fault] = []
         self._watches: set[web.StreamResponse] = set()
         self._client_ssl = ssl.create_default_context(cafile=ca_file)
@@ -89,6 +92,7 @@ class FaultProxy:
         self.delay = 0.0
         self.silent_watches = False
         self.expire_watches = 0
+        self.rewrites.clear()
 
     async def drop_watches(self) -> None:
         """Cut every open watch, as an API server restart or a load balancer would."""
@@ -154,6 +158,10 @@ class FaultProxy:
         ) as upstream:
             self.log.append(Exchange(request.method, path, upstream.status))
             answer = {h: upstream.headers[h] for h in ANSWER_HEADERS if h in upstream.headers}
+            for match, change in self.rewrites:
+                if not watch and match(request.method, path):
+                    status, body = change(upstream.status, json.loads(await upstream.read()))
+                    return web.json_response(body, status=status)
             if not watch or upstream.status != 200:
                 return web.Response(
                     body=await upstream.read(), status=upstream.status, headers=answer

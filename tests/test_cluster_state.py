@@ -1,7 +1,8 @@
-"""What the remediator reads from the API server, through the real client and the fake
-API server: owners followed by uid, the history kept on the workload, phase and
-requested devices; and the actuator's writes: history before the action, nothing at all
-without leadership."""
+"""What the remediator reads from the API server, through the real client as its
+ServiceAccount against the real control plane: owners followed by uid, the history kept
+on the workload, phase and requested devices; and the actuator's writes: history before
+the action, nothing at all without leadership. An owner re-made under its name (a state
+a real cluster shows until its garbage collector catches up) comes from the proxy."""
 
 from __future__ import annotations
 
@@ -21,90 +22,107 @@ from remediator.cluster import (
 from remediator.findings import Finding
 from remediator.kube import Kube
 from remediator.planner import Action, Pending, WorkloadHistory
-from simulator.cluster import owned
-from simulator.kubeapi import FakeApiServer
+from simulator import presets
+from simulator.cluster import SimulatedCluster
 
 NOW = 1_800_000_000.0
+NODE = "gpu-node-3"
 
 
-def pod_object(name: str, uid: str, node: str = "n1", phase: str = "Running") -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml", "uid": uid},
-        "spec": {
-            "nodeName": node,
-            "containers": [
-                {
-                    "name": "main",
-                    "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "4"}},
-                }
-            ],
-        },
-        "status": {"phase": phase},
-    }
+class Api:
+    def __init__(self, sim: SimulatedCluster, proxy) -> None:
+        self.sim, self.cp, self.proxy = sim, sim.cp, proxy
+
+    async def get(self, kind: str, name: str) -> dict | None:
+        return await self.cp.get(self.sim.session, kind, "ml", name)
+
+    async def patch(self, kind: str, name: str, patch: dict) -> dict:
+        return await self.cp.patch(self.sim.session, kind, "ml", name, patch)
+
+    async def uid(self, name: str) -> str:
+        return (await self.get("Pod", name))["metadata"]["uid"]
+
+    async def finding(self, name: str, uid: str | None = None) -> Finding:
+        uid = uid or await self.uid(name)
+        return Finding("cross_numa", NODE, "ml", name, uid, "device_remote", instance="i")
+
+    async def events(self) -> list[dict]:
+        return await self.cp.items(self.sim.session, "Event", "ml")
+
+    def writes(self) -> list:
+        return self.proxy.writes()
 
 
 @pytest.fixture
-async def api(tmp_path):
-    server = FakeApiServer()
-    await server.start()
-    client = await api_client(server.kubeconfig(tmp_path / "kubeconfig"))
+async def api(tmp_path, control_plane):
+    cp = control_plane
+    sim = SimulatedCluster(str(tmp_path / "cluster"), cp)
+    sim.add_node(NODE, *presets.gpu_node(), "single-numa-node")
+    await sim.start()
     try:
-        yield server, Kube(client)
+        async with cp.fault_proxy() as proxy:
+            account = "numaguard-remediator"
+            kubeconfig = cp.kubeconfig(
+                tmp_path / "kubeconfig", cp.tokens[account], account, server=proxy.url
+            )
+            client = await api_client(kubeconfig)
+            try:
+                yield Api(sim, proxy), Kube(client)
+            finally:
+                await client.close()
     finally:
-        await client.close()
-        await server.stop()
+        await sim.stop()
 
 
-def finding(name: str, uid: str) -> Finding:
-    return Finding("cross_numa", "n1", "ml", name, uid, "device_remote", instance="i")
+def re_made(name: str, plural: str, status: int = 200):
+    """Answer GETs of ml/<plural>/<name> as if it had been deleted and made again."""
+
+    def match(method: str, path: str) -> bool:
+        return method == "GET" and path.split("?")[0].endswith(f"/ml/{plural}/{name}")
+
+    def change(_, body: dict) -> tuple[int, dict]:
+        if status == 404:
+            return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
+        return 200, {**body, "metadata": {**body["metadata"], "uid": "another"}}
+
+    return match, change
 
 
 async def test_owners_are_followed_by_uid(api):
-    server, kube = api
-    server.put("pods", owned(server, pod_object("trainer", "u1")))
-    (info,) = (await pods_of(kube, [finding("trainer", "u1")])).values()
+    api, kube = api
+    (info,) = (await pods_of(kube, [await api.finding("trainer")])).values()
     assert info.workload == "Deployment/ml/trainer" and not info.mismatch
-    assert info.phase == "Running" and info.node == "n1"
+    assert info.phase == "Running" and info.node == NODE
     assert info.resources == frozenset({"nvidia.com/gpu"})
-    # the ReplicaSet is deleted and another made under its name: not the pod's owner
-    rs = server.objects["replicasets"][("ml", "trainer-rs")]
-    server.delete("replicasets", "ml", "trainer-rs")
-    server.put("replicasets", {**rs, "metadata": {**rs["metadata"], "uid": "another"}})
-    (info,) = (await pods_of(kube, [finding("trainer", "u1")])).values()
-    assert "uid is not ReplicaSet trainer-rs's" in info.mismatch
+    # the ReplicaSet was deleted and another made under its name: not the pod's owner
+    api.proxy.rewrites = [re_made("trainer-preset", "replicasets")]
+    (info,) = (await pods_of(kube, [await api.finding("trainer")])).values()
+    assert "uid is not ReplicaSet trainer-preset's" in info.mismatch
     # and the same for a Deployment made again under its name
-    server.put("replicasets", rs)
-    deployment = server.objects["deployments"][("ml", "trainer")]
-    deployment["metadata"]["uid"] = "another"
-    server.put("deployments", deployment)
-    (info,) = (await pods_of(kube, [finding("trainer", "u1")])).values()
+    api.proxy.rewrites = [re_made("trainer", "deployments")]
+    (info,) = (await pods_of(kube, [await api.finding("trainer")])).values()
     assert "uid is not Deployment trainer's" in info.mismatch
     # an owner that is gone
-    server.delete("replicasets", "ml", "trainer-rs")
-    (info,) = (await pods_of(kube, [finding("trainer", "u1")])).values()
+    api.proxy.rewrites = [re_made("trainer-preset", "replicasets", status=404)]
+    (info,) = (await pods_of(kube, [await api.finding("trainer")])).values()
     assert "does not exist" in info.mismatch
 
 
 async def test_another_pod_of_the_same_name_is_not_the_one_found(api):
-    server, kube = api
-    server.put("pods", owned(server, pod_object("trainer", "u2")))
-    assert await pods_of(kube, [finding("trainer", "u1")]) == {}
+    api, kube = api
+    assert await pods_of(kube, [await api.finding("trainer", uid="u1")]) == {}
 
 
 async def test_history_is_read_back_and_garbage_is_never_a_fresh_start(api):
-    server, kube = api
-    server.put("pods", owned(server, pod_object("trainer", "u1")))
+    api, kube = api
     history = WorkloadHistory(last_action=NOW, failures=3)
-    deployment = server.objects["deployments"][("ml", "trainer")]
-    deployment["metadata"]["annotations"] = {HISTORY_ANNOTATION: history.to_json()}
-    server.put("deployments", deployment)
-    (info,) = (await pods_of(kube, [finding("trainer", "u1")])).values()
+    annotations = {HISTORY_ANNOTATION: history.to_json()}
+    await api.patch("Deployment", "trainer", {"metadata": {"annotations": annotations}})
+    (info,) = (await pods_of(kube, [await api.finding("trainer")])).values()
     assert info.history == history and not info.mismatch
-    deployment["metadata"]["annotations"] = {HISTORY_ANNOTATION: '{"failures": "lots"}'}
-    server.put("deployments", deployment)
-    (info,) = (await pods_of(kube, [finding("trainer", "u1")])).values()
+    annotations = {HISTORY_ANNOTATION: '{"failures": "lots"}'}
+    await api.patch("Deployment", "trainer", {"metadata": {"annotations": annotations}})
+    (info,) = (await pods_of(kube, [await api.finding("trainer")])).values()
     assert info.history is None and "unreadable history" in info.mismatch
 
 
@@ -121,68 +139,78 @@ class Leadership:
 
 
 async def test_the_actuator_records_before_it_acts_and_never_writes_without_the_lease(api):
-    server, kube = api
-    server.put("pods", owned(server, pod_object("trainer", "u1")))
-    (pod,) = (await pods_of(kube, [finding("trainer", "u1")])).values()
-    action = Action("evict", finding("trainer", "u1"), pod, "evict: fits", False)
+    api, kube = api
+    found = await api.finding("trainer")
+    (pod,) = (await pods_of(kube, [found])).values()
+    action = Action("evict", found, pod, "evict: fits", False)
     intent = WorkloadHistory(
-        last_action=NOW, pending=(Pending("cross_numa", "device_remote", NOW, "u1"),)
+        last_action=NOW, pending=(Pending("cross_numa", "device_remote", NOW, found.pod_uid),)
     )
     actuator = Actuator(kube, Leadership(writes=100), clock=lambda: NOW)
     assert await actuator.act(action, intent) == "evicted"
-    deployment = server.objects["deployments"][("ml", "trainer")]
-    assert json.loads(deployment["metadata"]["annotations"][HISTORY_ANNOTATION]) == json.loads(
-        intent.to_json()
-    )
+    deployment = await api.get("Deployment", "trainer")
+    recorded = deployment["metadata"]["annotations"][HISTORY_ANNOTATION]
+    assert json.loads(recorded) == json.loads(intent.to_json())
     assert deployment["metadata"]["labels"][PENDING_LABEL] == "true"
-    assert [e[:2] for e in server.evictions] == [("ml", "trainer")]
+    writes = [(e.method, e.path.split("/")[-1]) for e in api.writes()]
+    assert writes[:2] == [("PATCH", "trainer"), ("POST", "eviction")]  # the intent first
+    assert api.proxy.evictions() == [("ml", "trainer", 201)]
     (listed,) = (await pending_workloads(kube)).items()
     assert listed[0] == "Deployment/ml/trainer" and listed[1][0] == intent
     # verified: the label goes, the history stays
     assert await actuator.record("Deployment/ml/trainer", WorkloadHistory(NOW)) == "ok"
-    assert (
-        PENDING_LABEL not in server.objects["deployments"][("ml", "trainer")]["metadata"]["labels"]
-    )
+    labels = (await api.get("Deployment", "trainer"))["metadata"].get("labels") or {}
+    assert PENDING_LABEL not in labels
     assert await pending_workloads(kube) == {}
 
     # the Lease is lost after the history write: no eviction, and no Event about it
-    server.put("pods", owned(server, pod_object("infer", "u3")))
-    (pod,) = (await pods_of(kube, [finding("infer", "u3")])).values()
-    action = Action("evict", finding("infer", "u3"), pod, "evict: fits", False)
-    before = (len(server.requests), dict(server.objects["events"]))
+    found = await api.finding("infer-a")
+    (pod,) = (await pods_of(kube, [found])).values()
+    action = Action("evict", found, pod, "evict: fits", False)
+    before, events = len(api.writes()), len(await api.events())
     late = Actuator(kube, Leadership(writes=2), clock=lambda: NOW)
     assert await late.act(action, intent) == "not_leader"
-    assert server.evictions[1:] == []
-    writes = [r for r in server.requests[before[0] :] if not r.startswith("GET")]
-    assert len(writes) == 1 and writes[0].startswith("PATCH")  # only the intent
-    assert server.objects["events"] == before[1]
+    assert api.proxy.evictions()[1:] == []
+    writes = api.writes()[before:]
+    assert [e.method for e in writes] == ["PATCH"]  # only the intent
     await late.event(pod, "Anything", "said after the Lease was lost", "Normal")
-    assert server.objects["events"] == before[1]
+    assert len(api.writes()) == before + 1 and len(await api.events()) == events
 
 
 async def test_the_pods_of_a_workload_by_its_selector_and_owner(api):
-    server, kube = api
-    server.put("pods", owned(server, pod_object("trainer", "u1")))
-    server.put("pods", owned(server, pod_object("trainer.1", "u2", phase="Pending")))
-    stranger = pod_object("trainer-look-alike", "u9")
-    stranger["metadata"]["labels"] = {"app": "trainer"}  # the labels, not the owner
-    server.put("pods", stranger)
-    obj = server.objects["deployments"][("ml", "trainer")]
+    api, kube = api
+    # a pod with the workload's labels but not its owner's: not one of its pods
+    stranger = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "trainer-look-alike", "namespace": "ml", "labels": {"app": "trainer"}},
+        "spec": {"containers": [{"name": "main", "image": "x:1"}], "nodeName": NODE},
+    }
+    await api.cp.create(api.sim.session, stranger)
+    await api.sim.wait_until(lambda: api.sim.running("trainer-look-alike"), "stranger runs")
+    obj = await api.get("Deployment", "trainer")
     pods = await workload_pods(kube, "Deployment/ml/trainer", obj)
-    assert sorted((p.name, p.phase) for p in pods) == [
-        ("trainer", "Running"),
-        ("trainer.1", "Pending"),
-    ]
+    assert sorted((p.name, p.phase) for p in pods) == [("trainer", "Running")]
 
 
 async def test_an_eviction_names_its_pod_by_uid(api):
-    server, kube = api
-    server.put("pods", owned(server, pod_object("trainer", "u1")))
-    (pod,) = (await pods_of(kube, [finding("trainer", "u1")])).values()
+    api, kube = api
+    found = await api.finding("trainer")
+    (pod,) = (await pods_of(kube, [found])).values()
     # the pod was replaced by another of the same name since it was read
-    server.delete("pods", "ml", "trainer")
-    server.put("pods", owned(server, pod_object("trainer", "u2")))
-    action = Action("evict", finding("trainer", "u1"), pod, "evict: fits", False)
+    old = await api.get("Pod", "trainer")
+    await api.cp.request(api.sim.session, "DELETE", "/api/v1/namespaces/ml/pods/trainer")
+    await api.sim.wait_until(
+        lambda: "trainer" not in {p.name for p in api.sim.running()}, "trainer gone"
+    )
+    again = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "trainer", "namespace": "ml"},
+        "spec": {**old["spec"], "nodeName": NODE},
+    }
+    await api.cp.create(api.sim.session, again)
+    action = Action("evict", found, pod, "evict: fits", False)
     assert await Actuator(kube, None).act(action) == "gone"
-    assert server.evictions == [("ml", "trainer", 409)]
-    assert ("ml", "trainer") in server.objects["pods"]
+    assert api.proxy.evictions() == [("ml", "trainer", 409)]  # the API server's answer
+    assert (await api.get("Pod", "trainer"))["metadata"]["uid"] != found.pod_uid
