@@ -738,7 +738,9 @@ async def one_node(
     node = sim.add_node(name, host, nvml, policy)
     await sim.start()
     try:
-        kubeconfig = control_plane.kubeconfig(f"{directory}/kubeconfig", control_plane.admin_token)
+        account = "numaguard-exporter"  # deploy/'s, installed by install_numaguard
+        token = control_plane.tokens[account]
+        kubeconfig = control_plane.kubeconfig(f"{directory}/kubeconfig", token, account)
         async with exporter_process(*sim.exporter_args(node, kubeconfig), "--interval", "1") as (
             url,
             _,

@@ -1,6 +1,7 @@
-"""``make demo``: the exporter on a simulated 2-socket node with 8 H100 GPUs (MIG mixed),
-with pod names from a fake API server and device allocations from a fake kubelet over
-gRPC, while the node's counters move. Prints where to scrape it and a live view of what
+"""One node's exporter view: the exporter on a simulated 2-socket node with 8 H100 GPUs
+(MIG mixed), its pods on a real control plane (names from its watch, as the exporter's
+ServiceAccount) and device allocations from a fake kubelet over gRPC, while the node's
+counters move. Prints where to scrape it and a live view of what
 it finds: remote memory and traffic, which pod holds which GPU or slice, how busy it
 is, and which GPUs are starved by their host."""
 
@@ -18,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter import logs
 from exporter.server import Settings, serve
 from simulator import presets
-from simulator.host import GIB, MIB, FakeContainer, FakeHostRoot, FakePod
-from simulator.kubeapi import FakeApiServer, pod_objects
-from simulator.kubelet import FakeKubelet
+from simulator.cluster import SimulatedCluster
+from simulator.controlplane import ControlPlane
+from simulator.host import GIB, MIB, FakeContainer, FakePod
 from simulator.resctrl import FakeResctrl
 
 NODE = "demo-gpu-node-1"
@@ -130,55 +131,62 @@ async def live_view(url: str) -> str:
 
 async def main(seconds: float, port: int, interval: float) -> None:
     host, nvml = demo_node()
-    with tempfile.TemporaryDirectory(prefix="numaguard-demo-") as tmp:
-        root = FakeHostRoot(f"{tmp}/host", host).write()
-        kernel = FakeResctrl(root.root, host).write()
-        gpus = f"{tmp}/gpus.json"
-        with open(gpus, "w") as f:
-            f.write(nvml.description())
-        kubelet = await FakeKubelet(f"{tmp}/kubelet.sock", host, nvml).start()
-        api = FakeApiServer()
-        await api.start()
-        for obj in pod_objects(host, NODE):
-            api.put("pods", obj)
-        settings = Settings(
-            host_root=str(root.root),
-            host="127.0.0.1",
-            port=port,
-            node_name=NODE,
-            interval_seconds=interval,
-            kubeconfig=api.kubeconfig(f"{tmp}/kubeconfig"),
-            resctrl_ops=kernel,
-            gpu_backend=f"fake:{gpus}",
-            pod_resources_socket=kubelet.socket_path,
-        )
-        stop = asyncio.Event()
-        server = asyncio.create_task(serve(settings, stop))
-        url = f"http://127.0.0.1:{port}"
-        print(f"numaguard exporter on a simulated 2-socket node with 8 H100 GPUs ({NODE})")
-        print(f"  metrics:   {url}/metrics\n  readiness: {url}/readyz")
-        print(f"  host root: {root.root}  (edit files there to see the exporter react)")
-        print(f"running for {seconds:g}s; Ctrl-C stops earlier\n", flush=True)
-        deadline = time.monotonic() + seconds
-        tick = 0
-        try:
-            while time.monotonic() < deadline and not stop.is_set() and not server.done():
-                await asyncio.sleep(interval)
-                advance(host, kernel, tick)
-                root.write()
-                kernel.write()
-                tick += 1
-                with contextlib.suppress(aiohttp.ClientError):
-                    print(
-                        f"--- after {tick * interval:g}s\n{await live_view(url + '/metrics')}\n",
-                        flush=True,
-                    )
-        finally:
-            stop.set()
-            await server
-            await api.stop()
-            await kubelet.stop()
+    # a short directory: the fake kubelet's unix socket lives in it
+    with tempfile.TemporaryDirectory(prefix="ng-", dir="/tmp") as tmp:
+        async with ControlPlane() as cp:
+            async with aiohttp.ClientSession() as session:
+                await cp.install_numaguard(session)
+            sim = SimulatedCluster(tmp, cp)
+            node = sim.add_node(NODE, host, nvml, "single-numa-node")
+            await sim.start()
+            try:
+                await run(sim, node, seconds, port, interval)
+            finally:
+                await sim.stop()
     print("demo finished: the exporter shut down cleanly")
+
+
+async def run(sim: SimulatedCluster, node, seconds: float, port: int, interval: float) -> None:
+    root, host = node.root, node.host
+    kernel = FakeResctrl(root.root, host).write()
+    account = "numaguard-exporter"
+    settings = Settings(
+        host_root=str(root.root),
+        host="127.0.0.1",
+        port=port,
+        node_name=NODE,
+        interval_seconds=interval,
+        kubeconfig=sim.cp.kubeconfig(
+            f"{sim.directory}/kubeconfig", sim.cp.tokens[account], account
+        ),
+        resctrl_ops=kernel,
+        gpu_backend=f"fake:{node.description}",
+        pod_resources_socket=node.kubelet.socket_path,
+    )
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(settings, stop))
+    url = f"http://127.0.0.1:{port}"
+    print(f"numaguard exporter on a simulated 2-socket node with 8 H100 GPUs ({NODE})")
+    print(f"  metrics:   {url}/metrics\n  readiness: {url}/readyz")
+    print(f"  host root: {root.root}  (edit files there to see the exporter react)")
+    print(f"running for {seconds:g}s; Ctrl-C stops earlier\n", flush=True)
+    deadline = time.monotonic() + seconds
+    tick = 0
+    try:
+        while time.monotonic() < deadline and not stop.is_set() and not server.done():
+            await asyncio.sleep(interval)
+            advance(host, kernel, tick)
+            root.write()
+            kernel.write()
+            tick += 1
+            with contextlib.suppress(aiohttp.ClientError):
+                print(
+                    f"--- after {tick * interval:g}s\n{await live_view(url + '/metrics')}\n",
+                    flush=True,
+                )
+    finally:
+        stop.set()
+        await server
 
 
 def cli() -> None:

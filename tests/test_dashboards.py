@@ -21,10 +21,7 @@ from exporter.server import Settings, serve
 from grafana import dashboards
 from remediator.queries import Windows
 from simulator import demo
-from simulator.cluster import owned
-from simulator.host import FakeHostRoot
-from simulator.kubeapi import FakeApiServer, pod_objects
-from simulator.kubelet import FakeKubelet
+from simulator.cluster import SimulatedCluster
 from simulator.processes import free_port, wait_ok
 from simulator.prometheus import PrometheusServer
 from simulator.resctrl import FakeResctrl
@@ -79,24 +76,23 @@ def test_runbooks_link_to_dashboards():
 
 
 @pytest.fixture
-async def scraped(tmp_path):
+async def scraped(tmp_path, control_plane):
     """The demo node (plus an A100 without GPM) served in-process, a remediator in
     dry-run, both scraped by a real Prometheus with numaguard's rules."""
     host, nvml = demo.demo_node()
     a100 = nvml.add_gpu("A100-40GB", 1, ["3g.20gb", "3g.20gb"])
     host.pci_devices[sysfs_pci_address(a100.pci_bus_id)] = 1
-    root = FakeHostRoot(tmp_path / "host", host).write()
+    cp = control_plane
+    short = tempfile.mkdtemp(prefix="ng", dir="/tmp")  # unix socket paths are short
+    sim = SimulatedCluster(short, cp)
+    node = sim.add_node(demo.NODE, host, nvml, "single-numa-node")
+    await sim.start()
+    root = node.root
     kernel = FakeResctrl(root.root, host).write()
-    gpus = tmp_path / "gpus.json"
-    gpus.write_text(nvml.description())
-    short = tempfile.mkdtemp(prefix="kl", dir="/tmp")
-    kubelet = await FakeKubelet(f"{short}/kubelet.sock", host, nvml).start()
-    api = FakeApiServer()
-    await api.start()
-    for obj in pod_objects(host, demo.NODE):
-        obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
-        api.put("pods", owned(api, obj))
-    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+    exporter_kubeconfig, kubeconfig = (
+        cp.kubeconfig(tmp_path / account, cp.tokens[account], account)
+        for account in ("numaguard-exporter", "numaguard-remediator")
+    )
     rule_file = tmp_path / "rules.yml"
     rule_file.write_text(rules.rules_yaml(Windows("3s", "3s")))
     exporter_port, remediator_port, prom_port = free_port(), free_port(), free_port()
@@ -109,10 +105,10 @@ async def scraped(tmp_path):
                 port=exporter_port,
                 node_name=demo.NODE,
                 interval_seconds=1,
-                kubeconfig=kubeconfig,
+                kubeconfig=exporter_kubeconfig,
                 resctrl_ops=kernel,
-                gpu_backend=f"fake:{gpus}",
-                pod_resources_socket=kubelet.socket_path,
+                gpu_backend=f"fake:{node.description}",
+                pod_resources_socket=node.kubelet.socket_path,
             ),
             stop,
         )
@@ -167,8 +163,7 @@ async def scraped(tmp_path):
         ticker.cancel()
         stop.set()
         await exporter
-        await kubelet.stop()
-        await api.stop()
+        await sim.stop()
         shutil.rmtree(short, ignore_errors=True)
 
 

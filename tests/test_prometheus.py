@@ -10,33 +10,16 @@ import pytest
 
 from simulator import presets
 from simulator.cluster import one_node
-from simulator.kubeapi import FakeApiServer, pod_objects
-from simulator.processes import exporter_process, free_port, get
+from simulator.nvml import FakeNvml
+from simulator.processes import free_port, get
 from simulator.prometheus import PrometheusServer, binary
 
 
 @pytest.fixture
-async def exporter(fake_root, tmp_path):
-    root = fake_root(presets.far_memory())
-    api = FakeApiServer()
-    await api.start()
-    for obj in pod_objects(root.host, "gpu-node-7"):
-        api.put("pods", obj)
-    args = (
-        "--host-root",
-        str(root.root),
-        "--node-name",
-        "gpu-node-7",
-        "--interval",
-        "1",
-        "--kubeconfig",
-        api.kubeconfig(tmp_path / "kubeconfig"),
-    )
-    try:
-        async with exporter_process(*args) as (url, _):
-            yield url.removeprefix("http://"), root
-    finally:
-        await api.stop()
+async def exporter(control_plane):
+    host = presets.far_memory()
+    async with one_node(control_plane, host, FakeNvml(), "gpu-node-7") as (sim, url):
+        yield url.removeprefix("http://"), sim.nodes["gpu-node-7"].root
 
 
 async def test_prometheus_scrapes_and_answers_promql(exporter):
