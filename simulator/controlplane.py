@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # deploy/'s namespace, ServiceAccounts and RBAC, applied to the test cluster as shipped
 RBAC_MANIFESTS = ("namespace.yaml", "exporter-rbac.yaml", "remediator-rbac.yaml")
 ACCOUNTS = ("numaguard-exporter", "numaguard-remediator")
+PARTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 # The controllers the simulated cluster's behaviour depends on (kube-controller-manager
 # names; the node lifecycle controller stays off: the simulator is every node's kubelet).
 CONTROLLERS = (
@@ -79,8 +80,10 @@ def parts_dir() -> Path:
     version = re.search(r"k8s\.io/kubernetes (v[0-9.]+)", text)[1]
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     path = Path(cache) / "numaguard" / f"k8s-{version}"
-    if not (path / ".built").is_file():
-        raise ControlPlaneMissing(f"{path} has no control plane: run make k8s-parts")
+    stamp = path / ".built"  # what make built there, once it all was
+    built = stamp.read_text().split() if stamp.is_file() else []
+    if not set(PARTS) <= set(built) or not all((path / p).is_file() for p in PARTS):
+        raise ControlPlaneMissing(f"{path} lacks some of {', '.join(PARTS)}: run make k8s-parts")
     return path
 
 

@@ -2,10 +2,12 @@
 
 Three 2-socket nodes with 8 H100 GPUs each (MIG mixed) and a mix of aligned,
 cross-socket, starved and mis-sized pods; an exporter per node (fake NVML, fake kubelet
-over gRPC); a real Prometheus with numaguard's rules; the remediator acting live on the
-fake API server, whose ReplicaSets recreate evicted pods and whose kubelets admit them
-under each node's Topology Manager policy. A live view of findings, actions, refusals
-and verifications, then a before/after summary.
+over gRPC); a real Prometheus with numaguard's rules; a real control plane (API server,
+controllers, scheduler) whose ReplicaSets recreate evicted pods, the simulator admitting
+them under each node's Topology Manager policy; the remediator acting live, leader
+elected, as its ServiceAccount. A live view of findings, actions, refusals and
+verifications, kubectl commands to look at the cluster meanwhile, then a before/after
+summary.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from exporter import logs
 from exporter.sources.kube import api_client
 from remediator.controller import Controller
 from remediator.kube import Kube
+from remediator.leader import LeaderElector
 from remediator.planner import LASTING_GUARDS, Policy
 from remediator.queries import Windows
 from remediator.signals import Prometheus
 from simulator import presets
 from simulator.cluster import SimulatedCluster
+from simulator.controlplane import ControlPlane
 from simulator.host import FakeContainer, FakePod
 from simulator.processes import exporter_process, free_port
 from simulator.prometheus import PrometheusServer
@@ -39,7 +43,8 @@ WINDOW = "6s"
 
 
 def add_nodes(sim: SimulatedCluster) -> None:
-    """The preset GPU node three times (a namespace per node), each with a twist:
+    """The preset GPU node three times (a namespace per node, its workloads pinned to
+    it), each with a twist:
 
     * gpu-a: its cross-socket trainer can be fixed, and the fix holds;
     * gpu-b: a PodDisruptionBudget keeps its trainer in place (429, retried later);
@@ -71,19 +76,18 @@ def add_nodes(sim: SimulatedCluster) -> None:
                     )
                 )
         sim.add_node(name, host, nvml, policy)
+        sim.node_pools[f"team-{name}"] = name  # its replacements stay on its node
     sim.demand["trainer-remote"] = 0.8
 
 
-def protect(sim: SimulatedCluster) -> None:
-    sim.api.put(
-        "poddisruptionbudgets",
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "trainer-remote", "namespace": "team-gpu-b"},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer-remote"}}},
-        },
-    )
+async def protect(sim: SimulatedCluster) -> None:
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "trainer-remote", "namespace": "team-gpu-b"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer-remote"}}},
+    }
+    await sim.cp.create(sim.session, pdb)
 
 
 async def state(prom: PrometheusServer) -> dict[str, int]:
@@ -101,18 +105,31 @@ async def state(prom: PrometheusServer) -> dict[str, int]:
     }
 
 
-def settled(sim: SimulatedCluster, report, verified: int) -> bool:
+async def settled(sim: SimulatedCluster, report, verified: int) -> bool:
     """Nothing left to happen: no action awaiting verification, something verified, and
     every finding the remediator would move refused for good."""
-    pending = any(
-        (d["metadata"].get("labels") or {}).get("numaguard.io/pending")
-        for resource in ("deployments", "statefulsets", "replicasets")
-        for d in sim.api.objects[resource].values()
-    )
-    if pending or not verified or report.plan is None or report.error:
+    if not verified or report.plan is None or report.error:
         return False
     moving = [a for a in report.plan.actions if a.kind != "recommend"]
-    return not moving and all(r.guard in LASTING_GUARDS for r in report.plan.refusals)
+    if moving or not all(r.guard in LASTING_GUARDS for r in report.plan.refusals):
+        return False
+    for kind in ("Deployment", "StatefulSet", "ReplicaSet"):
+        if await sim.cp.items(sim.session, kind, labelSelector="numaguard.io/pending"):
+            return False
+    return True
+
+
+def kubectl_commands(kubeconfig: str) -> str:
+    k = f"kubectl --kubeconfig {kubeconfig}"
+    return "\n".join(
+        [
+            "  look at the live cluster meanwhile:",
+            f"    {k} get pods -A -o wide",
+            f"    {k} get events -A --sort-by=.lastTimestamp | grep Remediation",
+            f"    {k} -n numaguard get lease numaguard-remediator -o yaml",
+            f"    {k} get pdb -A",
+        ]
+    )
 
 
 def live_line(t: float, report) -> str:
@@ -147,97 +164,126 @@ async def main(seconds: float) -> None:
     """Run until the loop has settled (every fix verified or refused for good), or for
     ``seconds`` at most: how long that takes depends on the machine, what happens not."""
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="numaguard-demo-") as tmp:
-        sim = SimulatedCluster(tmp)
-        add_nodes(sim)
-        await sim.start()
-        protect(sim)
-        kubeconfig = sim.api.kubeconfig(f"{tmp}/kubeconfig")
-        rule_file = f"{tmp}/rules.yml"
-        with open(rule_file, "w") as f:
-            f.write(rules.rules_yaml(Windows(WINDOW, WINDOW)))
-        async with contextlib.AsyncExitStack() as stack:
-            urls = []
-            for node in sim.nodes.values():
-                url, _ = await stack.enter_async_context(
-                    exporter_process(
-                        *sim.exporter_args(node, kubeconfig),
-                        "--interval",
-                        "1",
-                        "--resctrl-mode",
-                        "off",
-                        "--log-level",
-                        "error",
-                    )
+    # a short directory: the fake kubelets' unix sockets live in it
+    with tempfile.TemporaryDirectory(prefix="ng-demo-", dir="/tmp") as tmp:
+        async with ControlPlane() as cp:
+            async with aiohttp.ClientSession() as session:
+                await cp.install_numaguard(session)
+            print(f"a real control plane ({cp.url}) started in {cp.started_seconds:.1f}s")
+            sim = SimulatedCluster(tmp, cp)
+            add_nodes(sim)
+            await sim.start()
+            try:
+                await protect(sim)
+                summary = await run(sim, tmp, seconds)
+            finally:
+                await sim.stop()
+    print(summary)
+    print(f"demo finished in {time.monotonic() - started:.0f}s")
+
+
+async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
+    cp = sim.cp
+    exporter_kubeconfig, kubeconfig = (
+        cp.kubeconfig(f"{tmp}/{account}.kubeconfig", cp.tokens[account], account)
+        for account in ("numaguard-exporter", "numaguard-remediator")
+    )
+    admin_kubeconfig = cp.kubeconfig(f"{tmp}/kubeconfig", cp.admin_token)
+    rule_file = f"{tmp}/rules.yml"
+    with open(rule_file, "w") as f:
+        f.write(rules.rules_yaml(Windows(WINDOW, WINDOW)))
+    async with contextlib.AsyncExitStack() as stack:
+        urls = []
+        for node in sim.nodes.values():
+            url, _ = await stack.enter_async_context(
+                exporter_process(
+                    *sim.exporter_args(node, exporter_kubeconfig),
+                    "--interval",
+                    "1",
+                    "--resctrl-mode",
+                    "off",
+                    "--log-level",
+                    "error",
                 )
-                urls.append(url)
-            prom = await stack.enter_async_context(
-                PrometheusServer(
-                    [u.removeprefix("http://") for u in urls], free_port(), rule_files=[rule_file]
-                )
             )
-            session = await stack.enter_async_context(aiohttp.ClientSession())
-            client = await api_client(kubeconfig)
-            stack.push_async_callback(client.close)
-            print(
-                "numaguard on a simulated cluster: 3 nodes x 8 H100 (MIG mixed), policies "
-                + ", ".join(f"{n}: {p}" for n, p in NODES.items())
+            urls.append(url)
+        prom = await stack.enter_async_context(
+            PrometheusServer(
+                [u.removeprefix("http://") for u in urls], free_port(), rule_files=[rule_file]
             )
-            print(f"  Prometheus (rules loaded): {prom.url}   alerts: {prom.url}/alerts")
-            for node, url in zip(sim.nodes, urls, strict=True):
-                print(f"  exporter {node}: {url}/metrics")
-            print(f"  API server (fake): {sim.api.url}")
-            print(
-                f"running the remediator live until it settles, {seconds:g}s at most "
-                f"(finding window {WINDOW})\n",
-                flush=True,
-            )
-            await prom.wait_for("numaguard_pod_cross_numa == 1", 60)
-            await asyncio.sleep(7)  # a whole finding window of data
-            before = await state(prom)
-            controller = Controller(
-                Prometheus(prom.url, session, windows=Windows(WINDOW, WINDOW)),
-                Kube(client),
-                Policy(
-                    dry_run=False,
-                    min_pod_age_seconds=0,
-                    cooldown_seconds=6,
-                    stale_after_seconds=15,
-                    max_per_node=2,
-                    give_up_after=2,
-                    verify_after_seconds=12,
-                    verify_deadline_seconds=60,
-                    pdb_retry_seconds=3,
-                    pdb_backoff_max_seconds=6,
-                ),
-            )
-            refusals: Counter[str] = Counter()
-            outcomes: Counter[str] = Counter()
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < seconds:
-                report = await controller.cycle()
-                refusals.update(r.guard for r in (report.plan.refusals if report.plan else ()))
-                outcomes.update(o for _, o in report.verified)
-                print(live_line(time.monotonic() - t0, report), flush=True)
-                if settled(sim, report, sum(outcomes.values())):
-                    print("settled: every fix verified or refused for good", flush=True)
-                    break
-                await asyncio.sleep(3)
-            await asyncio.sleep(7)  # let the last replacements be scraped
-            after = await state(prom)
-        await sim.stop()
-    evictions = [e for e in sim.api.evictions if e[2] == 201]
-    print("\nbefore / after")
+        )
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        client = await api_client(kubeconfig)
+        stack.push_async_callback(client.close)
+        kube = Kube(client)
+        elector = LeaderElector(kube, "numaguard", "numaguard-remediator", "demo-replica")
+        stop = asyncio.Event()
+        election = asyncio.create_task(elector.run(stop))
+        stack.push_async_callback(asyncio.wait_for, election, 30)
+        stack.callback(stop.set)
+        print(
+            "numaguard on a simulated cluster: 3 nodes x 8 H100 (MIG mixed), policies "
+            + ", ".join(f"{n}: {p}" for n, p in NODES.items())
+        )
+        print(f"  Prometheus (rules loaded): {prom.url}   alerts: {prom.url}/alerts")
+        for node, url in zip(sim.nodes, urls, strict=True):
+            print(f"  exporter {node}: {url}/metrics")
+        print(f"  API server: {cp.url}  (admin kubeconfig: {admin_kubeconfig})")
+        print(kubectl_commands(admin_kubeconfig))
+        print(
+            f"running the remediator live until it settles, {seconds:g}s at most "
+            f"(finding window {WINDOW})\n",
+            flush=True,
+        )
+        await prom.wait_for("numaguard_pod_cross_numa == 1", 60)
+        await asyncio.sleep(7)  # a whole finding window of data
+        before = await state(prom)
+        controller = Controller(
+            Prometheus(prom.url, session, windows=Windows(WINDOW, WINDOW)),
+            kube,
+            elector=elector,
+            policy=Policy(
+                dry_run=False,
+                min_pod_age_seconds=0,
+                cooldown_seconds=6,
+                stale_after_seconds=15,
+                max_per_node=2,
+                give_up_after=2,
+                verify_after_seconds=12,
+                verify_deadline_seconds=60,
+                pdb_retry_seconds=3,
+                pdb_backoff_max_seconds=6,
+            ),
+        )
+        refusals: Counter[str] = Counter()
+        outcomes: Counter[str] = Counter()
+        evictions = 0
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            report = await controller.cycle()
+            refusals.update(r.guard for r in (report.plan.refusals if report.plan else ()))
+            outcomes.update(o for _, o in report.verified)
+            print(live_line(time.monotonic() - t0, report), flush=True)
+            evictions += sum(result == "evicted" for _, result in report.results)
+            if await settled(sim, report, sum(outcomes.values())):
+                print("settled: every fix verified or refused for good", flush=True)
+                break
+            await asyncio.sleep(3)
+        await asyncio.sleep(7)  # let the last replacements be scraped
+        after = await state(prom)
+    lines = ["\nbefore / after"]
     for key in before:
-        print(f"  {key:<40}{before[key]:>4} -> {after[key]}")
-    print(f"  {'evictions made':<40}{len(evictions):>4}")
-    print(f"  {'replacements refused by the kubelet':<40}{len(sim.rejected):>4}")
-    print("  verifications: " + (", ".join(f"{o} {n}" for o, n in outcomes.items()) or "none"))
-    print(
+        lines.append(f"  {key:<40}{before[key]:>4} -> {after[key]}")
+    lines.append(f"  {'evictions made':<40}{evictions:>4}")
+    lines.append(f"  {'replacements refused by the kubelet':<40}{len(sim.rejected):>4}")
+    lines.append(
+        "  verifications: " + (", ".join(f"{o} {n}" for o, n in outcomes.items()) or "none")
+    )
+    lines.append(
         "  refusals by guard: "
         + (", ".join(f"{g} {n}" for g, n in refusals.most_common()) or "none")
     )
-    print(f"demo finished in {time.monotonic() - started:.0f}s")
+    return "\n".join(lines)
 
 
 def cli() -> None:

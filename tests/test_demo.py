@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from simulator.controlplane import parts_dir
 from simulator.processes import free_port
 
 
@@ -37,14 +38,37 @@ def test_demo_shows_the_findings_and_stops_cleanly():
 
 
 def test_the_whole_loop_demo():
-    run = subprocess.run(
+    """The demo on the real control plane; while it runs, kubectl sees the live cluster."""
+    demo = subprocess.Popen(
         [sys.executable, "-m", "simulator.loop_demo", "--seconds", "400"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=500,
     )
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = run.stdout
+    try:
+        lines = []
+        for line in demo.stdout:
+            lines.append(line)
+            if "get pods -A -o wide" in line:
+                break
+        command = line.split()  # kubectl --kubeconfig <path> get pods -A -o wide
+        listed = subprocess.run(
+            [str(parts_dir() / "kubectl"), *command[1:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        out, err = demo.communicate(timeout=500)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert listed.returncode == 0, listed.stderr
+    pods = [row.split() for row in listed.stdout.splitlines()[1:]]
+    assert ["team-gpu-a", "trainer-remote", "1/1", "Running"] in [p[:4] for p in pods]
+    assert {p[7] for p in pods} == {"gpu-a", "gpu-b", "gpu-c"}  # NODE, from the scheduler
+    assert demo.returncode == 0, err[-2000:]
+    out = "".join(lines) + out
     assert "Prometheus (rules loaded): http://127.0.0.1:" in out
     assert "evict team-gpu-a/trainer-remote (cross_numa:device_remote) -> evicted" in out
     assert "-> pdb_blocked" in out  # gpu-b's budget
