@@ -1,19 +1,21 @@
 """Benchmark: the quality of the remediator's decisions on a suite of simulated clusters.
 
-Each scenario is a simulated cluster (simulator.cluster: fake hosts, NVML and kubelets,
-ReplicaSets that recreate evicted pods, kubelets admitting them under their Topology
-Manager policy) with cross-socket GPU pods (some of them protected: kube-system, opted
+Each scenario is a simulated cluster on a real control plane (simulator.cluster: fake
+hosts, NVML and kubelets admitting pods under their Topology Manager policy; the real
+ReplicaSets recreate evicted pods, the real NUMA-blind scheduler places them) with
+cross-socket GPU pods (some of them protected: kube-system, opted
 out, bare), pods whose memory sits on the other socket and pods whose CPUs span both.
 Each cycle the exporter's view is computed from the simulation (placement verdicts and
 free capacity per NUMA zone, as the exporters would report them, fresh, from each
 node's own target), the real findings code and planner decide, and evictions go through
-the simulation. Measured: the share of remediable findings (an aligned zone existed)
+the real Eviction API. Measured: the share of remediable findings (an aligned zone existed)
 fixed within three cycles, evictions per fix, and guard violations (actions on protected
 pods), which must be zero.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import tempfile
 import time
@@ -31,20 +33,20 @@ from remediator.planner import (
 from remediator.queries import REQUIRED_LABELS
 from remediator.signals import Signals
 from simulator import presets
-from simulator.cluster import SimulatedCluster, owned
+from simulator.cluster import SimulatedCluster
+from simulator.controlplane import ControlPlane, path_of
 from simulator.host import FakeContainer, FakePod
-from simulator.kubeapi import pod_objects
 from simulator.nvml import FakeGpu
 from simulator.prometheus import as_signals
 
 PROTECTED = {"kube-system", "opted-out", "bare"}  # how a pod may be protected
 
 
-def scenario(directory: str, seed: int, nodes: int, policies: tuple[str, ...]):
+def scenario(cp, directory: str, seed: int, nodes: int, policies: tuple[str, ...]):
     """A cluster of preset GPU nodes; on each, extra cross-socket pods, some protected."""
     rng = random.Random(seed)
-    sim = SimulatedCluster(directory)
-    protected: dict[str, str] = {}  # pod uid -> how it is protected
+    sim = SimulatedCluster(directory, cp)
+    protected: list[tuple[FakePod, str]] = []  # pod, how it is protected (uid comes later)
     for n in range(nodes):
         name = f"node-{n}"
         host, nvml = presets.gpu_node(node_id=n + 1)
@@ -70,7 +72,7 @@ def scenario(directory: str, seed: int, nodes: int, policies: tuple[str, ...]):
         )
         host.pods.append(pod)
         if kind:
-            protected[pod.uid] = kind
+            protected.append((pod, kind))
         # a pod whose memory sits on the other socket, and one whose CPUs span both
         for stem, cpus, memory in (("mem", "56-57", {0: 4 << 30}), ("span", "28,60", {0: 1 << 30})):
             host.pods.append(
@@ -166,7 +168,7 @@ def observe(
             for i, size in ctr.memory_by_node.items():
                 rows["pod_memory"].append({**ids, "numa_node": i, "value": size})
             kind = protected.get(pod.uid, "")
-            stem = pod.name.split(".")[0]
+            stem = sim.workload[pod.uid]
             infos[pod.uid] = PodInfo(
                 namespace=pod.namespace,
                 name=pod.name,
@@ -174,7 +176,7 @@ def observe(
                 node=node.name,
                 created=now - 3600,
                 owner_kind="" if kind == "bare" else "ReplicaSet",
-                owner_name="" if kind == "bare" else f"{stem}-rs",
+                owner_name="" if kind == "bare" else f"{stem}-preset",
                 workload="" if kind == "bare" else f"Deployment/{pod.namespace}/{stem}",
                 annotations={"numaguard.io/remediate": "false"} if kind == "opted-out" else {},
                 resources=frozenset(ctr.devices),
@@ -183,72 +185,112 @@ def observe(
     return as_signals(now, rows, instances), infos
 
 
-def run_scenario(seed: int, nodes: int, policies: tuple[str, ...], cycles: int = 6) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        sim, protected = scenario(tmp, seed, nodes, policies)
-        for node in sim.nodes.values():  # the API server's pods, for the ReplicaSets
-            for obj in pod_objects(node.host, node.name):
-                sim.api.objects["pods"][(obj["metadata"]["namespace"], obj["metadata"]["name"])] = (
-                    owned(sim.api, obj)
-                )
-        # as the controller runs it: a cooldown of two cycles after each eviction, growing
-        # when the fix did not hold, and given up after two that did not
-        policy = Policy(
-            dry_run=False,
-            min_pod_age_seconds=0,
-            cooldown_seconds=120,
-            max_per_cycle=20,
-            max_per_node=2,
-            max_per_namespace=2,
-            give_up_after=2,
-        )
-        history: dict[str, WorkloadHistory] = {}
-        state = FindingState()
-        now = time.time()
-        first_seen: dict[str, int] = {}  # workload -> cycle its finding was first open
-        fixed_at: dict[str, int] = {}
-        evictions = violations = 0
-        remediable: set[str] = set()
-        for cycle in range(cycles):
-            at = now + cycle * 60
-            signals, infos = observe(sim, protected, at)
-            state = update(state, signals)
-            findings = list(state.open.values())
-            open_workloads = {infos[f.pod_uid].workload or f.pod_uid for f in findings}
-            for w in open_workloads:
-                first_seen.setdefault(w, cycle)
-            for w in set(first_seen) - open_workloads - set(fixed_at):
-                fixed_at[w] = cycle
-            for w, h in list(history.items()):  # the verifier, one cycle later
-                for pending in h.pending:
-                    outcome = "did_not_hold" if w in open_workloads else "held"
-                    history[w] = h = after_verification(h, pending, outcome)
-            result = plan(findings, infos, signals, policy, history, at)
-            no_fit = {r.finding.pod_uid for r in result.refusals if r.guard == "no_fit"}
-            for f in findings:
-                if f.pod_uid not in protected and f.pod_uid not in no_fit:
-                    remediable.add(infos[f.pod_uid].workload)
-            for action in result.actions:
-                if action.kind != "evict":
-                    continue
-                if action.pod.uid in protected:
-                    violations += 1
-                    continue
-                host_node = sim.nodes[action.pod.node]
-                obj = {"metadata": {"uid": action.pod.uid}, "spec": {"nodeName": host_node.name}}
-                sim.replace(obj)
-                evictions += 1
-                w = action.pod.workload
-                history[w] = after_action(history.get(w), action, "evicted", at)
-        fixed_in_3 = sum(
-            1 for w in remediable if w in fixed_at and fixed_at[w] - first_seen[w] <= 3
-        )
-        return {
-            "remediable": len(remediable),
-            "fixed_in_3": fixed_in_3,
-            "evictions": evictions,
-            "violations": violations,
-        }
+async def run_scenario(
+    cp: ControlPlane, seed: int, nodes: int, policies: tuple[str, ...], cycles: int = 6
+) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ng", dir="/tmp") as tmp:
+        sim, protecting = scenario(cp, tmp, seed, nodes, policies)
+        await sim.start()
+        try:
+            protected = {pod.uid: kind for pod, kind in protecting}
+            return await run_cycles(sim, protected, cycles)
+        finally:
+            await sim.stop()
+
+
+async def evict(sim: SimulatedCluster, pod: PodInfo) -> None:
+    """Evict through the Eviction API; return once the replacement was admitted or
+    refused by its node, or the scheduler found no node for it."""
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+        "deleteOptions": {"preconditions": {"uid": pod.uid}},
+    }
+    path = path_of("Pod", pod.namespace, pod.name) + "/eviction"
+    await sim.cp.call(sim.session, "POST", path, body)
+    app = pod.workload.split("/")[-1]
+
+    async def replaced(session) -> bool:
+        pods = await sim.cp.items(session, "Pod", pod.namespace, labelSelector=f"app={app}")
+        for p in pods:
+            status = p["status"]
+            scheduled = {c["type"]: c for c in status.get("conditions", [])}.get("PodScheduled")
+            if p["metadata"]["uid"] == pod.uid:
+                continue
+            if status.get("phase") in ("Running", "Failed") or (
+                scheduled and scheduled.get("reason") == "Unschedulable"
+            ):
+                return True
+        return False
+
+    await sim.wait_for_api(replaced, f"{pod.name} replaced")
+
+
+async def run_cycles(sim: SimulatedCluster, protected: dict[str, str], cycles: int) -> dict:
+    # as the controller runs it: a cooldown of two cycles after each eviction, growing
+    # when the fix did not hold, and given up after two that did not
+    policy = Policy(
+        dry_run=False,
+        min_pod_age_seconds=0,
+        cooldown_seconds=120,
+        max_per_cycle=20,
+        max_per_node=2,
+        max_per_namespace=2,
+        give_up_after=2,
+    )
+    history: dict[str, WorkloadHistory] = {}
+    state = FindingState()
+    now = time.time()
+    first_seen: dict[str, int] = {}  # workload -> cycle its finding was first open
+    fixed_at: dict[str, int] = {}
+    evictions = violations = 0
+    remediable: set[str] = set()
+    for cycle in range(cycles):
+        at = now + cycle * 60
+        signals, infos = observe(sim, protected, at)
+        state = update(state, signals)
+        findings = list(state.open.values())
+        open_workloads = {infos[f.pod_uid].workload or f.pod_uid for f in findings}
+        for w in open_workloads:
+            first_seen.setdefault(w, cycle)
+        for w in set(first_seen) - open_workloads - set(fixed_at):
+            fixed_at[w] = cycle
+        for w, h in list(history.items()):  # the verifier, one cycle later
+            for pending in h.pending:
+                outcome = "did_not_hold" if w in open_workloads else "held"
+                history[w] = h = after_verification(h, pending, outcome)
+        result = plan(findings, infos, signals, policy, history, at)
+        no_fit = {r.finding.pod_uid for r in result.refusals if r.guard == "no_fit"}
+        for f in findings:
+            if f.pod_uid not in protected and f.pod_uid not in no_fit:
+                remediable.add(infos[f.pod_uid].workload)
+        for action in result.actions:
+            if action.kind != "evict":
+                continue
+            if action.pod.uid in protected:
+                violations += 1
+                continue
+            await evict(sim, action.pod)
+            evictions += 1
+            w = action.pod.workload
+            history[w] = after_action(history.get(w), action, "evicted", at)
+    fixed_in_3 = sum(1 for w in remediable if w in fixed_at and fixed_at[w] - first_seen[w] <= 3)
+    return {
+        "remediable": len(remediable),
+        "fixed_in_3": fixed_in_3,
+        "evictions": evictions,
+        "violations": violations,
+    }
+
+
+async def measure(suite) -> dict[str, int]:
+    totals = {"remediable": 0, "fixed_in_3": 0, "evictions": 0, "violations": 0}
+    async with ControlPlane() as cp:
+        for seed, nodes, policies in suite:
+            for k, v in (await run_scenario(cp, seed, nodes, policies)).items():
+                totals[k] += v
+    return totals
 
 
 def rows() -> list[tuple]:
@@ -258,10 +300,7 @@ def rows() -> list[tuple]:
         (3, 4, ("single-numa-node", "best-effort")),
         (4, 5, ("single-numa-node", "none")),
     ]
-    totals = {"remediable": 0, "fixed_in_3": 0, "evictions": 0, "violations": 0}
-    for seed, nodes, policies in suite:
-        for k, v in run_scenario(seed, nodes, policies).items():
-            totals[k] += v
+    totals = asyncio.run(measure(suite))
     share = totals["fixed_in_3"] / totals["remediable"] if totals["remediable"] else 1.0
     per_fix = totals["evictions"] / totals["fixed_in_3"] if totals["fixed_in_3"] else 0.0
     return [

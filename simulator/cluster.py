@@ -96,6 +96,7 @@ class SimulatedCluster:
         self.node_pools: dict[str, str] = {}
         self.session: aiohttp.ClientSession | None = None
         self._running: dict[str, tuple[SimNode, FakePod]] = {}  # uid -> where it runs
+        self.workload: dict[str, str] = {}  # uid -> its workload (app label) once admitted
         self._tasks: list[asyncio.Task] = []
         self._changed = asyncio.Event()
 
@@ -438,6 +439,7 @@ class SimulatedCluster:
                 return
             preset = placed
         self._running[uid] = (node, preset)
+        self.workload[uid] = (meta.get("labels") or {}).get("app", "")
         await self._patch_status(pod, self._running_status(node, preset))
         self.admitted.append(meta["name"])
         self._changed.set()
