@@ -24,6 +24,7 @@ import tempfile
 import time
 from types import SimpleNamespace
 
+import aiohttp
 import psutil
 import pynvml
 
@@ -36,8 +37,9 @@ from exporter.sources.kubelet import PodResourcesSource
 from exporter.sources.podresources import api_pb2, api_pb2_grpc
 from exporter.sources.resctrl import ResctrlSource
 from simulator import presets
-from simulator.host import FakeHost, FakeHostRoot
-from simulator.kubeapi import FakeApiServer, pod_objects
+from simulator.cluster import SimulatedCluster
+from simulator.controlplane import ControlPlane
+from simulator.host import FakeHostRoot
 from simulator.processes import exporter_process, get
 from simulator.resctrl import FakeResctrl
 
@@ -74,34 +76,42 @@ def read_only(paths: list[str]) -> None:
             os.close(fd)
 
 
-async def exporter_rss_mib(host: FakeHost, host_root: str, *extra: str) -> float:
-    """RSS of a real exporter process serving the reference node, with pod names from a
-    (fake) API server as in a cluster, after a few cycles."""
-    api = FakeApiServer()
-    await api.start()
-    for obj in pod_objects(host, "reference"):
-        api.put("pods", obj)
-    args = (
-        "--host-root",
-        host_root,
-        "--interval",
-        "0.5",
-        "--log-level",
-        "warning",
-        "--node-name",
-        "reference",
-        "--kubeconfig",
-        api.kubeconfig(f"{host_root}/kubeconfig"),
-        *extra,
-    )
-    try:
-        async with exporter_process(*args) as (url, proc):
-            for _ in range(6):
-                await get(f"{url}/metrics")
-                await asyncio.sleep(0.5)
-            return psutil.Process(proc.pid).memory_info().rss / (1 << 20)
-    finally:
-        await api.stop()
+async def exporter_rss_mib() -> tuple[float, float]:
+    """RSS of a real exporter process serving the reference node after a few cycles,
+    without GPUs or kubelet and with them; its pods on a real control plane, their names
+    from its watch, as in a cluster."""
+    host, nvml = presets.reference_gpu_node()
+    with tempfile.TemporaryDirectory(prefix="ng", dir="/tmp") as tmp:  # short socket paths
+        async with ControlPlane() as cp:
+            async with aiohttp.ClientSession() as session:
+                await cp.install_numaguard(session)
+            sim = SimulatedCluster(tmp, cp)
+            node = sim.add_node("reference", host, nvml, "none")
+            await sim.start()
+            try:
+                FakeResctrl(node.root.root, host, snc={0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}).write()
+                account = "numaguard-exporter"
+                kubeconfig = cp.kubeconfig(f"{tmp}/kubeconfig", cp.tokens[account], account)
+                args = (
+                    *("--host-root", str(node.root.root), "--node-name", "reference"),
+                    *("--interval", "0.5", "--log-level", "warning", "--kubeconfig", kubeconfig),
+                )
+                without = await process_rss_mib(*args, "--gpu-backend", "none")
+                kubelet = node.kubelet.socket_path
+                gpus = ("--gpu-backend", f"fake:{node.description}")
+                return without, await process_rss_mib(
+                    *args, *gpus, "--pod-resources-socket", kubelet
+                )
+            finally:
+                await sim.stop()
+
+
+async def process_rss_mib(*args: str) -> float:
+    async with exporter_process(*args) as (url, proc):
+        for _ in range(6):
+            await get(f"{url}/metrics")
+            await asyncio.sleep(0.5)
+        return psutil.Process(proc.pid).memory_info().rss / (1 << 20)
 
 
 class TimedNvml(SimpleNamespace):
@@ -202,14 +212,9 @@ def main() -> None:
         gpus.close()
         pod_resources.close()
         snap = collection.snapshot
-        cpu_rss_mib = asyncio.run(exporter_rss_mib(host, tmp, "--gpu-backend", "none"))
-        description = f"{tmp}/gpus.json"
-        with open(description, "w") as f:
-            f.write(nvml.description())
-        gpu_args = ("--gpu-backend", f"fake:{description}", "--pod-resources-socket", socket)
-        rss_mib = asyncio.run(exporter_rss_mib(host, tmp, *gpu_args))
         kubelet.terminate()
         kubelet.wait()
+    cpu_rss_mib, rss_mib = asyncio.run(exporter_rss_mib())
 
     ours_ms, base_ms, render_ms = (statistics.median(x) for x in (ours, baseline, render))
     gpu_ms = statistics.mean(gpu_read)  # the raw side is a total over the same reads

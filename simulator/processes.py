@@ -7,6 +7,7 @@ import contextlib
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -44,17 +45,20 @@ async def exporter_process(
     Yields (base URL, process); stops it with SIGTERM on the way out.
     """
     port = free_port()
+    # its log goes to a file: a pipe nobody reads fills up and blocks the exporter
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (read after the process ends)
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}", *args],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
         env=env,
     )
+    proc.log = log
 
     def died() -> str | None:
         if proc.poll() is None:
             return None
-        return f"code {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
+        return f"code {proc.returncode}: {log_of(proc)[-2000:]}"
 
     url = f"http://127.0.0.1:{port}"
     try:
@@ -64,6 +68,12 @@ async def exporter_process(
         if proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+def log_of(proc: subprocess.Popen) -> str:
+    """What an exporter_process wrote to stderr so far."""
+    proc.log.seek(0)
+    return proc.log.read().decode()
 
 
 async def get(url: str) -> bytes:

@@ -19,7 +19,7 @@ from exporter.server import Exporter, Settings
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.host import HostSource
 from simulator import presets
-from simulator.processes import exporter_process, get
+from simulator.processes import exporter_process, get, log_of
 from tests.conftest import NODE, samples, series
 
 
@@ -119,7 +119,7 @@ async def test_cli_serves_and_stops_cleanly_on_sigterm(fake_root):
         assert 'numaguard_numa_node_info{node="n1",numa_node="0",cpulist="0-15"} 1' in body
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=10)
-    stderr = proc.stderr.read().decode()
+    stderr = log_of(proc)
     assert code == 0, stderr
     lines = [json.loads(line) for line in stderr.splitlines()]
     assert lines[-1]["message"] == "shutting down"
