@@ -5,7 +5,6 @@ equal what alerts/ and grafana/ hold, and RBAC grants exactly the verbs the code
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import kubernetes_validate
@@ -101,48 +100,3 @@ def granted(account: str) -> set[tuple[str, str, str]]:
 def test_rbac_grants_exactly_what_the_code_uses():
     assert granted("numaguard-exporter") == EXPORTER_API_USE
     assert granted("numaguard-remediator") == REMEDIATOR_API_USE
-
-
-_PATH = re.compile(
-    r"^/(?:api/v1|apis/(?P<group>[^/]+)/v1)(?:/namespaces/[^/]+)?/(?P<resource>[a-z]+)"
-    r"(?:/(?P<name>[^/?]+))?(?:/(?P<sub>[a-z]+))?(?:\?(?P<query>.*))?$"
-)
-_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
-
-
-def used(requests: list[str]) -> set[tuple[str, str, str]]:
-    """What a list of 'METHOD path?query' API requests needed, as RBAC sees it."""
-    out = set()
-    for request in requests:
-        method, path = request.split(" ", 1)
-        if path == "/version":
-            continue  # a non-resource URL every authenticated user may read
-        m = _PATH.match(path)
-        assert m, path
-        resource = m["resource"] + (f"/{m['sub']}" if m["sub"] else "")
-        if method == "GET":
-            verb = (
-                "get" if m["name"] else ("watch" if "watch=true" in (m["query"] or "") else "list")
-            )
-        else:
-            verb = _VERBS[method]
-        out.add((m["group"] or "", resource, verb))
-    return out
-
-
-def test_request_mapping():
-    assert used(
-        [
-            "GET /api/v1/pods?fieldSelector=spec.nodeName%3Dn&watch=true",
-            "GET /api/v1/pods?fieldSelector=spec.nodeName%3Dn",
-            "POST /api/v1/namespaces/ml/pods/p/eviction",
-            "PUT /apis/coordination.k8s.io/v1/namespaces/ns/leases/l",
-            "PATCH /apis/apps/v1/namespaces/ml/deployments/d",
-        ]
-    ) == {
-        ("", "pods", "watch"),
-        ("", "pods", "list"),
-        ("", "pods/eviction", "create"),
-        ("coordination.k8s.io", "leases", "update"),
-        ("apps", "deployments", "patch"),
-    }
