@@ -1,6 +1,6 @@
-"""A real Prometheus scrapes the real exporter (with names from the fake API server):
-the target is up, a pod's remote memory ratio comes back through PromQL, and promtool
-finds nothing to say about the exposition."""
+"""A real Prometheus scrapes the real exporter (pod names from its watch of the real API
+server): the target is up, a pod's remote memory ratio comes back through PromQL, and
+promtool finds nothing to say about the exposition."""
 
 from __future__ import annotations
 
