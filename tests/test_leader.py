@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from remediator.kube import Kube
 from remediator.leader import LeaderElector
 from simulator.controlplane import ControlPlane, path_of
 from simulator.faultproxy import FaultProxy
+from simulator.processes import free_port
 
 NAMESPACE = "numaguard"  # where deploy/'s Role lets the remediator keep its Lease
 LEASE = path_of("Lease", NAMESPACE, "lease")
@@ -227,3 +231,70 @@ async def test_the_run_loop_renews_in_the_background_and_releases(kube):
     stop.set()
     await asyncio.wait_for(task, 10)
     assert (await spec())["holderIdentity"] == ""
+
+
+async def test_two_remediator_processes_and_the_leader_killed(tmp_path, control_plane):
+    """Two `remediator run` processes on the real API server: one leads; SIGKILL it
+    (no release) and the other takes the Lease once it has seen it unchanged for the
+    lease duration."""
+    cp = control_plane
+    account = "numaguard-remediator"
+    kubeconfig = cp.kubeconfig(tmp_path / "kubeconfig", cp.tokens[account], account)
+    ports = {identity: free_port() for identity in ("replica-a", "replica-b")}
+    procs = {}
+    for identity, port in ports.items():
+        procs[identity] = subprocess.Popen(
+            [
+                sys.executable,
+                *("-m", "remediator", "run", "--kubeconfig", kubeconfig),
+                *("--prometheus", f"http://127.0.0.1:{free_port()}"),  # none: no findings
+                *("--listen", f"127.0.0.1:{port}", "--identity", identity),
+                *("--lease-namespace", NAMESPACE, "--lease-name", "lease", "--interval", "1"),
+                *("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5"),
+                *("--log-level", "error"),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+
+    async def leader(session) -> str | None:
+        spec = (await cp.get(session, "Lease", NAMESPACE, "lease") or {}).get("spec", {})
+        return spec.get("holderIdentity") or None
+
+    async def says_leading(session, identity) -> bool:
+        try:
+            url = f"http://127.0.0.1:{ports[identity]}/metrics"
+            async with session.get(url) as r:
+                return "numaguard_remediator_leader 1.0" in await r.text()
+        except aiohttp.ClientError:
+            return False
+
+    async def until(check, timeout=60.0):
+        async with asyncio.timeout(timeout):
+            while not (result := await check()):
+                await asyncio.sleep(0.2)
+            return result
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            first = await until(lambda: leader(session))
+            await until(lambda: says_leading(session, first))
+            (other,) = set(procs) - {first}
+            assert not await says_leading(session, other)
+            procs[first].kill()  # no goodbye: the Lease stays as it was
+            procs[first].wait()
+            assert await until(lambda: leader(session)) == first
+            await until(lambda: says_leading(session, other))
+            assert await leader(session) == other
+            lease = await cp.get(session, "Lease", NAMESPACE, "lease")
+            assert lease["spec"]["leaseTransitions"] >= 1
+            # the survivor stops cleanly and gives the Lease back
+            procs[other].send_signal(signal.SIGTERM)
+            assert procs[other].wait(timeout=30) == 0
+            assert await leader(session) is None
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        async with aiohttp.ClientSession() as session:
+            await cp.request(session, "DELETE", LEASE)

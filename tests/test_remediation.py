@@ -384,7 +384,7 @@ async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path
     assert c.proxy.writes() == []
 
 
-async def test_api_server_errors_mean_no_action(cluster):
+async def test_api_server_errors_mean_no_action(cluster, monkeypatch):
     c = await cluster()
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
     await asyncio.sleep(5)  # a whole finding window of it
@@ -394,6 +394,14 @@ async def test_api_server_errors_mean_no_action(cluster):
     assert report.error.startswith("api_server") and report.results == []
     assert controller.metrics.errors.labels("api_server")._value.get() == 1
     assert c.evictions() == []
+    # an API server slower than the request timeout: the cycle ends, nothing is done
+    c.proxy.clear()
+    monkeypatch.setattr("remediator.kube.REQUEST_TIMEOUT_SECONDS", 1.0)
+    c.proxy.delay = 2.0
+    report = await controller.cycle()
+    assert report.error.startswith("api_server") and report.results == []
+    assert c.evictions() == []
+    monkeypatch.undo()
     c.proxy.clear()
     report = await controller.cycle()
     assert [r for _, r in report.results if r != "recommended"] == ["evicted"]
