@@ -376,6 +376,9 @@ class SimulatedCluster:
             try:
                 if not version:
                     listing = await self.cp.call(self.session, "GET", "/api/v1/pods")
+                    listed = {pod["metadata"]["uid"] for pod in listing["items"]}
+                    for uid in set(self._running) - listed:  # deleted while not watching
+                        self._stop_pod(*self._running.pop(uid))
                     for pod in listing["items"]:
                         await self._on_pod("ADDED", pod)
                     version = listing["metadata"]["resourceVersion"]

@@ -21,7 +21,7 @@ from exporter.sources.host import HostSource
 from simulator import presets
 from simulator.host import GIB, MIB
 from simulator.nvml import FakeNvml
-from simulator.processes import exporter_process, get
+from simulator.processes import exporter_process, get, log_of
 from tests.conftest import NODE, metadata_of, samples, series
 
 INTERVAL = 15.0
@@ -515,10 +515,10 @@ async def test_without_a_driver_the_exporter_runs_without_gpus(fake_root):
     async with exporter_process(*args) as (url, proc):
         got = samples(await get(f"{url}/metrics"))
         proc.terminate()
-        _, err = proc.communicate(timeout=10)
+        proc.wait(timeout=10)
     assert not [k for k in got if k[0].startswith(("numaguard_gpu_", "numaguard_mig_"))]
     assert series("numaguard_collector_success", collector=GPU) not in got
-    assert err.decode().count("no NVIDIA driver") == 1
+    assert log_of(proc).count("no NVIDIA driver") == 1
 
 
 async def test_a_bad_fake_gpu_file_is_a_clear_error(fake_root, tmp_path):
