@@ -48,9 +48,9 @@ STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand
 PRESET_HASH = "preset"  # the pod-template-hash of the ReplicaSets that adopt preset pods
 QOS = {"guaranteed": "Guaranteed", "burstable": "Burstable", "besteffort": "BestEffort"}
 MIN_MEMORY = 64 << 20
-SYSTEM_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease"}
-# what a cluster leaves in a namespace it cannot delete
-WORKLOAD_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "PodDisruptionBudget")
+# what a cluster leaves behind in its namespaces, deleted when it stops
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
+LEFT_BEHIND = (*WORKLOAD_KINDS, "PodDisruptionBudget", "Event")
 
 
 @dataclass
@@ -178,7 +178,9 @@ class SimulatedCluster:
 
     async def stop(self) -> None:
         """Stop the agent and take everything this cluster made out of the control plane
-        (namespaces, Nodes), so that the next cluster starts from a clean one."""
+        (its namespaces' contents, Nodes), so that the next cluster starts from a clean
+        one. The namespaces stay, empty: deleting one takes the namespace controller
+        seconds, and the next cluster likely wants it again."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -186,21 +188,14 @@ class SimulatedCluster:
                 await task
         if self.session is not None:
             for namespace in self.namespaces:
-                if namespace in SYSTEM_NAMESPACES:  # these stay: empty them
-                    for kind in WORKLOAD_KINDS:
-                        await self.cp.request(self.session, "DELETE", path_of(kind, namespace))
-                else:
-                    await self.cp.request(
-                        self.session, "DELETE", path_of("Namespace", None, namespace)
-                    )
-                for pod in await self.cp.items(self.session, "Pod", namespace):
-                    await self._force_delete(pod)
+                for kind in LEFT_BEHIND:
+                    await self.cp.request(self.session, "DELETE", path_of(kind, namespace))
             for node in self.nodes.values():
                 await self.cp.request(self.session, "DELETE", path_of("Node", None, node.name))
                 await self.cp.request(
                     self.session, "DELETE", path_of("Lease", "kube-node-lease", node.name)
                 )
-            await self.wait_for_api(self._namespaces_gone, "namespaces deleted")
+            await self.wait_for_api(self._emptied, "namespaces emptied")
             await self.session.close()
         for node in self.nodes.values():
             if node.kubelet:
@@ -256,15 +251,17 @@ class SimulatedCluster:
                     return False
         return True
 
-    async def _namespaces_gone(self, session) -> bool:
+    async def _emptied(self, session) -> bool:
+        """No workload left (that could make pods again) and no pod: those there are
+        deleted at once, as the kubelet would confirm."""
         for namespace in self.namespaces:
+            for kind in WORKLOAD_KINDS:
+                if await self.cp.items(session, kind, namespace):
+                    return False
             pods = await self.cp.items(session, "Pod", namespace)
             for pod in pods:
                 await self._force_delete(pod)
-            if namespace in SYSTEM_NAMESPACES:
-                if pods:
-                    return False
-            elif await self.cp.get(session, "Namespace", None, namespace) is not None:
+            if pods:
                 return False
         return True
 
