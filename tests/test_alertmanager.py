@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 
 from alerts import rules
@@ -17,7 +18,7 @@ from simulator import presets
 from simulator.alertmanager import AlertmanagerServer
 from simulator.cluster import one_node
 from simulator.processes import free_port
-from simulator.prometheus import PrometheusServer
+from simulator.prometheus import VERSIONS, PrometheusServer
 
 
 def test_the_example_alertmanager_config_is_valid():
@@ -30,7 +31,8 @@ def test_the_example_alertmanager_config_is_valid():
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-async def test_an_alert_reaches_a_webhook_through_alertmanager(tmp_path, control_plane):
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_an_alert_reaches_a_webhook_through_alertmanager(tmp_path, control_plane, version):
     received: list[dict] = []
     got = asyncio.Event()
 
@@ -69,6 +71,7 @@ async def test_an_alert_reaches_a_webhook_through_alertmanager(tmp_path, control
                 [url.removeprefix("http://")],
                 free_port(),
                 rule_files=[str(rule_file)],
+                version=version,
                 alertmanagers=[am.url.removeprefix("http://")],
             ),
         ):

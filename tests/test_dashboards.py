@@ -23,7 +23,7 @@ from remediator.queries import Windows
 from simulator import demo
 from simulator.cluster import SimulatedCluster
 from simulator.processes import free_port, wait_ok
-from simulator.prometheus import PrometheusServer
+from simulator.prometheus import VERSIONS, PrometheusServer
 from simulator.resctrl import FakeResctrl
 from tests.test_queries import metric_names
 
@@ -75,8 +75,8 @@ def test_runbooks_link_to_dashboards():
         assert f"/d/{a.dashboard}" in rules.runbook(a)
 
 
-@pytest.fixture
-async def scraped(tmp_path, control_plane):
+@pytest.fixture(params=VERSIONS)
+async def scraped(tmp_path, control_plane, request):
     """The demo node (plus an A100 without GPM) served in-process, a remediator in
     dry-run, both scraped by a real Prometheus with numaguard's rules."""
     host, nvml = demo.demo_node()
@@ -153,6 +153,7 @@ async def scraped(tmp_path, control_plane):
             [f"127.0.0.1:{exporter_port}", f"127.0.0.1:{remediator_port}"],
             prom_port,
             rule_files=[str(rule_file)],
+            version=request.param,
         ) as prom:
             await prom.wait_for('numaguard_remediator_actions_total{result="dry_run"} > 0', 60)
             await asyncio.sleep(3)
