@@ -21,7 +21,8 @@ def prometheus_rule() -> dict:
         "metadata": {
             "name": "numaguard",
             "namespace": "numaguard",
-            "labels": {"app.kubernetes.io/part-of": "numaguard"},
+            # kube-prometheus-stack loads rules by its Helm release's name, as monitors
+            "labels": {"app.kubernetes.io/part-of": "numaguard", "release": "kube-prometheus-stack"},
         },
         "spec": rules_document(),
     }

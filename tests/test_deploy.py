@@ -5,6 +5,7 @@ equal what alerts/ and grafana/ hold, and RBAC grants exactly the verbs the code
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -16,6 +17,7 @@ from deploy import generate
 from exporter.sources.kube import API_USE as EXPORTER_API_USE
 from grafana import dashboards
 from remediator.kube import API_USE as REMEDIATOR_API_USE
+from simulator.controlplane import parts_dir
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S_VERSION = "1.31.0"
@@ -100,3 +102,79 @@ def granted(account: str) -> set[tuple[str, str, str]]:
 def test_rbac_grants_exactly_what_the_code_uses():
     assert granted("numaguard-exporter") == EXPORTER_API_USE
     assert granted("numaguard-remediator") == REMEDIATOR_API_USE
+
+
+def rendered(overlay: str) -> list[dict]:
+    """What `kubectl apply -k deploy/<overlay>` would send: kustomize's rendering."""
+    kubectl = str(parts_dir() / "kubectl")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True, check=True
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.mark.parametrize("overlay", ["base", "overlays/enforce", "overlays/resctrl-manage"])
+def test_every_overlay_renders_and_validates(overlay):
+    docs = rendered(overlay)
+    assert {d["kind"] for d in docs} >= {"DaemonSet", "Deployment", "ServiceMonitor"}
+    for doc in docs:
+        if doc["kind"] not in CRDS:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def of(docs: list[dict], kind: str, name: str) -> dict:
+    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def test_kube_prometheus_stack_finds_the_monitors_and_rules_and_keeps_pod_labels():
+    docs = rendered("base")
+    for kind, name in (
+        ("ServiceMonitor", "numaguard"),
+        ("ServiceMonitor", "numaguard-remediator"),
+        ("PrometheusRule", "numaguard"),
+    ):
+        assert of(docs, kind, name)["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    monitor = of(docs, "ServiceMonitor", "numaguard")["spec"]
+    assert "jobLabel" not in monitor  # the job is set by relabeling, to what alerts expect
+    (endpoint,) = monitor["endpoints"]
+    assert endpoint["honorLabels"] is True  # the workloads' namespace/pod, not ours
+    assert endpoint["relabelings"] == [{"targetLabel": "job", "replacement": "numaguard"}]
+
+
+def test_the_exporter_mounts_only_what_it_reads_and_the_pods_are_confined():
+    docs = rendered("base")
+    spec = of(docs, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    volumes = {v["name"]: v["hostPath"] for v in spec["volumes"]}
+    assert volumes == {
+        "sys": {"path": "/sys", "type": "Directory"},
+        "proc": {"path": "/proc", "type": "Directory"},
+        "pod-resources": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"},
+    }
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
+    assert mounts == {"/host/sys": True, "/host/proc": True, "/var/lib/kubelet/pod-resources": True}
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    remediator = of(docs, "Deployment", "numaguard-remediator")["spec"]["template"]["spec"]
+    assert remediator["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = remediator["containers"][0]["securityContext"]
+    assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    namespace = of(docs, "Namespace", "numaguard")["metadata"]["labels"]
+    assert namespace["pod-security.kubernetes.io/enforce"] == "privileged"
+    policy = of(docs, "NetworkPolicy", "numaguard-metrics")["spec"]
+    assert [p["port"] for p in policy["ingress"][0]["ports"]] == [9847, 9848]
+
+
+def test_resctrl_is_writable_only_with_its_overlay_and_only_where_it_exists():
+    spec = of(rendered("overlays/resctrl-manage"), "DaemonSet", "numaguard-exporter")["spec"]
+    pod = spec["template"]["spec"]
+    assert {"name": "resctrl", "hostPath": {"path": "/sys/fs/resctrl", "type": "Directory"}} in (
+        pod["volumes"]
+    )
+    mount = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "resctrl"]
+    assert mount == [{"name": "resctrl", "mountPath": "/host/sys/fs/resctrl"}]
+    assert pod["nodeSelector"]["feature.node.kubernetes.io/cpu-rdt.RDTMON"] == "true"
