@@ -22,7 +22,10 @@ def prometheus_rule() -> dict:
             "name": "numaguard",
             "namespace": "numaguard",
             # kube-prometheus-stack loads rules by its Helm release's name, as monitors
-            "labels": {"app.kubernetes.io/part-of": "numaguard", "release": "kube-prometheus-stack"},
+            "labels": {
+                "app.kubernetes.io/part-of": "numaguard",
+                "release": "kube-prometheus-stack",
+            },
         },
         "spec": rules_document(),
     }

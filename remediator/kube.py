@@ -11,27 +11,32 @@ from kubernetes.aio import client
 
 REQUEST_TIMEOUT_SECONDS = 15.0
 
-# Every (API group, resource, verb) the remediator uses; deploy/ grants exactly these.
-API_USE = {
+# Every (API group, resource, verb) the remediator uses; deploy/ grants exactly these:
+# deploy/base what a dry run needs (it reads, tells in Events and elects a leader), the
+# enforce overlay the writes that act.
+DRY_RUN_API_USE = {
     ("", "pods", "get"),
     ("", "pods", "list"),  # a workload's pods, to verify a fix on its replacements
-    ("", "pods/eviction", "create"),
     ("", "events", "create"),
-    # get: owners and their history; list: those with actions awaiting verification;
-    # patch: the history, and opt-in MIG resizes of Deployments and StatefulSets
+    # get: owners and their history; list: those with actions awaiting verification
     ("apps", "replicasets", "get"),
     ("apps", "replicasets", "list"),
-    ("apps", "replicasets", "patch"),
     ("apps", "deployments", "get"),
     ("apps", "deployments", "list"),
-    ("apps", "deployments", "patch"),
     ("apps", "statefulsets", "get"),
     ("apps", "statefulsets", "list"),
-    ("apps", "statefulsets", "patch"),
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),
 }
+ENFORCE_API_USE = {
+    ("", "pods/eviction", "create"),
+    # the history, and opt-in MIG resizes of Deployments and StatefulSets
+    ("apps", "replicasets", "patch"),
+    ("apps", "deployments", "patch"),
+    ("apps", "statefulsets", "patch"),
+}
+API_USE = DRY_RUN_API_USE | ENFORCE_API_USE
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from simulator.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # deploy/'s namespace, ServiceAccounts and RBAC, applied to the test cluster as shipped
-RBAC_MANIFESTS = ("namespace.yaml", "exporter-rbac.yaml", "remediator-rbac.yaml")
+RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role"}
+RBAC_KINDS |= {"RoleBinding"}
 ACCOUNTS = ("numaguard-exporter", "numaguard-remediator")
 PARTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 # The controllers the simulated cluster's behaviour depends on (kube-controller-manager
@@ -235,11 +236,16 @@ class ControlPlane:
         os.chmod(path, 0o600)
         return str(path)
 
-    async def install_numaguard(self, session: aiohttp.ClientSession) -> None:
-        """Apply deploy/'s namespace and RBAC as they ship, and get a token for each of
-        our ServiceAccounts (``self.tokens``): our components run as those."""
-        for name in RBAC_MANIFESTS:
-            for obj in yaml.safe_load_all((ROOT / "deploy" / "base" / name).read_text()):
+    async def install_numaguard(
+        self, session: aiohttp.ClientSession, overlay: str = "overlays/enforce"
+    ) -> None:
+        """Apply deploy/<overlay>'s namespace, ServiceAccounts and RBAC as kustomize
+        renders them (the enforce overlay: tests act), and get a token for each of our
+        ServiceAccounts (``self.tokens``): our components run as those."""
+        kustomize = [str(self.bin / "kubectl"), "kustomize", str(ROOT / "deploy" / overlay)]
+        rendered = subprocess.run(kustomize, check=True, capture_output=True, text=True).stdout
+        for obj in yaml.safe_load_all(rendered):
+            if obj and obj["kind"] in RBAC_KINDS:
                 await self.create(session, obj)
         for account in ACCOUNTS:
             self.tokens[account] = await self.service_account_token(session, "numaguard", account)

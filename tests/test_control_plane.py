@@ -103,14 +103,12 @@ async def test_a_service_account_token_is_refused_what_its_role_does_not_grant(c
 async def test_without_the_eviction_verb_the_remediator_s_eviction_gets_403(
     control_plane, tmp_path
 ):
-    """Take pods/eviction create out of deploy/'s ClusterRole: the remediator's own
-    eviction call is refused by the real authorizer (and then allowed again)."""
+    """Take pods/eviction create out of the enforce overlay's ClusterRole (the base has
+    none): the remediator's own eviction is refused by the real authorizer (and then
+    allowed again)."""
     cp = control_plane
-    (role,) = [
-        o
-        for o in yaml.safe_load_all((DEPLOY / "remediator-rbac.yaml").read_text())
-        if o["kind"] == "ClusterRole"
-    ]
+    enforce = DEPLOY.parent / "overlays" / "enforce" / "remediator-enforce-rbac.yaml"
+    (role,) = [o for o in yaml.safe_load_all(enforce.read_text()) if o["kind"] == "ClusterRole"]
     path = f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role['metadata']['name']}"
     without = [r for r in role["rules"] if r["resources"] != ["pods/eviction"]]
     assert len(without) == len(role["rules"]) - 1

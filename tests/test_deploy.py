@@ -17,6 +17,7 @@ from deploy import generate
 from exporter.sources.kube import API_USE as EXPORTER_API_USE
 from grafana import dashboards
 from remediator.kube import API_USE as REMEDIATOR_API_USE
+from remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE
 from simulator.controlplane import parts_dir
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -58,7 +59,7 @@ def test_kustomizations_name_every_file():
     present = {p.name for p in (DEPLOY / "base").glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == present
     enforce = documents(DEPLOY / "overlays" / "enforce" / "kustomization.yaml")[0]
-    assert enforce["resources"] == ["../../base"]
+    assert enforce["resources"] == ["../../base", "remediator-enforce-rbac.yaml"]
     assert "--no-dry-run" in enforce["patches"][0]["patch"]
     # and the base runs the remediator in dry-run
     (deployment,) = [d for n, d in manifests() if d["kind"] == "Deployment"]
@@ -82,12 +83,10 @@ def test_prometheus_rule_and_dashboards_equal_their_sources():
         )
 
 
-def granted(account: str) -> set[tuple[str, str, str]]:
-    roles = {
-        d["metadata"]["name"]: d for _, d in manifests() if d["kind"] in ("ClusterRole", "Role")
-    }
+def granted(docs: list[dict], account: str) -> set[tuple[str, str, str]]:
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] in ("ClusterRole", "Role")}
     out = set()
-    for _, d in manifests():
+    for d in docs:
         if d["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
             continue
         if not any(s["name"] == account for s in d["subjects"]):
@@ -100,8 +99,14 @@ def granted(account: str) -> set[tuple[str, str, str]]:
 
 
 def test_rbac_grants_exactly_what_the_code_uses():
-    assert granted("numaguard-exporter") == EXPORTER_API_USE
-    assert granted("numaguard-remediator") == REMEDIATOR_API_USE
+    """The base: the exporter's reads and a dry run's; the enforce overlay adds the
+    remediator's writes, and nothing else."""
+    base, enforce = rendered("base"), rendered("overlays/enforce")
+    assert granted(base, "numaguard-exporter") == EXPORTER_API_USE
+    assert granted(base, "numaguard-remediator") == DRY_RUN_API_USE
+    assert granted(enforce, "numaguard-exporter") == EXPORTER_API_USE
+    assert granted(enforce, "numaguard-remediator") == REMEDIATOR_API_USE
+    assert REMEDIATOR_API_USE - DRY_RUN_API_USE == ENFORCE_API_USE
 
 
 def rendered(overlay: str) -> list[dict]:

@@ -456,10 +456,47 @@ async def test_a_fix_that_does_not_hold_backs_off_then_stops(cluster):
     assert (await c.history("trainer-remote"))["failures"] == 2
 
 
+@contextlib.asynccontextmanager
+async def base_rbac_only(cp: ControlPlane, session):
+    """The remediator with deploy/base's RBAC alone: the enforce overlay's binding gone
+    (until the authorizer has seen it go), then put back."""
+    path = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/numaguard-remediator-enforce"
+    binding = await cp.call(session, "GET", path)
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": "system:serviceaccount:numaguard:numaguard-remediator",
+            "resourceAttributes": {"resource": "pods", "subresource": "eviction", "verb": "create"},
+        },
+    }
+
+    async def may_evict() -> bool:
+        answer = await cp.call(
+            session, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review
+        )
+        return answer["status"]["allowed"]
+
+    await cp.call(session, "DELETE", path)
+    try:
+        async with asyncio.timeout(30):
+            while await may_evict():
+                await asyncio.sleep(0.1)
+        yield
+    finally:
+        kept = {k: binding[k] for k in ("apiVersion", "kind", "roleRef", "subjects")}
+        await cp.create(session, {**kept, "metadata": {"name": binding["metadata"]["name"]}})
+        async with asyncio.timeout(30):  # the next test may evict
+            while not await may_evict():
+                await asyncio.sleep(0.1)
+
+
 async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
     c = await cluster()
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
     await asyncio.sleep(5)  # a whole finding window of it
+    # a dry run needs no more than deploy/base grants
+    await c.stack.enter_async_context(base_rbac_only(c.cp, c.sim.session))
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
