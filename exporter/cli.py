@@ -10,7 +10,7 @@ import os
 import socket
 import sys
 
-from exporter import __version__, logs
+from exporter import __version__, logs, webconfig
 from exporter.model import Thresholds
 from exporter.server import GpuBackendError, Settings, serve
 from exporter.sources.kube import KubeconfigError
@@ -150,6 +150,15 @@ def parser() -> argparse.ArgumentParser:
         f"{DEFAULT_SOCKET} when it exists, else devices are attributed by their processes",
     )
     p.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        default=None,
+        metavar="FILE",
+        help="TLS and basic authentication for the HTTP server, in the format of "
+        "Prometheus' exporter-toolkit (tls_server_config, basic_auth_users with bcrypt "
+        "hashes), as node_exporter takes it; /healthz and /readyz stay open to probes",
+    )
+    p.add_argument(
         "--log-format",
         choices=("json", "text"),
         default="json",
@@ -184,6 +193,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         resctrl_mode=args.resctrl_mode,
         gpu_backend=args.gpu_backend,
         pod_resources_socket=args.pod_resources_socket,
+        web_config_file=args.web_config_file,
     )
 
 
@@ -205,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--host-root {args.host_root!r} is not a directory")
     if args.kubeconfig and not os.path.isfile(args.kubeconfig):
         p.error(f"--kubeconfig {args.kubeconfig!r} is not a file")
+    if args.web_config_file:
+        try:  # read once here: a bad file is a clear error before anything starts
+            webconfig.ssl_context(webconfig.load(args.web_config_file), args.web_config_file)
+        except webconfig.WebConfigError as err:
+            p.error(f"--web.config.file {err}")
     logs.setup(args.log_format, args.log_level)
     _one_malloc_arena()
     try:

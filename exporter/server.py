@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from exporter import webconfig
 from exporter.collection import (
     GPU,
     HOST_NUMA,
@@ -47,6 +48,7 @@ class Settings:
     gpu_backend: str = "nvml"  # nvml | none | fake:PATH
     # the kubelet's PodResources socket; None: the default one, used only if it exists
     pod_resources_socket: str | None = None
+    web_config_file: str | None = None  # TLS and basic auth (exporter-toolkit's format)
 
 
 class GpuBackendError(Exception):
@@ -179,9 +181,15 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         timeout_seconds=settings.collector_timeout_seconds,
     )
     exporter = Exporter(settings, collection)
+    tls = None
+    if settings.web_config_file:
+        web_config = webconfig.load(settings.web_config_file)
+        tls = webconfig.ssl_context(web_config, settings.web_config_file)
+        if web_config.basic_auth_users:
+            exporter.app.middlewares.append(webconfig.basic_auth(web_config.basic_auth_users))
     runner = web.AppRunner(exporter.app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=tls)
     await site.start()
     tasks.append(asyncio.create_task(exporter.run_cycles(), name="collection"))
     log.info(

@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter, ValidationError
 
-from exporter import __version__, logs
+from exporter import __version__, logs, webconfig
 from exporter.sources.kube import KubeconfigError, api_client
 from remediator.controller import Controller, CycleReport
 from remediator.findings import Detection
@@ -174,6 +174,14 @@ def parser() -> argparse.ArgumentParser:
                 default="0.0.0.0:9848",
                 metavar="HOST:PORT",
                 help="where to serve /metrics and /healthz",
+            )
+            s.add_argument(
+                "--web.config.file",
+                dest="web_config_file",
+                default=None,
+                metavar="FILE",
+                help="TLS and basic authentication for /metrics, in the format of "
+                "Prometheus' exporter-toolkit (as the exporter's); /healthz stays open",
             )
             s.add_argument(
                 "--lease-namespace",
@@ -397,10 +405,16 @@ async def run_command(args) -> int:
 
     app = web.Application()
     app.add_routes([web.get("/metrics", serve_metrics), web.get("/healthz", healthz)])
+    tls = None
+    if args.web_config_file:
+        web_config = webconfig.load(args.web_config_file)
+        tls = webconfig.ssl_context(web_config, args.web_config_file)
+        if web_config.basic_auth_users:
+            app.middlewares.append(webconfig.basic_auth(web_config.basic_auth_users))
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     host, _, port = args.listen.rpartition(":")
-    await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+    await web.TCPSite(runner, host or "0.0.0.0", int(port), ssl_context=tls).start()
     election = asyncio.create_task(elector.run(stop))  # renews whatever the cycle does
     try:
         async with aiohttp.ClientSession() as session:
@@ -442,8 +456,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "leader election needs 0 < --retry-period < --renew-deadline < --lease-duration"
             )
+        if getattr(args, "web_config_file", None):  # a bad file: an error before starting
+            webconfig.ssl_context(webconfig.load(args.web_config_file), args.web_config_file)
     except ConfigError as err:
         p.error(str(err))
+    except webconfig.WebConfigError as err:
+        p.error(f"--web.config.file {err}")
     logs.setup(args.log_format, args.log_level)
     try:
         return asyncio.run(plan_command(args) if args.command == "plan" else run_command(args))

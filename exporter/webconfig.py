@@ -1,0 +1,149 @@
+"""TLS and basic authentication for /metrics, configured as Prometheus' exporter-toolkit
+configures node_exporter and dcgm-exporter (``--web.config.file``):
+
+    tls_server_config:
+      cert_file: server.crt        # paths relative to this file, as exporter-toolkit's
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert
+      client_ca_file: ca.crt
+      min_version: TLS12
+    basic_auth_users:
+      prometheus: $2y$10$...       # bcrypt (htpasswd -B), never the password itself
+
+Used by both components' HTTP servers. TLS comes from the standard library's ssl,
+password checks from bcrypt (in a thread, remembered once right: a bcrypt check costs
+tens of milliseconds, a scrape should not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import ssl
+from pathlib import Path
+from typing import Literal
+
+import bcrypt
+import yaml
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+# exporter-toolkit's names -> what the handshake asks of a client. Its two that take a
+# certificate unverified (RequestClientCert, RequireAnyClientCert) are refused: the
+# standard library verifies every certificate it is given.
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+OPEN_PATHS = ("/healthz", "/readyz")  # the kubelet's probes carry no credentials
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+
+
+class WebConfigError(Exception):
+    """The web config file cannot be used; the message says why."""
+
+
+class TlsServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cert_file: str
+    key_file: str
+    client_auth_type: Literal[tuple(CLIENT_AUTH)] = "NoClientCert"
+    client_ca_file: str = ""
+    min_version: Literal[tuple(TLS_VERSIONS)] = "TLS12"
+    max_version: Literal[tuple(TLS_VERSIONS)] = "TLS13"
+
+
+class WebConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tls_server_config: TlsServerConfig | None = None
+    basic_auth_users: dict[str, str] = {}
+
+
+def load(path: str) -> WebConfig:
+    try:
+        text = Path(path).read_text()
+        config = WebConfig.model_validate(yaml.safe_load(text) or {})
+    except (OSError, yaml.YAMLError) as err:
+        raise WebConfigError(f"{path}: {err}") from None
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors(include_url=False)
+        )
+        raise WebConfigError(f"{path}: {problems}") from None
+    tls = config.tls_server_config
+    if tls is not None:  # relative to the config file, as exporter-toolkit has it
+        here = Path(path).resolve().parent
+        for key in ("cert_file", "key_file", "client_ca_file"):
+            value = getattr(tls, key)
+            if value:
+                setattr(tls, key, str(here / value))
+        if tls.client_auth_type != "NoClientCert" and not tls.client_ca_file:
+            raise WebConfigError(f"{path}: {tls.client_auth_type} needs client_ca_file")
+    for user, hashed in config.basic_auth_users.items():
+        if not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise WebConfigError(f"{path}: basic_auth_users.{user} is not a bcrypt hash")
+    return config
+
+
+def ssl_context(config: WebConfig, path: str = "") -> ssl.SSLContext | None:
+    """The server's TLS context, or None for plain HTTP."""
+    tls = config.tls_server_config
+    if tls is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+        if tls.client_ca_file:
+            context.load_verify_locations(tls.client_ca_file)
+    except (OSError, ssl.SSLError) as err:
+        raise WebConfigError(f"{path}: tls_server_config: {err}") from None
+    context.verify_mode = CLIENT_AUTH[tls.client_auth_type]
+    context.minimum_version = TLS_VERSIONS[tls.min_version]
+    context.maximum_version = TLS_VERSIONS[tls.max_version]
+    return context
+
+
+def basic_auth(users: dict[str, str]):
+    """An aiohttp middleware asking for one of ``users`` (name -> bcrypt hash) on every
+    path but the probes'."""
+    passed: set[bytes] = set()  # digests of credentials already checked right
+
+    def refuse() -> web.Response:
+        return web.Response(
+            status=401,
+            text="Unauthorized\n",
+            headers={"WWW-Authenticate": 'Basic realm="numaguard"'},
+        )
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        scheme, _, encoded = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "basic":
+            return refuse()
+        try:
+            user, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return refuse()
+        hashed = users.get(user)
+        if not sep or hashed is None:
+            return refuse()
+        digest = hashlib.sha256(f"{user}\0{password}\0{hashed}".encode()).digest()
+        if not any(hmac.compare_digest(digest, d) for d in passed):
+            right = await asyncio.to_thread(bcrypt.checkpw, password.encode(), hashed.encode())
+            if not right:
+                return refuse()
+            passed.add(digest)
+        return await handler(request)
+
+    return middleware

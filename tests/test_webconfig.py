@@ -1,0 +1,229 @@
+"""TLS and basic auth on /metrics (--web.config.file, exporter-toolkit's format): a real
+Prometheus scrapes the exporter over TLS with a client certificate and with basic auth;
+wrong credentials get 401, no certificate fails the handshake, the probes stay open;
+the remediator serves the same; a bad file is a clear error before anything starts."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import subprocess
+import sys
+
+import aiohttp
+import bcrypt
+import pytest
+import yaml
+
+from simulator import presets
+from simulator.processes import exporter_process, free_port, wait_ok
+from simulator.prometheus import PrometheusServer
+
+PASSWORD = "s3cret"
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1, a client certificate it signed, and a
+    client certificate of another CA."""
+    d = tmp_path_factory.mktemp("pki")
+    for ca in ("ca", "other-ca"):
+        openssl(
+            *("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"),
+            *("-keyout", str(d / f"{ca}.key"), "-out", str(d / f"{ca}.crt"), "-subj", f"/CN={ca}"),
+        )
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name, ca, extra in (
+        ("server", "ca", ["-extfile", str(d / "san.cnf")]),
+        ("client", "ca", []),
+        ("stranger", "other-ca", []),
+    ):
+        openssl(
+            *("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}"),
+            *("-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr")),
+        )
+        openssl(
+            *("x509", "-req", "-in", str(d / f"{name}.csr"), "-days", "2"),
+            *("-CA", str(d / f"{ca}.crt"), "-CAkey", str(d / f"{ca}.key"), "-CAcreateserial"),
+            *("-out", str(d / f"{name}.crt"), *extra),
+        )
+    return d
+
+
+def web_config(directory, tls: bool, users: bool) -> str:
+    config = {}
+    if tls:  # paths relative to the file, as exporter-toolkit reads them
+        config["tls_server_config"] = {
+            "cert_file": "server.crt",
+            "key_file": "server.key",
+            "client_auth_type": "RequireAndVerifyClientCert",
+            "client_ca_file": "ca.crt",
+        }
+    if users:  # htpasswd -B writes $2y$
+        hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+        config["basic_auth_users"] = {"prometheus": "$2y$" + hashed[4:]}
+    path = directory / f"web-{tls}-{users}.yml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def client_tls(pki, cert: str | None = "client") -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if cert:
+        context.load_cert_chain(str(pki / f"{cert}.crt"), str(pki / f"{cert}.key"))
+    return context
+
+
+def basic(user: str, password: str) -> dict:
+    return {"Authorization": aiohttp.encode_basic_auth(user, password)}
+
+
+async def status(url: str, context=None, auth: dict | None = None) -> int:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, ssl=context, headers=auth or {}) as r,
+    ):
+        return r.status
+
+
+def exporter_args(root, config: str) -> tuple[str, ...]:
+    return (
+        *("--host-root", str(root.root), "--node-name", "n1", "--interval", "0.5"),
+        *("--gpu-backend", "none", "--web.config.file", config),
+    )
+
+
+async def test_prometheus_scrapes_over_tls_with_a_client_cert_and_basic_auth(fake_root, pki):
+    root = fake_root(presets.two_socket())
+    config = web_config(pki, tls=True, users=True)
+    port = free_port()
+    args = (*exporter_args(root, config), "--listen", f"127.0.0.1:{port}")
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args], stderr=subprocess.DEVNULL)
+    url = f"https://127.0.0.1:{port}"
+    right = basic("prometheus", PASSWORD)
+    try:
+        await wait_ok_tls(f"{url}/readyz", client_tls(pki))
+        assert await status(f"{url}/metrics", client_tls(pki), right) == 200
+        assert await status(f"{url}/metrics", client_tls(pki)) == 401
+        wrong = basic("prometheus", "guess")
+        assert await status(f"{url}/metrics", client_tls(pki), wrong) == 401
+        assert await status(f"{url}/healthz", client_tls(pki)) == 200  # probes: no password
+        for cert in (None, "stranger"):  # no certificate, or one of another CA
+            with pytest.raises(aiohttp.ClientError):
+                await status(f"{url}/metrics", client_tls(pki, cert), right)
+        job = {
+            "job_name": "tls",
+            "scheme": "https",
+            "tls_config": {
+                "ca_file": str(pki / "ca.crt"),
+                "cert_file": str(pki / "client.crt"),
+                "key_file": str(pki / "client.key"),
+            },
+            "basic_auth": {"username": "prometheus", "password": PASSWORD},
+            "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
+        }
+        async with PrometheusServer([], free_port(), other_jobs=[job]) as prom:
+            await prom.wait_for('up{job="tls"} == 1')
+            assert await prom.wait_for('numaguard_numa_node_info{job="tls", numa_node="0"}')
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def wait_ok_tls(url: str, context: ssl.SSLContext, timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                if await status(url, context) == 200:
+                    return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+
+
+async def test_basic_auth_alone_over_plain_http(fake_root, pki):
+    root = fake_root(presets.two_socket())
+    config = web_config(pki, tls=False, users=True)
+    async with exporter_process(*exporter_args(root, config)) as (url, _):
+        assert await status(f"{url}/metrics") == 401
+        assert await status(f"{url}/metrics", auth=basic("prometheus", PASSWORD)) == 200
+        job = {
+            "job_name": "auth",
+            "basic_auth": {"username": "prometheus", "password": PASSWORD},
+            "static_configs": [{"targets": [url.removeprefix("http://")]}],
+        }
+        async with PrometheusServer([], free_port(), other_jobs=[job]) as prom:
+            await prom.wait_for('up{job="auth"} == 1')
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"basic_auth_users": {"p": "plain-text"}}, "basic_auth_users.p is not a bcrypt hash"),
+        (
+            {
+                "tls_server_config": {
+                    "cert_file": "server.crt",
+                    "key_file": "server.key",
+                    "client_auth_type": "RequireAndVerifyClientCert",
+                }
+            },
+            "RequireAndVerifyClientCert needs client_ca_file",
+        ),
+        ({"tls_server_config": {"cert_file": "nope.crt", "key_file": "nope.key"}}, "No such"),
+        ({"http2": True}, "http2: Extra inputs are not permitted"),
+        (
+            {
+                "tls_server_config": {
+                    "cert_file": "server.crt",
+                    "key_file": "server.key",
+                    "client_auth_type": "RequestClientCert",
+                }
+            },
+            "client_auth_type",
+        ),
+    ],
+)
+@pytest.mark.parametrize("component", ["exporter", "remediator"])
+def test_a_bad_web_config_is_a_clear_error_before_anything_starts(pki, config, says, component):
+    path = pki / "bad.yml"
+    path.write_text(yaml.safe_dump(config))
+    argv = {
+        "exporter": ["-m", "exporter", "--host-root", "/", "--web.config.file", str(path)],
+        "remediator": [
+            *("-m", "remediator", "run", "--prometheus", "http://127.0.0.1:1"),
+            *("--web.config.file", str(path)),
+        ],
+    }[component]
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--web.config.file" in done.stderr and says in done.stderr, done.stderr
+
+
+async def test_the_remediator_serves_its_metrics_with_the_same_config(pki, tmp_path, control_plane):
+    cp = control_plane
+    account = "numaguard-remediator"
+    kubeconfig = cp.kubeconfig(tmp_path / "kubeconfig", cp.tokens[account], account)
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *("-m", "remediator", "run", "--kubeconfig", kubeconfig),
+            *("--prometheus", f"http://127.0.0.1:{free_port()}", "--listen", f"127.0.0.1:{port}"),
+            *("--lease-namespace", "numaguard", "--lease-name", "webconfig-test"),
+            *("--web.config.file", web_config(pki, tls=False, users=True)),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ok(f"{url}/healthz")  # open to probes
+        assert await status(f"{url}/metrics") == 401
+        assert await status(f"{url}/metrics", auth=basic("prometheus", PASSWORD)) == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
