@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs proto system-deps k8s-parts prometheus3 clean FORCE
+.PHONY: demo test bench lint docs proto system-deps k8s-parts prometheus3 helm clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -82,7 +82,21 @@ $(PROM3)/.built: | $(VENV)/.installed
 
 prometheus3: $(PROM3)/.built
 
-test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built
+# helm, to render and lint deploy/helm/numaguard in the tests, pinned in tests/helm/go.mod
+HELM_VERSION := $(shell awk '$$1 == "require" && $$2 == "helm.sh/helm/v3" {print $$3}' tests/helm/go.mod)
+HELM := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numaguard/helm-$(HELM_VERSION)
+
+$(HELM)/.built: | $(VENV)/.installed
+	@$(FIND_GO); \
+	echo "building helm $(HELM_VERSION) into $(HELM) (once: about 2 minutes cold)"; \
+	mkdir -p $(HELM) && cd tests/helm && \
+	$$go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" \
+	  -o $(HELM)/ helm.sh/helm/v3/cmd/helm
+	@touch $@
+
+helm: $(HELM)/.built
+
+test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.built
 	$(PY) -m pytest
 	$(VENV)/bin/ruff check .
 

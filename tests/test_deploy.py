@@ -39,7 +39,7 @@ def manifests() -> list[tuple[str, dict]]:
 
 def test_generated_manifests_are_current():
     for name, text in generate.files().items():
-        assert (DEPLOY / "base" / name).read_text() == text, "run: make docs"
+        assert (DEPLOY / name).read_text() == text, "run: make docs"
 
 
 @pytest.mark.parametrize(
