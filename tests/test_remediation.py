@@ -37,7 +37,7 @@ from simulator.prometheus import PrometheusServer
 NODE = "gpu-node-3"
 
 
-async def component_kubeconfigs(cp: ControlPlane, sim: SimulatedCluster, stack, directory):
+async def component_kubeconfigs(cp: ControlPlane, stack, directory):
     """The exporter's and the remediator's kubeconfigs: each its ServiceAccount's token,
     through its own fault proxy. Returns (exporter's, remediator's, remediator's proxy)."""
     paths = []
@@ -72,7 +72,7 @@ class Cluster:
         self.stack.push_async_callback(self.sim.stop)
         self.stack.push_async_callback(forget_leases, cp, self.sim.session)
         exporter_kubeconfig, self.kubeconfig, self.proxy = await component_kubeconfigs(
-            cp, self.sim, self.stack, tmp_path
+            cp, self.stack, tmp_path
         )
         url, self.exporter = await self.stack.enter_async_context(
             exporter_process(
@@ -695,7 +695,7 @@ async def test_guards_and_caps_hold_under_a_hundred_findings(tmp_path, control_p
         ticker = asyncio.create_task(throttle())
         stack.callback(ticker.cancel)
         exporter_kubeconfig, kubeconfig, proxy = await component_kubeconfigs(
-            control_plane, sim, stack, tmp_path
+            control_plane, stack, tmp_path
         )
         url, _ = await stack.enter_async_context(
             exporter_process(*sim.exporter_args(node, exporter_kubeconfig), "--interval", "1")
