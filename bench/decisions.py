@@ -34,7 +34,7 @@ from remediator.queries import REQUIRED_LABELS
 from remediator.signals import Signals
 from simulator import presets
 from simulator.cluster import SimulatedCluster
-from simulator.controlplane import ControlPlane, path_of
+from simulator.controlplane import ControlPlane
 from simulator.host import FakeContainer, FakePod
 from simulator.nvml import FakeGpu
 from simulator.prometheus import as_signals
@@ -201,14 +201,8 @@ async def run_scenario(
 async def evict(sim: SimulatedCluster, pod: PodInfo) -> None:
     """Evict through the Eviction API; return once the replacement was admitted or
     refused by its node, or the scheduler found no node for it."""
-    body = {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": pod.name, "namespace": pod.namespace},
-        "deleteOptions": {"preconditions": {"uid": pod.uid}},
-    }
-    path = path_of("Pod", pod.namespace, pod.name) + "/eviction"
-    await sim.cp.call(sim.session, "POST", path, body)
+    status = await sim.cp.evict(sim.session, pod.namespace, pod.name, pod.uid)
+    assert status == 201, f"eviction of {pod.namespace}/{pod.name}: HTTP {status}"
     app = pod.workload.split("/")[-1]
 
     async def replaced(session) -> bool:

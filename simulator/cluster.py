@@ -41,7 +41,7 @@ from simulator.controlplane import ApiError, ControlPlane, path_of
 from simulator.host import FakeContainer, FakeHost, FakeHostRoot, FakePod
 from simulator.kubelet import FakeKubelet
 from simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
-from simulator.processes import exporter_process
+from simulator.processes import exporter_process, until
 
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand
@@ -230,15 +230,7 @@ class SimulatedCluster:
 
     async def wait_for_api(self, check, what: str, timeout: float = 120.0):
         """Poll ``await check(session)`` until it is truthy; returns it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            result = await check(self.session)
-            if result:
-                return result
-            if loop.time() > deadline:
-                raise AssertionError(f"not {what} in {timeout:g}s")
-            await asyncio.sleep(0.1)
+        return await until(lambda: check(self.session), what, timeout)
 
     async def _all_adopted(self, session) -> bool:
         for namespace in self.namespaces:

@@ -28,8 +28,10 @@ from simulator.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # deploy/'s namespace, ServiceAccounts and RBAC, applied to the test cluster as shipped
-RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role"}
-RBAC_KINDS |= {"RoleBinding"}
+RBAC_KINDS = {
+    *("Namespace", "ServiceAccount"),
+    *("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"),
+}
 ACCOUNTS = ("numaguard-exporter", "numaguard-remediator")
 PARTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 # The controllers the simulated cluster's behaviour depends on (kube-controller-manager
@@ -337,6 +339,18 @@ class ControlPlane:
         if query:
             path += "?" + "&".join(f"{k}={v}" for k, v in query.items())
         return (await self.call(session, "GET", path))["items"]
+
+    async def evict(self, session, namespace: str, name: str, uid: str) -> int:
+        """Ask the Eviction API (as the admin) to evict that pod, if it still has that
+        uid; the HTTP status (201, 429 under a PDB, 409 for another uid, 404)."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        path = path_of("Pod", namespace, name) + "/eviction"
+        return (await self.request(session, "POST", path, body))[0]
 
     async def patch(self, session, kind: str, namespace, name: str, patch: dict, sub="") -> dict:
         path = path_of(kind, namespace, name) + (f"/{sub}" if sub else "")

@@ -14,6 +14,20 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 
 
+async def until(check, what: str, timeout: float = 60.0, every: float = 0.1):
+    """Await ``check()`` until it returns something truthy, and return that: the one way
+    tests and the simulator wait on a condition they cannot be told about."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if loop.time() > deadline:
+            raise AssertionError(f"not {what} in {timeout:g}s")
+        await asyncio.sleep(every)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -5,7 +5,6 @@ out of the shipped ClusterRole makes the remediator's call fail with the server'
 
 from __future__ import annotations
 
-import asyncio
 import types
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from remediator.actuator import Actuator
 from remediator.kube import API_USE as REMEDIATOR_API_USE
 from remediator.kube import Kube
 from simulator.controlplane import ControlPlane
+from simulator.processes import until
 
 DEPLOY = Path(__file__).parent.parent / "deploy" / "base"
 
@@ -127,21 +127,19 @@ async def test_without_the_eviction_verb_the_remediator_s_eviction_gets_403(
     async with aiohttp.ClientSession() as session:
         try:
             await cp.call(session, "PATCH", path, {"rules": without})
-            await wait(lambda: may_evict(session), False)
+            await until(lambda: refused(may_evict(session)), "the verb gone from the authorizer")
             answer = await Kube(client).post(*eviction)
             assert answer.status == 403 and answer.body["reason"] == "Forbidden"
             assert await Actuator(Kube(client), None)._evict(pod) == "failed"
         finally:
             await cp.call(session, "PATCH", path, {"rules": role["rules"]})
-        await wait(lambda: may_evict(session), True)
+        await until(lambda: may_evict(session), "the verb back in the authorizer")
         try:  # as shipped: allowed (there is no such pod)
             assert await Actuator(Kube(client), None)._evict(pod) == "gone"
         finally:
             await client.close()
 
 
-async def wait(check, want: bool, timeout: float = 30.0) -> None:
-    """Until the authorizer (whose role cache follows a watch) answers ``want``."""
-    async with asyncio.timeout(timeout):
-        while await check() != want:
-            await asyncio.sleep(0.1)
+async def refused(review) -> bool:
+    """The authorizer's role cache follows a watch: whether it says no yet."""
+    return not await review

@@ -23,7 +23,7 @@ from remediator.kube import Kube
 from remediator.leader import LeaderElector
 from simulator.controlplane import ControlPlane, path_of
 from simulator.faultproxy import FaultProxy
-from simulator.processes import free_port
+from simulator.processes import free_port, until
 
 NAMESPACE = "numaguard"  # where deploy/'s Role lets the remediator keep its Lease
 LEASE = path_of("Lease", NAMESPACE, "lease")
@@ -223,10 +223,12 @@ async def test_the_run_loop_renews_in_the_background_and_releases(kube):
     await asyncio.wait_for(took.wait(), 60)
     assert a.leading and (await spec())["holderIdentity"] == "a"
     renewed = (await spec())["renewTime"]
+
     # while nothing else runs here (a long cycle elsewhere), the Lease is renewed
-    async with asyncio.timeout(60):
-        while (await spec())["renewTime"] == renewed:
-            await asyncio.sleep(0.05)
+    async def renewed_since() -> bool:
+        return (await spec())["renewTime"] != renewed
+
+    await until(renewed_since, "the Lease renewed")
     assert a.leading
     stop.set()
     await asyncio.wait_for(task, 10)
@@ -268,22 +270,16 @@ async def test_two_remediator_processes_and_the_leader_killed(tmp_path, control_
         except aiohttp.ClientError:
             return False
 
-    async def until(check, timeout=60.0):
-        async with asyncio.timeout(timeout):
-            while not (result := await check()):
-                await asyncio.sleep(0.2)
-            return result
-
     try:
         async with aiohttp.ClientSession() as session:
-            first = await until(lambda: leader(session))
-            await until(lambda: says_leading(session, first))
+            first = await until(lambda: leader(session), "a leader")
+            await until(lambda: says_leading(session, first), "its metric saying so")
             (other,) = set(procs) - {first}
             assert not await says_leading(session, other)
             procs[first].kill()  # no goodbye: the Lease stays as it was
             procs[first].wait()
-            assert await until(lambda: leader(session)) == first
-            await until(lambda: says_leading(session, other))
+            assert await leader(session) == first  # nobody released it
+            await until(lambda: says_leading(session, other), "the other leading")
             assert await leader(session) == other
             lease = await cp.get(session, "Lease", NAMESPACE, "lease")
             assert lease["spec"]["leaseTransitions"] >= 1

@@ -31,8 +31,9 @@ from simulator.cluster import SimulatedCluster
 from simulator.controlplane import ControlPlane, path_of
 from simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from simulator.nvml import FakeNvml, Process
-from simulator.processes import exporter_process, free_port
+from simulator.processes import exporter_process, free_port, until
 from simulator.prometheus import PrometheusServer
+from tests.test_control_plane import allowed
 
 NODE = "gpu-node-3"
 
@@ -462,33 +463,22 @@ async def base_rbac_only(cp: ControlPlane, session):
     (until the authorizer has seen it go), then put back."""
     path = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/numaguard-remediator-enforce"
     binding = await cp.call(session, "GET", path)
-    review = {
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SubjectAccessReview",
-        "spec": {
-            "user": "system:serviceaccount:numaguard:numaguard-remediator",
-            "resourceAttributes": {"resource": "pods", "subresource": "eviction", "verb": "create"},
-        },
-    }
 
     async def may_evict() -> bool:
-        answer = await cp.call(
-            session, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review
-        )
-        return answer["status"]["allowed"]
+        account = "numaguard-remediator"
+        return await allowed(cp, session, account, "", "pods/eviction", "create", "ml")
+
+    async def may_not_evict() -> bool:
+        return not await may_evict()
 
     await cp.call(session, "DELETE", path)
     try:
-        async with asyncio.timeout(30):
-            while await may_evict():
-                await asyncio.sleep(0.1)
+        await until(may_not_evict, "the enforce binding gone from the authorizer")
         yield
     finally:
         kept = {k: binding[k] for k in ("apiVersion", "kind", "roleRef", "subjects")}
         await cp.create(session, {**kept, "metadata": {"name": binding["metadata"]["name"]}})
-        async with asyncio.timeout(30):  # the next test may evict
-            while not await may_evict():
-                await asyncio.sleep(0.1)
+        await until(may_evict, "the enforce binding back")  # the next test may evict
 
 
 async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):

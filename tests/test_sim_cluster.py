@@ -39,15 +39,7 @@ async def sim_cluster(tmp_path, control_plane):
 async def evict(sim: SimulatedCluster, name: str, uid: str | None = None) -> int:
     """Ask the Eviction API (as the admin) to evict ml/``name``; its HTTP status."""
     pod = await sim.cp.get(sim.session, "Pod", "ml", name)
-    body = {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": name, "namespace": "ml"},
-        "deleteOptions": {"preconditions": {"uid": uid or pod["metadata"]["uid"]}},
-    }
-    path = f"/api/v1/namespaces/ml/pods/{name}/eviction"
-    status, _ = await sim.cp.request(sim.session, "POST", path, body)
-    return status
+    return await sim.cp.evict(sim.session, "ml", name, uid or pod["metadata"]["uid"])
 
 
 async def replacement(sim: SimulatedCluster, workload: str) -> FakePod | None:

@@ -5,7 +5,6 @@ the remediator serves the same; a bad file is a clear error before anything star
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 import yaml
 
 from simulator import presets
-from simulator.processes import exporter_process, free_port, wait_ok
+from simulator.processes import exporter_process, free_port, until, wait_ok
 from simulator.prometheus import PrometheusServer
 
 PASSWORD = "s3cret"
@@ -134,15 +133,14 @@ async def test_prometheus_scrapes_over_tls_with_a_client_cert_and_basic_auth(fak
         proc.wait(timeout=10)
 
 
-async def wait_ok_tls(url: str, context: ssl.SSLContext, timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            try:
-                if await status(url, context) == 200:
-                    return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
+async def wait_ok_tls(url: str, context: ssl.SSLContext) -> None:
+    async def ok() -> bool:
+        try:
+            return await status(url, context) == 200
+        except aiohttp.ClientError:
+            return False
+
+    await until(ok, f"{url} answering")
 
 
 async def test_basic_auth_alone_over_plain_http(fake_root, pki):
