@@ -200,9 +200,11 @@ async def test_an_eviction_names_its_pod_by_uid(api):
     # the pod was replaced by another of the same name since it was read
     old = await api.get("Pod", "trainer")
     await api.cp.request(api.sim.session, "DELETE", "/api/v1/namespaces/ml/pods/trainer")
-    await api.sim.wait_until(
-        lambda: "trainer" not in {p.name for p in api.sim.running()}, "trainer gone"
-    )
+
+    async def gone(_) -> bool:  # the kubelet confirmed it and the API server let it go
+        return await api.get("Pod", "trainer") is None
+
+    await api.sim.wait_for_api(gone, "trainer deleted")
     again = {
         "apiVersion": "v1",
         "kind": "Pod",
