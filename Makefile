@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs proto system-deps k8s-parts prometheus3 helm clean FORCE
+.PHONY: demo test bench lint docs proto system-deps k8s-parts prometheus3 helm prometheus-operator clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -96,7 +96,28 @@ $(HELM)/.built: | $(VENV)/.installed
 
 helm: $(HELM)/.built
 
-test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.built
+# The Prometheus Operator, pinned in tests/operator/go.mod: the tests let it, not us,
+# turn deploy/'s ServiceMonitors and PrometheusRule into the Prometheus configuration they
+# run. Its CRDs come from the same module.
+OPERATOR_MODULE := github.com/prometheus-operator/prometheus-operator
+OPERATOR_VERSION := $(shell awk '$$1 == "require" && $$2 == "$(OPERATOR_MODULE)" {print $$3}' tests/operator/go.mod)
+OPERATOR := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numaguard/prometheus-operator-$(OPERATOR_VERSION)
+
+$(OPERATOR)/.built: | $(VENV)/.installed
+	@$(FIND_GO); \
+	echo "building the Prometheus Operator $(OPERATOR_VERSION) into $(OPERATOR) (once: a few minutes cold)"; \
+	mkdir -p $(OPERATOR)/crds && cd tests/operator && \
+	$$go build -trimpath \
+	  -ldflags "-s -w -X github.com/prometheus/common/version.Version=$(OPERATOR_VERSION:v%=%)" \
+	  -o $(OPERATOR)/ $(OPERATOR_MODULE)/cmd/operator && \
+	cp "$$($$go list -m -f '{{.Dir}}' $(OPERATOR_MODULE))"/example/prometheus-operator-crd/*.yaml \
+	  $(OPERATOR)/crds/
+	@touch $@
+
+prometheus-operator: $(OPERATOR)/.built
+
+test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.built \
+  $(OPERATOR)/.built
 	$(PY) -m pytest
 	$(VENV)/bin/ruff check .
 

@@ -37,11 +37,11 @@ from datetime import UTC, datetime
 import aiohttp
 
 from exporter.readers import format_id_list, parse_id_list
-from simulator.controlplane import ApiError, ControlPlane, path_of
+from simulator.controlplane import ApiError, ControlPlane, path_of, rendered
 from simulator.host import FakeContainer, FakeHost, FakeHostRoot, FakePod
 from simulator.kubelet import FakeKubelet
 from simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
-from simulator.processes import exporter_process, until
+from simulator.processes import exporter_process, routable_address, until
 
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand
@@ -97,6 +97,8 @@ class SimulatedCluster:
         self.session: aiohttp.ClientSession | None = None
         self._running: dict[str, tuple[SimNode, FakePod]] = {}  # uid -> where it runs
         self.workload: dict[str, str] = {}  # uid -> its workload (app label) once admitted
+        # (namespace, pod) -> the address its process really serves on, for its status
+        self.addresses: dict[tuple[str, str], str] = {}
         self._tasks: list[asyncio.Task] = []
         self._changed = asyncio.Event()
 
@@ -278,6 +280,53 @@ class SimulatedCluster:
             node.kubelet.socket_path,
         )
 
+    async def run_exporter_daemonset(self, stack, kubeconfig: str, *args: str) -> dict[str, str]:
+        """Run deploy/'s exporter DaemonSet on every node, as its controller and the
+        node's kubelet would: the DaemonSet object as rendered, a pod per node made from
+        its template (bound to the node, owned by it) and the exporter as a process for
+        each, serving on this machine's routable address, a port each (the nodes share
+        one machine: the pod's containerPort says which); the agent reports the pod
+        Running at that address, so the exporter Service's EndpointSlices list it as
+        they would a real one. ``stack`` stops the processes. Returns node -> URL."""
+        address = routable_address()
+        (daemonset,) = [o for o in rendered("base") if o["kind"] == "DaemonSet"]
+        namespace = daemonset["metadata"]["namespace"]
+        self.namespaces.add(namespace)  # stop() takes the DaemonSet and its pods away
+        # the GPU Operator's RuntimeClass, which the DaemonSet's pods ask for
+        runtime = daemonset["spec"]["template"]["spec"]["runtimeClassName"]
+        if await self.cp.get(self.session, "RuntimeClass", None, runtime) is None:
+            handler = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "handler": runtime}
+            await self.cp.create(self.session, {**handler, "metadata": {"name": runtime}})
+        owner = await self.cp.create(self.session, daemonset)
+        owned_by = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        urls, names = {}, set()
+        for node in self.nodes.values():
+            url, _ = await stack.enter_async_context(
+                exporter_process(*self.exporter_args(node, kubeconfig), *args, address=address)
+            )
+            pod = json.loads(json.dumps(daemonset["spec"]["template"]))
+            name = f"{owner['metadata']['name']}-{node.index}"
+            pod["metadata"] |= {"name": name, "namespace": namespace}
+            pod["metadata"]["ownerReferences"] = [owned_by]
+            pod["spec"]["nodeName"] = node.name
+            (container,) = pod["spec"]["containers"]
+            for port in container["ports"]:
+                if port["name"] == "metrics":
+                    port["containerPort"] = int(url.rsplit(":", 1)[1])
+            self.addresses[(namespace, name)] = address
+            await self.cp.create(self.session, {"apiVersion": "v1", "kind": "Pod", **pod})
+            urls[node.name] = url
+            names.add(name)
+        await self.wait_until(lambda: names <= set(self.admitted), "exporter pods running")
+        return urls
+
     def running(self, name_prefix: str = "") -> list[FakePod]:
         """The pods the nodes run now (whose names start with ``name_prefix``)."""
         return [p for _, p in self._running.values() if p.name.startswith(name_prefix)]
@@ -445,7 +494,8 @@ class SimulatedCluster:
 
     def _running_status(self, node: SimNode, pod: FakePod) -> dict:
         now = _now()
-        ip = f"10.244.{node.index}.{len(self.admitted) % 250 + 2}"
+        ip = self.addresses.get((pod.namespace, pod.name))
+        ip = ip or f"10.244.{node.index}.{len(self.admitted) % 250 + 2}"
         ready = [
             {"type": t, "status": "True", "lastTransitionTime": now}
             for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")

@@ -63,6 +63,20 @@ KINDS = {
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "Service": ("/api/v1", "services", True),
+    "Secret": ("/api/v1", "secrets", True),
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
+    "CustomResourceDefinition": (
+        "/apis/apiextensions.k8s.io/v1",
+        "customresourcedefinitions",
+        False,
+    ),
+    # the Prometheus Operator's (simulator.operator installs them)
+    "Prometheus": ("/apis/monitoring.coreos.com/v1", "prometheuses", True),
+    "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors", True),
+    "PrometheusRule": ("/apis/monitoring.coreos.com/v1", "prometheusrules", True),
+    "RuntimeClass": ("/apis/node.k8s.io/v1", "runtimeclasses", False),
 }
 
 
@@ -88,6 +102,13 @@ def parts_dir() -> Path:
     if not set(PARTS) <= set(built) or not all((path / p).is_file() for p in PARTS):
         raise ControlPlaneMissing(f"{path} lacks some of {', '.join(PARTS)}: run make k8s-parts")
     return path
+
+
+def rendered(overlay: str = "base") -> list[dict]:
+    """What ``kubectl apply -k deploy/<overlay>`` would send: kustomize's rendering."""
+    kubectl = [str(parts_dir() / "kubectl"), "kustomize", str(ROOT / "deploy" / overlay)]
+    out = subprocess.run(kubectl, check=True, capture_output=True, text=True).stdout
+    return [obj for obj in yaml.safe_load_all(out) if obj]
 
 
 def path_of(kind: str, namespace: str | None = None, name: str | None = None) -> str:
@@ -244,10 +265,8 @@ class ControlPlane:
         """Apply deploy/<overlay>'s namespace, ServiceAccounts and RBAC as kustomize
         renders them (the enforce overlay: tests act), and get a token for each of our
         ServiceAccounts (``self.tokens``): our components run as those."""
-        kustomize = [str(self.bin / "kubectl"), "kustomize", str(ROOT / "deploy" / overlay)]
-        rendered = subprocess.run(kustomize, check=True, capture_output=True, text=True).stdout
-        for obj in yaml.safe_load_all(rendered):
-            if obj and obj["kind"] in RBAC_KINDS:
+        for obj in rendered(overlay):
+            if obj["kind"] in RBAC_KINDS:
                 await self.create(session, obj)
         for account in ACCOUNTS:
             self.tokens[account] = await self.service_account_token(session, "numaguard", account)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
+import psutil
 
 
 async def until(check, what: str, timeout: float = 60.0, every: float = 0.1):
@@ -28,10 +30,24 @@ async def until(check, what: str, timeout: float = 60.0, every: float = 0.1):
         await asyncio.sleep(every)
 
 
-def free_port() -> int:
+def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return s.getsockname()[1]
+
+
+def routable_address() -> str:
+    """This machine's first IPv4 address that is neither loopback nor link-local: one a
+    pod's status and an EndpointSlice accept (the API server refuses those two)."""
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            ip = ipaddress.ip_address(a.address) if a.family == socket.AF_INET else None
+            if ip and not (ip.is_loopback or ip.is_link_local):
+                return str(ip)
+    raise RuntimeError(
+        "this machine has no IPv4 address but loopback or link-local ones; the tests that "
+        "run exporters as pods need one (EndpointSlices refuse those): add one to an interface"
+    )
 
 
 async def wait_ok(url: str, timeout: float = 30.0, died: Callable[[], str | None] = lambda: None):
@@ -52,17 +68,17 @@ async def wait_ok(url: str, timeout: float = 30.0, died: Callable[[], str | None
 
 @contextlib.asynccontextmanager
 async def exporter_process(
-    *args: str, env: dict | None = None
+    *args: str, env: dict | None = None, address: str = "127.0.0.1"
 ) -> AsyncIterator[tuple[str, subprocess.Popen]]:
-    """``python -m exporter ARGS`` on a free loopback port, once ready.
+    """``python -m exporter ARGS`` on a free port of ``address``, once ready.
 
     Yields (base URL, process); stops it with SIGTERM on the way out.
     """
-    port = free_port()
+    port = free_port(address)
     # its log goes to a file: a pipe nobody reads fills up and blocks the exporter
     log = tempfile.TemporaryFile()  # noqa: SIM115 (read after the process ends)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}", *args],
+        [sys.executable, "-m", "exporter", "--listen", f"{address}:{port}", *args],
         stdout=subprocess.DEVNULL,
         stderr=log,
         env=env,
@@ -74,7 +90,7 @@ async def exporter_process(
             return None
         return f"code {proc.returncode}: {log_of(proc)[-2000:]}"
 
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{address}:{port}"
     try:
         await wait_ok(f"{url}/readyz", died=died)
         yield url, proc

@@ -92,6 +92,7 @@ class PrometheusServer:
         alertmanagers: list[str] | None = None,
         other_jobs: list[dict] | None = None,
         version: str = "2",
+        config_file: str | None = None,
     ) -> None:
         self.version = version
         self.targets = targets
@@ -100,6 +101,7 @@ class PrometheusServer:
         self.scrape_interval = scrape_interval
         self.rule_files = rule_files or []
         self.alertmanagers = alertmanagers or []  # host:port
+        self.config_file = config_file  # a whole configuration, instead of the above
         self.url = f"http://127.0.0.1:{port}"
         self._dir: tempfile.TemporaryDirectory | None = None
         self._proc: subprocess.Popen | None = None
@@ -131,14 +133,16 @@ class PrometheusServer:
                 "alertmanagers": [{"static_configs": [{"targets": self.alertmanagers}]}]
             }
         (d / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+        config_file = self.config_file or d / "prometheus.yml"
         self._log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed in stop)
         self._proc = subprocess.Popen(
             [
                 binary("prometheus", self.version),
-                f"--config.file={d / 'prometheus.yml'}",
+                f"--config.file={config_file}",
                 f"--storage.tsdb.path={d / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--log.level=warn",
+                "--web.enable-lifecycle",  # reload(), as a config reloader would
             ],
             stdout=subprocess.DEVNULL,
             stderr=self._log,
@@ -148,6 +152,15 @@ class PrometheusServer:
             timeout,
             died=lambda: self.log() if self._proc.poll() is not None else None,
         )
+
+    async def reload(self) -> None:
+        """Read the configuration file again; raises if Prometheus refuses it."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{self.url}/-/reload") as r,
+        ):
+            if r.status != 200:
+                raise RuntimeError(f"reload refused: {r.status} {await r.text()}")
 
     def log(self) -> str:
         return (Path(self._dir.name) / "prometheus.log").read_text()[-2000:] if self._dir else ""

@@ -13,7 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.test_deploy import CRDS, DEPLOY, K8S_VERSION, rendered
+from simulator.controlplane import rendered
+from tests.test_deploy import CRDS, DEPLOY, K8S_VERSION
 
 CHART = DEPLOY / "helm" / "numaguard"
 CHART_ONLY_ANNOTATIONS = {"checksum/config"}  # rolls the remediator when its config changes

@@ -5,7 +5,6 @@ equal what alerts/ and grafana/ hold, and RBAC grants exactly the verbs the code
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -18,7 +17,7 @@ from exporter.sources.kube import API_USE as EXPORTER_API_USE
 from grafana import dashboards
 from remediator.kube import API_USE as REMEDIATOR_API_USE
 from remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE
-from simulator.controlplane import parts_dir
+from simulator.controlplane import rendered
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S_VERSION = "1.31.0"
@@ -109,15 +108,6 @@ def test_rbac_grants_exactly_what_the_code_uses():
     assert REMEDIATOR_API_USE - DRY_RUN_API_USE == ENFORCE_API_USE
 
 
-def rendered(overlay: str) -> list[dict]:
-    """What `kubectl apply -k deploy/<overlay>` would send: kustomize's rendering."""
-    kubectl = str(parts_dir() / "kubectl")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True, check=True
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
 @pytest.mark.parametrize("overlay", ["base", "overlays/enforce", "overlays/resctrl-manage"])
 def test_every_overlay_renders_and_validates(overlay):
     docs = rendered(overlay)
@@ -132,7 +122,9 @@ def of(docs: list[dict], kind: str, name: str) -> dict:
     return doc
 
 
-def test_kube_prometheus_stack_finds_the_monitors_and_rules_and_keeps_pod_labels():
+def test_kube_prometheus_stack_selects_the_monitors_and_rules():
+    """Selected by the release label kube-prometheus-stack's defaults select; how they
+    are then scraped and evaluated, tests/test_operator.py shows with the real operator."""
     docs = rendered("base")
     for kind, name in (
         ("ServiceMonitor", "numaguard"),
@@ -142,9 +134,6 @@ def test_kube_prometheus_stack_finds_the_monitors_and_rules_and_keeps_pod_labels
         assert of(docs, kind, name)["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     monitor = of(docs, "ServiceMonitor", "numaguard")["spec"]
     assert "jobLabel" not in monitor  # the job is set by relabeling, to what alerts expect
-    (endpoint,) = monitor["endpoints"]
-    assert endpoint["honorLabels"] is True  # the workloads' namespace/pod, not ours
-    assert endpoint["relabelings"] == [{"targetLabel": "job", "replacement": "numaguard"}]
 
 
 def test_the_exporter_mounts_only_what_it_reads_and_the_pods_are_confined():
