@@ -106,7 +106,9 @@ class SimulatedCluster:
         assert policy in POLICIES, policy
         node = SimNode(name, host, nvml, policy, index=len(self.nodes) + 1)
         d = f"{self.directory}/{name}"
-        os.makedirs(d, exist_ok=True)
+        # only root may enter it, as the kubelet makes its pod-resources directory (0750),
+        # which holds the kubelet's socket here too
+        os.makedirs(d, mode=0o750, exist_ok=True)
         node.root = FakeHostRoot(f"{d}/host", host)
         node.description = f"{d}/gpus.json"
         for pod in host.pods:
@@ -778,9 +780,10 @@ async def one_node(
     nvml: FakeNvml,
     name: str = "gpu-node-3",
     policy: str = "single-numa-node",
+    wrapper: tuple[str, ...] = (),
 ) -> AsyncIterator[tuple[SimulatedCluster, str]]:
-    """A one-node simulated cluster with its exporter process scraping every second:
-    yields (the cluster, the exporter's URL)."""
+    """A one-node simulated cluster with its exporter process scraping every second (run
+    by ``wrapper``, see exporter_process): yields (the cluster, the exporter's URL)."""
     directory = tempfile.mkdtemp(prefix="ng", dir="/tmp")  # unix socket paths are short
     sim = SimulatedCluster(directory, control_plane)
     node = sim.add_node(name, host, nvml, policy)
@@ -789,10 +792,8 @@ async def one_node(
         account = "numaguard-exporter"  # deploy/'s, installed by install_numaguard
         token = control_plane.tokens[account]
         kubeconfig = control_plane.kubeconfig(f"{directory}/kubeconfig", token, account)
-        async with exporter_process(*sim.exporter_args(node, kubeconfig), "--interval", "1") as (
-            url,
-            _,
-        ):
+        args = (*sim.exporter_args(node, kubeconfig), "--interval", "1")
+        async with exporter_process(*args, wrapper=wrapper) as (url, _):
             yield sim, url
     finally:
         await sim.stop()

@@ -68,9 +68,10 @@ async def wait_ok(url: str, timeout: float = 30.0, died: Callable[[], str | None
 
 @contextlib.asynccontextmanager
 async def exporter_process(
-    *args: str, env: dict | None = None, address: str = "127.0.0.1"
+    *args: str, env: dict | None = None, address: str = "127.0.0.1", wrapper: tuple[str, ...] = ()
 ) -> AsyncIterator[tuple[str, subprocess.Popen]]:
-    """``python -m exporter ARGS`` on a free port of ``address``, once ready.
+    """``python -m exporter ARGS`` on a free port of ``address``, once ready; run by
+    ``wrapper`` (a command that runs the rest of its arguments) if one is given.
 
     Yields (base URL, process); stops it with SIGTERM on the way out.
     """
@@ -78,7 +79,7 @@ async def exporter_process(
     # its log goes to a file: a pipe nobody reads fills up and blocks the exporter
     log = tempfile.TemporaryFile()  # noqa: SIM115 (read after the process ends)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--listen", f"{address}:{port}", *args],
+        [*wrapper, sys.executable, "-m", "exporter", "--listen", f"{address}:{port}", *args],
         stdout=subprocess.DEVNULL,
         stderr=log,
         env=env,
