@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs proto system-deps k8s-parts prometheus3 helm prometheus-operator clean FORCE
+.PHONY: demo test bench lint docs proto image system-deps k8s-parts prometheus3 helm prometheus-operator clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -136,6 +136,17 @@ docs: $(VENV)/.installed
 
 proto: $(VENV)/.installed
 	$(PY) -m exporter.sources.podresources
+
+# The image deploy/ runs, with whichever engine this machine has; IMAGE names it.
+IMAGE ?= ghcr.io/numaguard/numaguard:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' exporter/__init__.py)
+ENGINE ?= $(shell for e in docker podman buildah; do command -v $$e >/dev/null && { echo $$e; break; }; done)
+
+image:
+	@if [ -z "$(ENGINE)" ]; then \
+	  echo "make image: no container engine found (docker, podman or buildah): install one, or set ENGINE"; \
+	  exit 1; fi
+	$(ENGINE) build -f deploy/Dockerfile -t $(IMAGE) .
+	@echo "built $(IMAGE); push it where your nodes pull from, and set the image in deploy/ or the chart"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

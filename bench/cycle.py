@@ -98,16 +98,15 @@ async def exporter_rss_mib() -> tuple[float, float]:
                 )
                 without = await process_rss_mib(*args, "--gpu-backend", "none")
                 kubelet = node.kubelet.socket_path
-                gpus = ("--gpu-backend", f"fake:{node.description}")
                 return without, await process_rss_mib(
-                    *args, *gpus, "--pod-resources-socket", kubelet
+                    *args, "--pod-resources-socket", kubelet, gpus=node.description
                 )
             finally:
                 await sim.stop()
 
 
-async def process_rss_mib(*args: str) -> float:
-    async with exporter_process(*args) as (url, proc):
+async def process_rss_mib(*args: str, gpus: str | None = None) -> float:
+    async with exporter_process(*args, gpus=gpus) as (url, proc):
         for _ in range(6):
             await get(f"{url}/metrics")
             await asyncio.sleep(0.5)

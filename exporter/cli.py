@@ -137,10 +137,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gpu-backend",
         default="nvml",
-        metavar="nvml|none|fake:PATH",
+        choices=("nvml", "none"),
         help="where GPU and MIG metrics come from: nvml (the driver's libnvidia-ml; without "
-        "a driver the exporter logs one line and runs without GPU metrics), none, or "
-        "fake:PATH (a simulated GPU node described in a JSON file, for demos and tests)",
+        "a driver the exporter logs one line and runs without GPU metrics) or none",
     )
     p.add_argument(
         "--pod-resources-socket",

@@ -45,7 +45,7 @@ class Settings:
     thresholds: Thresholds = Thresholds()
     resctrl_mode: str = "auto"
     resctrl_ops: ResctrlOps | None = None  # the simulator acts as the kernel through this
-    gpu_backend: str = "nvml"  # nvml | none | fake:PATH
+    gpu_backend: str = "nvml"  # nvml | none
     # the kubelet's PodResources socket; None: the default one, used only if it exists
     pod_resources_socket: str | None = None
     web_config_file: str | None = None  # TLS and basic auth (exporter-toolkit's format)
@@ -60,19 +60,8 @@ def open_gpu_source(settings: Settings) -> NvmlSource | None:
     backend = settings.gpu_backend
     if backend == "none":
         return None
-    if backend.startswith("fake:"):
-        from simulator.nvml import FakeNvml  # only the simulator needs it
-
-        path = backend.removeprefix("fake:")
-        try:
-            with open(path) as f:
-                fake = FakeNvml.from_description(f.read())
-            fake.follow(path)
-            fake.install()
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise GpuBackendError(f"cannot use the fake GPU node in {path}: {err!r}") from None
-    elif backend != "nvml":
-        raise GpuBackendError(f"unknown GPU backend {backend!r}: use nvml, none or fake:PATH")
+    if backend != "nvml":
+        raise GpuBackendError(f"unknown GPU backend {backend!r}: use nvml or none")
     import pynvml
 
     # half the collector's budget per GPU, so a hung GPU is named before the whole

@@ -268,6 +268,12 @@ class SimulatedCluster:
             self.session, "DELETE", path_of("Pod", meta["namespace"], meta["name"]), body
         )
 
+    def exporter(self, node: SimNode, kubeconfig: str, *args: str, **process):
+        """The node's exporter process (see exporter_process), on its fake GPUs."""
+        return exporter_process(
+            *self.exporter_args(node, kubeconfig), *args, gpus=node.description, **process
+        )
+
     def exporter_args(self, node: SimNode, kubeconfig: str) -> tuple[str, ...]:
         return (
             "--host-root",
@@ -276,8 +282,6 @@ class SimulatedCluster:
             node.name,
             "--kubeconfig",
             kubeconfig,
-            "--gpu-backend",
-            f"fake:{node.description}",
             "--pod-resources-socket",
             node.kubelet.socket_path,
         )
@@ -311,7 +315,7 @@ class SimulatedCluster:
         urls, names = {}, set()
         for node in self.nodes.values():
             url, _ = await stack.enter_async_context(
-                exporter_process(*self.exporter_args(node, kubeconfig), *args, address=address)
+                self.exporter(node, kubeconfig, *args, address=address)
             )
             pod = json.loads(json.dumps(daemonset["spec"]["template"]))
             name = f"{owner['metadata']['name']}-{node.index}"
@@ -792,8 +796,7 @@ async def one_node(
         account = "numaguard-exporter"  # deploy/'s, installed by install_numaguard
         token = control_plane.tokens[account]
         kubeconfig = control_plane.kubeconfig(f"{directory}/kubeconfig", token, account)
-        args = (*sim.exporter_args(node, kubeconfig), "--interval", "1")
-        async with exporter_process(*args, wrapper=wrapper) as (url, _):
+        async with sim.exporter(node, kubeconfig, "--interval", "1", wrapper=wrapper) as (url, _):
             yield sim, url
     finally:
         await sim.stop()

@@ -21,6 +21,7 @@ from exporter.server import Settings, serve
 from simulator import presets
 from simulator.cluster import SimulatedCluster
 from simulator.controlplane import ControlPlane
+from simulator.exporter import fake_gpus
 from simulator.host import GIB, MIB, FakeContainer, FakePod
 from simulator.resctrl import FakeResctrl
 
@@ -160,9 +161,9 @@ async def run(sim: SimulatedCluster, node, seconds: float, port: int, interval: 
             f"{sim.directory}/kubeconfig", sim.cp.tokens[account], account
         ),
         resctrl_ops=kernel,
-        gpu_backend=f"fake:{node.description}",
         pod_resources_socket=node.kubelet.socket_path,
     )
+    fake_gpus(node.description).install()  # this process's NVML: the node's fake GPUs
     stop = asyncio.Event()
     server = asyncio.create_task(serve(settings, stop))
     url = f"http://127.0.0.1:{port}"

@@ -34,7 +34,7 @@ from simulator import presets
 from simulator.cluster import SimulatedCluster
 from simulator.controlplane import ControlPlane
 from simulator.host import FakeContainer, FakePod
-from simulator.processes import exporter_process, free_port
+from simulator.processes import free_port
 from simulator.prometheus import PrometheusServer
 
 # node -> its kubelet's Topology Manager policy
@@ -196,8 +196,9 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
         urls = []
         for node in sim.nodes.values():
             url, _ = await stack.enter_async_context(
-                exporter_process(
-                    *sim.exporter_args(node, exporter_kubeconfig),
+                sim.exporter(
+                    node,
+                    exporter_kubeconfig,
                     "--interval",
                     "1",
                     "--resctrl-mode",

@@ -311,7 +311,7 @@ class FakeNvml:
                 self._followed = (path, mtime)
 
     def description(self) -> str:
-        """The JSON that ``from_description`` takes, for ``--gpu-backend fake:PATH``."""
+        """The JSON that ``from_description`` takes, for ``python -m simulator.exporter PATH``."""
         gpus = []
         for gpu in self.gpus:
             model = next(k for k, m in MODELS.items() if m is gpu.model)
@@ -350,7 +350,7 @@ class FakeNvml:
             N._nvmlGetFunctionPointer_cache.clear()
 
     def install(self) -> None:
-        """For a process that only ever talks to this fake (``--gpu-backend fake:PATH``)."""
+        """For a process that only ever talks to this fake (simulator.exporter)."""
         N.nvmlLib = self
         N._nvmlGetFunctionPointer_cache.clear()
 

@@ -68,18 +68,24 @@ async def wait_ok(url: str, timeout: float = 30.0, died: Callable[[], str | None
 
 @contextlib.asynccontextmanager
 async def exporter_process(
-    *args: str, env: dict | None = None, address: str = "127.0.0.1", wrapper: tuple[str, ...] = ()
+    *args: str,
+    env: dict | None = None,
+    address: str = "127.0.0.1",
+    wrapper: tuple[str, ...] = (),
+    gpus: str | None = None,
 ) -> AsyncIterator[tuple[str, subprocess.Popen]]:
-    """``python -m exporter ARGS`` on a free port of ``address``, once ready; run by
+    """``python -m exporter ARGS`` on a free port of ``address``, once ready; on the fake
+    GPU node described in the file ``gpus`` if one is given (simulator.exporter), run by
     ``wrapper`` (a command that runs the rest of its arguments) if one is given.
 
     Yields (base URL, process); stops it with SIGTERM on the way out.
     """
     port = free_port(address)
+    module = ("exporter",) if gpus is None else ("simulator.exporter", gpus)
     # its log goes to a file: a pipe nobody reads fills up and blocks the exporter
     log = tempfile.TemporaryFile()  # noqa: SIM115 (read after the process ends)
     proc = subprocess.Popen(
-        [*wrapper, sys.executable, "-m", "exporter", "--listen", f"{address}:{port}", *args],
+        [*wrapper, sys.executable, "-m", *module, "--listen", f"{address}:{port}", *args],
         stdout=subprocess.DEVNULL,
         stderr=log,
         env=env,

@@ -6,6 +6,7 @@ scraping the demo's simulated GPU node and a remediator."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
@@ -22,6 +23,7 @@ from grafana import dashboards
 from remediator.queries import Windows
 from simulator import demo
 from simulator.cluster import SimulatedCluster
+from simulator.exporter import fake_gpus
 from simulator.processes import free_port, wait_ok
 from simulator.prometheus import VERSIONS, PrometheusServer
 from simulator.resctrl import FakeResctrl
@@ -97,6 +99,8 @@ async def scraped(tmp_path, control_plane, request):
     rule_file.write_text(rules.rules_yaml(Windows("3s", "3s")))
     exporter_port, remediator_port, prom_port = free_port(), free_port(), free_port()
     stop = asyncio.Event()
+    restore = contextlib.ExitStack()  # the NVML library this process had before
+    restore.enter_context(fake_gpus(node.description).installed())
     exporter = asyncio.create_task(
         serve(
             Settings(
@@ -107,7 +111,6 @@ async def scraped(tmp_path, control_plane, request):
                 interval_seconds=1,
                 kubeconfig=exporter_kubeconfig,
                 resctrl_ops=kernel,
-                gpu_backend=f"fake:{node.description}",
                 pod_resources_socket=node.kubelet.socket_path,
             ),
             stop,
@@ -164,6 +167,7 @@ async def scraped(tmp_path, control_plane, request):
         ticker.cancel()
         stop.set()
         await exporter
+        restore.close()
         await sim.stop()
         shutil.rmtree(short, ignore_errors=True)
 

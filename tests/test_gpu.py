@@ -493,7 +493,7 @@ async def test_exporter_with_a_fake_gpu_node_file(fake_root, tmp_path):
     description = tmp_path / "gpus.json"
     description.write_text(nvml.description())
     args = ("--host-root", str(root.root), "--node-name", NODE, "--interval", "0.2")
-    async with exporter_process(*args, "--gpu-backend", f"fake:{description}") as (url, _):
+    async with exporter_process(*args, gpus=str(description)) as (url, _):
         await asyncio.sleep(0.6)
         got = samples(await get(f"{url}/metrics"))
     assert len([k for k in got if k[0] == "numaguard_mig_info"]) == 13
@@ -528,15 +528,14 @@ async def test_a_bad_fake_gpu_file_is_a_clear_error(fake_root, tmp_path):
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "exporter",
+        "simulator.exporter",
+        str(bad),
         "--host-root",
         str(root.root),
-        "--gpu-backend",
-        f"fake:{bad}",
         "--listen",
         "127.0.0.1:0",
         stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
-    assert "--gpu-backend: cannot use the fake GPU node" in err.decode()
+    assert f"cannot use the fake GPU node in {bad}" in err.decode()

@@ -31,7 +31,7 @@ from simulator.cluster import SimulatedCluster
 from simulator.controlplane import ControlPlane, path_of
 from simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from simulator.nvml import FakeNvml, Process
-from simulator.processes import exporter_process, free_port, until
+from simulator.processes import free_port, until
 from simulator.prometheus import PrometheusServer
 from tests.test_control_plane import allowed
 
@@ -76,9 +76,7 @@ class Cluster:
             cp, self.stack, tmp_path
         )
         url, self.exporter = await self.stack.enter_async_context(
-            exporter_process(
-                *self.sim.exporter_args(self.node, exporter_kubeconfig), "--interval", "1"
-            )
+            self.sim.exporter(self.node, exporter_kubeconfig, "--interval", "1")
         )
         self.prom = await self.stack.enter_async_context(
             PrometheusServer([url.removeprefix("http://")], free_port(), other_jobs=other_jobs)
@@ -688,7 +686,7 @@ async def test_guards_and_caps_hold_under_a_hundred_findings(tmp_path, control_p
             control_plane, stack, tmp_path
         )
         url, _ = await stack.enter_async_context(
-            exporter_process(*sim.exporter_args(node, exporter_kubeconfig), "--interval", "1")
+            sim.exporter(node, exporter_kubeconfig, "--interval", "1")
         )
         prom = await stack.enter_async_context(
             PrometheusServer([url.removeprefix("http://")], free_port())

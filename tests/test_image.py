@@ -1,0 +1,99 @@
+"""What the image carries: deploy/Dockerfile copies the product and nothing else, the
+build context (.dockerignore) sends nothing else, and the product installed from it runs
+without the simulator, which it never imports. (No container engine runs here: the
+image's Python install step is the same ``pip`` build, made from the same files.)"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = ("exporter", "remediator")
+
+
+def copied() -> set[str]:
+    """What the Dockerfile's build stage copies from the context."""
+    text = (ROOT / "deploy/Dockerfile").read_text()
+    sources = set()
+    for line in text.splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            sources.update(line.split()[1:-1])
+    return sources
+
+
+def sent() -> set[str]:
+    """What .dockerignore lets into the build context: it ignores everything but these."""
+    lines = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*"
+    return {line[1:] for line in lines if line.startswith("!")}
+
+
+def test_the_image_gets_the_product_and_no_more():
+    assert copied() == sent() == {"pyproject.toml", "README.md", *PRODUCT}
+
+
+def test_the_product_built_as_the_image_builds_it_runs_without_the_simulator(tmp_path):
+    context = tmp_path / "context"
+    context.mkdir()
+    for name in sent():
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, context / name)
+    wheels = tmp_path / "wheels"
+    build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
+    build += ["--no-build-isolation", "--wheel-dir", str(wheels), str(context)]
+    subprocess.run(build, check=True, capture_output=True)
+    (wheel,) = wheels.glob("numaguard-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        z.extractall(tmp_path / "installed")
+    top = {name.split("/")[0] for name in names}
+    assert {t for t in top if not t.endswith(".dist-info")} == set(PRODUCT)
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    scripts = (tmp_path / "installed" / entry_points).read_text()
+    assert re.search(r"^numaguard-exporter = exporter.cli:main$", scripts, re.M)
+    assert re.search(r"^numaguard-remediator = remediator.cli:main$", scripts, re.M)
+
+    # every product module imports, and both commands answer --help, from the wheel's
+    # files alone, with the simulator (and the rest of this repository) unimportable
+    probe = f"""
+import importlib, pkgutil, sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("simulator", "tests", "bench", "alerts", "grafana", "deploy"):
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, Absent())
+sys.path.insert(0, {str(tmp_path / "installed")!r})
+for package in {PRODUCT!r}:
+    root = importlib.import_module(package)
+    assert root.__file__.startswith({str(tmp_path / "installed")!r}), root.__file__
+    for module in pkgutil.walk_packages(root.__path__, package + "."):
+        if not module.name.endswith(".__main__"):  # that one runs the command
+            importlib.import_module(module.name)
+from exporter import cli as exporter_cli
+from remediator import cli as remediator_cli
+for main in (exporter_cli.main, remediator_cli.main):
+    try:
+        main(["--help"])
+    except SystemExit as done:
+        assert done.code == 0, done.code
+print("ok")
+"""
+    run = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-1] == "ok"
+    assert "usage: numaguard-exporter" in run.stdout
+    assert "usage: numaguard-remediator" in run.stdout
