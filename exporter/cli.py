@@ -13,7 +13,7 @@ import sys
 from exporter import __version__, logs, webconfig
 from exporter.model import Thresholds
 from exporter.server import GpuBackendError, Settings, serve
-from exporter.sources.kube import KubeconfigError
+from exporter.sources.kube import KubeconfigError, find_kubeconfig, in_cluster
 from exporter.sources.kubelet import DEFAULT_SOCKET
 from exporter.sources.resctrl import MODES
 
@@ -158,6 +158,15 @@ def parser() -> argparse.ArgumentParser:
         "hashes), as node_exporter takes it; /healthz and /readyz stay open to probes",
     )
     p.add_argument(
+        "--web.kubernetes-auth",
+        dest="web_kubernetes_auth",
+        action="store_true",
+        help="let only scrapers whose bearer token the API server authenticates "
+        "(TokenReview) and allows to get the path (SubjectAccessReview, e.g. Prometheus' "
+        "ClusterRole's nonResourceURLs /metrics), as kube-rbac-proxy does; needs the API "
+        "server and the system:auth-delegator ClusterRole (deploy/overlays/kubernetes-auth)",
+    )
+    p.add_argument(
         "--log-format",
         choices=("json", "text"),
         default="json",
@@ -193,6 +202,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         gpu_backend=args.gpu_backend,
         pod_resources_socket=args.pod_resources_socket,
         web_config_file=args.web_config_file,
+        web_kubernetes_auth=args.web_kubernetes_auth,
     )
 
 
@@ -219,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             webconfig.ssl_context(webconfig.load(args.web_config_file), args.web_config_file)
         except webconfig.WebConfigError as err:
             p.error(f"--web.config.file {err}")
+    if args.web_kubernetes_auth and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
+        p.error("--web.kubernetes-auth needs the API server: give --kubeconfig or run in a cluster")
     logs.setup(args.log_format, args.log_level)
     _one_malloc_arena()
     try:

@@ -26,7 +26,7 @@ from exporter.model import Thresholds
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.gpu import GpuUnavailable, NvmlSource
 from exporter.sources.host import HostSource
-from exporter.sources.kube import PodMetadataWatch, api_client
+from exporter.sources.kube import KubeconfigError, PodMetadataWatch, api_client
 from exporter.sources.kubelet import DEFAULT_SOCKET, PodResourcesSource
 from exporter.sources.resctrl import ResctrlOps, ResctrlSource
 
@@ -49,6 +49,7 @@ class Settings:
     # the kubelet's PodResources socket; None: the default one, used only if it exists
     pod_resources_socket: str | None = None
     web_config_file: str | None = None  # TLS and basic auth (exporter-toolkit's format)
+    web_kubernetes_auth: bool = False  # scrapers' tokens checked with the API server
 
 
 class GpuBackendError(Exception):
@@ -170,12 +171,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         timeout_seconds=settings.collector_timeout_seconds,
     )
     exporter = Exporter(settings, collection)
-    tls = None
-    if settings.web_config_file:
-        web_config = webconfig.load(settings.web_config_file)
-        tls = webconfig.ssl_context(web_config, settings.web_config_file)
-        if web_config.basic_auth_users:
-            exporter.app.middlewares.append(webconfig.basic_auth(web_config.basic_auth_users))
+    if settings.web_kubernetes_auth and api is None:
+        raise KubeconfigError("nothing (--web.kubernetes-auth needs it: give --kubeconfig)")
+    scrapers = api if settings.web_kubernetes_auth else None
+    tls = webconfig.secure(exporter.app, settings.web_config_file, scrapers)
     runner = web.AppRunner(exporter.app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=tls)

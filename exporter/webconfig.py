@@ -13,6 +13,13 @@ configures node_exporter and dcgm-exporter (``--web.config.file``):
 Used by both components' HTTP servers. TLS comes from the standard library's ssl,
 password checks from bcrypt (in a thread, remembered once right: a bcrypt check costs
 tens of milliseconds, a scrape should not).
+
+And, with ``--web.kubernetes-auth``, scrapers authenticated and authorized by the API
+server as kube-rbac-proxy does it for node_exporter in kube-prometheus: a bearer token
+the API server vouches for (TokenReview) whose user may ``get`` the path as a
+non-resource URL (SubjectAccessReview: Prometheus' ClusterRole in kube-prometheus-stack
+grants ``get`` on ``/metrics``). The component's own ServiceAccount asks, with the
+``system:auth-delegator`` ClusterRole (deploy/overlays/kubernetes-auth).
 """
 
 from __future__ import annotations
@@ -23,12 +30,15 @@ import binascii
 import hashlib
 import hmac
 import ssl
+import time
 from pathlib import Path
 from typing import Literal
 
 import bcrypt
 import yaml
 from aiohttp import web
+from kubernetes.aio import client as kube
+from kubernetes.aio.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 # exporter-toolkit's names -> what the handshake asks of a client. Its two that take a
@@ -40,6 +50,9 @@ CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 OPEN_PATHS = ("/healthz", "/readyz")  # the kubelet's probes carry no credentials
+REVIEW_TTL_SECONDS = 60.0  # how long the API server's word on a token and path holds
+REVIEWS_KEPT = 1024
+BEARER = {"WWW-Authenticate": 'Bearer realm="numaguard"'}
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
     "TLS11": ssl.TLSVersion.TLSv1_1,
@@ -147,3 +160,83 @@ def basic_auth(users: dict[str, str]):
         return await handler(request)
 
     return middleware
+
+
+def _plain(status: int, text: str, **headers: str) -> web.Response:
+    return web.Response(status=status, text=text + "\n", headers=headers)
+
+
+def kubernetes_auth(api, clock=None):
+    """An aiohttp middleware letting through, on every path but the probes', only
+    requests whose bearer token the API server (``api``, a kubernetes ApiClient)
+    authenticates and whose user it allows to ``get`` that path. Answers, remembered
+    for REVIEW_TTL_SECONDS per token and path: 401 without a valid token, 403 when
+    not allowed, 503 when the API server cannot be asked (nothing remembered then)."""
+    authentication = kube.AuthenticationV1Api(api)
+    authorization = kube.AuthorizationV1Api(api)
+    clock = clock or time.monotonic
+    reviews: dict[tuple[bytes, str, str], tuple[float, int]] = {}
+    asking = asyncio.Semaphore(4)  # a flood of new tokens waits, the API server is spared
+
+    async def review(token: str, path: str, verb: str) -> int:
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview"}
+        answer = await authentication.create_token_review({**body, "spec": {"token": token}})
+        who = answer.status
+        if not who.authenticated:
+            return 401
+        user = who.user
+        spec = {
+            "user": user.username,
+            "groups": user.groups or [],
+            "uid": user.uid or "",
+            "extra": user.extra or {},
+            "nonResourceAttributes": {"path": path, "verb": verb},
+        }
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview"}
+        allowed = await authorization.create_subject_access_review({**body, "spec": spec})
+        return 200 if allowed.status.allowed else 403
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return _plain(401, "Unauthorized: a bearer token is needed", **BEARER)
+        verb = "get" if request.method in ("GET", "HEAD") else request.method.lower()
+        key = (hashlib.sha256(token.encode()).digest(), request.path, verb)
+        now = clock()
+        remembered = reviews.get(key)
+        if remembered is None or remembered[0] < now:
+            async with asking:
+                try:
+                    status = await review(token.strip(), request.path, verb)
+                except (ApiException, OSError, TimeoutError) as err:
+                    reason = getattr(err, "reason", None) or repr(err)
+                    return _plain(503, f"cannot ask the API server about this token: {reason}")
+            if len(reviews) >= REVIEWS_KEPT:
+                reviews.pop(next(iter(reviews)))
+            reviews[key] = (now + REVIEW_TTL_SECONDS, status)
+        else:
+            status = remembered[1]
+        if status == 401:
+            return _plain(401, "Unauthorized: the API server does not know this token", **BEARER)
+        if status == 403:
+            return _plain(403, f"Forbidden: this user may not {verb} {request.path}")
+        return await handler(request)
+
+    return middleware
+
+
+def secure(app: web.Application, config_file: str | None, kube_api=None) -> ssl.SSLContext | None:
+    """Put the web config file's basic auth and, given ``kube_api``, Kubernetes
+    authentication in front of ``app``; returns its TLS context (None: plain HTTP)."""
+    tls = None
+    if config_file:
+        config = load(config_file)
+        tls = ssl_context(config, config_file)
+        if config.basic_auth_users:
+            app.middlewares.append(basic_auth(config.basic_auth_users))
+    if kube_api is not None:
+        app.middlewares.append(kubernetes_auth(kube_api))
+    return tls

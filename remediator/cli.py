@@ -184,6 +184,13 @@ def parser() -> argparse.ArgumentParser:
                 "Prometheus' exporter-toolkit (as the exporter's); /healthz stays open",
             )
             s.add_argument(
+                "--web.kubernetes-auth",
+                dest="web_kubernetes_auth",
+                action="store_true",
+                help="let only scrapers the API server authenticates and allows to get "
+                "/metrics (TokenReview, SubjectAccessReview), as the exporter's",
+            )
+            s.add_argument(
                 "--lease-namespace",
                 default=os.environ.get("POD_NAMESPACE", "numaguard"),
                 help="namespace of the leader-election Lease (env POD_NAMESPACE)",
@@ -405,12 +412,7 @@ async def run_command(args) -> int:
 
     app = web.Application()
     app.add_routes([web.get("/metrics", serve_metrics), web.get("/healthz", healthz)])
-    tls = None
-    if args.web_config_file:
-        web_config = webconfig.load(args.web_config_file)
-        tls = webconfig.ssl_context(web_config, args.web_config_file)
-        if web_config.basic_auth_users:
-            app.middlewares.append(webconfig.basic_auth(web_config.basic_auth_users))
+    tls = webconfig.secure(app, args.web_config_file, api if args.web_kubernetes_auth else None)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     host, _, port = args.listen.rpartition(":")

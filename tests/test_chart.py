@@ -71,6 +71,7 @@ def test_helm_lint_is_clean():
         ((), "base"),
         (("remediator.enforce=true",), "overlays/enforce"),
         (("exporter.resctrlManage=true",), "overlays/resctrl-manage"),
+        (("webConfig.kubernetesAuth=true",), "overlays/kubernetes-auth"),
     ],
 )
 def test_the_chart_renders_what_kustomize_does(sets, overlay):
@@ -85,6 +86,7 @@ def test_every_object_validates_with_every_switch_on():
         "remediator.enforce=true",
         "exporter.resctrlManage=true",
         "webConfig.secretName=numaguard-web",
+        "webConfig.kubernetesAuth=true",
         "serviceMonitor.scheme=https",
         "image.tag=0.1.1",
         "image.pullPolicy=Always",

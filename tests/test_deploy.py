@@ -108,7 +108,9 @@ def test_rbac_grants_exactly_what_the_code_uses():
     assert REMEDIATOR_API_USE - DRY_RUN_API_USE == ENFORCE_API_USE
 
 
-@pytest.mark.parametrize("overlay", ["base", "overlays/enforce", "overlays/resctrl-manage"])
+@pytest.mark.parametrize(
+    "overlay", ["base", "overlays/enforce", "overlays/resctrl-manage", "overlays/kubernetes-auth"]
+)
 def test_every_overlay_renders_and_validates(overlay):
     docs = rendered(overlay)
     assert {d["kind"] for d in docs} >= {"DaemonSet", "Deployment", "ServiceMonitor"}

@@ -5,6 +5,7 @@ the remediator serves the same; a bad file is a clear error before anything star
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from simulator import presets
+from simulator.controlplane import path_of, rendered
 from simulator.processes import exporter_process, free_port, until, wait_ok
 from simulator.prometheus import PrometheusServer
 
@@ -225,3 +227,114 @@ async def test_the_remediator_serves_its_metrics_with_the_same_config(pki, tmp_p
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@contextlib.asynccontextmanager
+async def scrapers(cp, session):
+    """deploy/overlays/kubernetes-auth's RBAC (what it adds to the base) applied; and
+    two would-be scrapers in namespace monitoring: prometheus, allowed to get /metrics
+    as kube-prometheus-stack's Prometheus ClusterRole allows it, and stranger, not.
+    Yields {name: a token of it}; takes it all away after."""
+    base = {(o["kind"], o["metadata"]["name"]) for o in rendered("base")}
+    made = [
+        o
+        for o in rendered("overlays/kubernetes-auth")
+        if (o["kind"], o["metadata"]["name"]) not in base
+    ]
+    if await cp.get(session, "Namespace", None, "monitoring") is None:
+        made.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "monitoring"}})
+    for name in ("prometheus", "stranger"):
+        account = {"apiVersion": "v1", "kind": "ServiceAccount"}
+        made.append({**account, "metadata": {"name": name, "namespace": "monitoring"}})
+    rbac = {"apiVersion": "rbac.authorization.k8s.io/v1"}
+    made += [
+        {
+            **rbac,
+            "kind": "ClusterRole",
+            "metadata": {"name": "numaguard-test-metrics-reader"},
+            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+        },
+        {
+            **rbac,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "numaguard-test-metrics-reader"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "numaguard-test-metrics-reader",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}
+            ],
+        },
+    ]
+    for obj in made:
+        await cp.create(session, obj)
+    try:
+        yield {
+            name: await cp.service_account_token(session, "monitoring", name)
+            for name in ("prometheus", "stranger")
+        }
+    finally:
+        for obj in reversed(made):
+            if obj["kind"] != "Namespace":
+                meta = obj["metadata"]
+                await cp.request(
+                    session, "DELETE", path_of(obj["kind"], meta.get("namespace"), meta["name"])
+                )
+
+
+async def test_kubernetes_auth_lets_in_only_scrapers_the_api_server_allows(
+    fake_root, tmp_path, control_plane
+):
+    cp = control_plane
+    root = fake_root(presets.two_socket())
+    async with (
+        aiohttp.ClientSession() as session,
+        scrapers(cp, session) as tokens,
+        cp.fault_proxy() as proxy,
+    ):
+        account = "numaguard-exporter"
+        kubeconfig = cp.kubeconfig(
+            tmp_path / "exporter.kubeconfig", cp.tokens[account], account, server=proxy.url
+        )
+        args = ("--host-root", str(root.root), "--node-name", "n1", "--interval", "0.5")
+        args += ("--gpu-backend", "none", "--kubeconfig", kubeconfig, "--web.kubernetes-auth")
+        async with exporter_process(*args) as (url, _):
+            metrics = f"{url}/metrics"
+            assert await status(f"{url}/healthz") == 200  # the probes carry no token
+            assert await status(metrics) == 401
+            assert await status(metrics, auth=bearer("not-a-token")) == 401
+            assert await status(metrics, auth=bearer(tokens["stranger"])) == 403
+            assert await status(metrics, auth=bearer(tokens["prometheus"])) == 200
+
+            files = {}
+            for name, token in tokens.items():
+                files[name] = tmp_path / f"{name}.token"
+                files[name].write_text(token)
+            jobs = [
+                {
+                    "job_name": name,
+                    "authorization": {"credentials_file": str(files[name])},
+                    "static_configs": [{"targets": [url.removeprefix("http://")]}],
+                }
+                for name in tokens
+            ]
+            async with PrometheusServer([], free_port(), other_jobs=jobs, version="3") as prom:
+                await prom.wait_for('numaguard_numa_node_info{job="prometheus", numa_node="0"}')
+                await prom.wait_for('count_over_time(up{job="prometheus"}[1m]) >= 5')
+                assert await prom.wait_for('up{job="stranger"} == 0')
+                assert not await prom.query('numaguard_build_info{job="stranger"}')
+            # the API server's word is remembered: one TokenReview per token, however
+            # many scrapes (three tokens so far: the bad one, stranger's, prometheus')
+            reviews = [e for e in proxy.log if e.path.endswith("/tokenreviews")]
+            assert len(reviews) == 3, reviews
+
+            # a token the API server cannot be asked about gets 503, and is not remembered
+            proxy.fail_next(500, times=1, match=lambda _, path: path.endswith("/tokenreviews"))
+            assert await status(metrics, auth=bearer("another-token")) == 503
+            assert await status(metrics, auth=bearer("another-token")) == 401
