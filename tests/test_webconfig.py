@@ -338,3 +338,30 @@ async def test_kubernetes_auth_lets_in_only_scrapers_the_api_server_allows(
             proxy.fail_next(500, times=1, match=lambda _, path: path.endswith("/tokenreviews"))
             assert await status(metrics, auth=bearer("another-token")) == 503
             assert await status(metrics, auth=bearer("another-token")) == 401
+
+
+async def test_the_remediator_takes_kubernetes_auth_too(tmp_path, control_plane):
+    cp = control_plane
+    account = "numaguard-remediator"
+    kubeconfig = cp.kubeconfig(tmp_path / "kubeconfig", cp.tokens[account], account)
+    port = free_port()
+    async with aiohttp.ClientSession() as session, scrapers(cp, session) as tokens:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                *("-m", "remediator", "run", "--kubeconfig", kubeconfig),
+                *("--prometheus", f"http://127.0.0.1:{free_port()}"),
+                *("--listen", f"127.0.0.1:{port}", "--web.kubernetes-auth"),
+                *("--lease-namespace", "numaguard", "--lease-name", "webconfig-test"),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            await wait_ok(f"{url}/healthz")  # open to probes
+            assert await status(f"{url}/metrics") == 401
+            assert await status(f"{url}/metrics", auth=bearer(tokens["stranger"])) == 403
+            assert await status(f"{url}/metrics", auth=bearer(tokens["prometheus"])) == 200
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
