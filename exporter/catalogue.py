@@ -141,8 +141,9 @@ COLLECTOR_DURATION = _m(
 COLLECTOR_ERRORS = _m(
     "collector_errors_total",
     "counter",
-    "Errors met by the collector, by reason (missing, permission, io, parse, oversized, "
-    "timeout, internal).",
+    "Errors met by the collector, by reason: missing, permission, io, parse, oversized, "
+    "not_regular (a FIFO, device or socket where a kernel file should be), write (the "
+    "kernel refused a resctrl change), gpu_lost, nvml, kubelet, timeout, internal.",
     (*COLLECTOR, "reason"),
     "health",
 )

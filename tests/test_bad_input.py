@@ -55,6 +55,52 @@ async def test_garbage_numa_stat_drops_only_that_pods_memory_verdict(fake_root):
     )
 
 
+async def test_a_fifo_or_device_costs_only_its_pod_and_heals(fake_root):
+    """A FIFO (whose open would wait for a writer forever) in place of one pod's
+    memory.numa_stat, and an endless device (/dev/zero) in place of another's cpu.stat:
+    neither is opened for reading; only those pods' values go, every other pod keeps
+    its series; once the files are regular again, so are the series."""
+    root = fake_root(presets.far_memory())
+    host = root.host
+    numa_stat = container_dir(root, "cache") / "memory.numa_stat"
+    cpu_stat = container_dir(root, "web") / "cpu.stat"
+    saved = {path: path.read_bytes() for path in (numa_stat, cpu_stat)}
+    collection = make_collection(root, metadata=metadata_of(host), timeout=30)
+    await collection.run_once()
+    before = samples(collection.exposition.text)
+    numa_stat.unlink()
+    os.mkfifo(numa_stat)
+    cpu_stat.unlink()
+    cpu_stat.symlink_to("/dev/zero")
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert errors(got, "pod_placement", "not_regular") == 2
+    assert got[series("numaguard_collector_success", collector="pod_placement")] == 0
+    pod_series = lambda g: {  # noqa: E731
+        (name, dict(labels)["pod"])
+        for name, labels in g
+        if name.startswith(("numaguard_pod_", "numaguard_container_")) and dict(labels).get("pod")
+    }
+    # only what those two files tell: the one pod's memory, the other's CPU time
+    assert pod_series(before) - pod_series(got) == {
+        ("numaguard_pod_memory_bytes", "cache"),
+        ("numaguard_pod_memory_remote_ratio", "cache"),
+        ("numaguard_container_memory_bytes", "cache"),
+        ("numaguard_container_memory_remote_ratio", "cache"),
+        ("numaguard_container_cpu_periods_total", "web"),
+        ("numaguard_container_cpu_throttled_periods_total", "web"),
+        ("numaguard_container_cpu_throttled_seconds_total", "web"),
+    }
+    for path, content in saved.items():
+        path.unlink()
+        path.write_bytes(content)
+    await collection.run_once()
+    healed = samples(collection.exposition.text)
+    assert pod_series(healed) == pod_series(before)
+    assert errors(healed, "pod_placement", "not_regular") == 2  # counted once each, then fine
+    assert healed[series("numaguard_collector_success", collector="pod_placement")] == 1
+
+
 async def test_unreadable_cpulist_means_no_cpu_verdicts(fake_root):
     root = fake_root(presets.two_socket())
     (root.root / "sys/devices/system/node/node1/cpulist").write_text("16-x\n")

@@ -7,6 +7,7 @@ source carries on with the rest: one bad file never hides the others.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,7 +21,9 @@ _CHUNK = 65536
 T = TypeVar("T")
 
 # Why a file could not be used; the collection adds "timeout" and "internal".
-READ_FAILURES = ("missing", "permission", "io", "parse", "oversized")
+# not_regular: a FIFO, device or socket where a kernel file should be (sysfs, procfs and
+# cgroupfs files are all regular): never opened for reading, it could block or not end
+READ_FAILURES = ("missing", "permission", "io", "parse", "oversized", "not_regular")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +40,15 @@ class ReadFailure(Exception):
 
 
 def read_text(path: str) -> str:
-    """Read a small kernel file as ASCII text, mapping every failure to a reason."""
+    """Read a small kernel file as ASCII text, mapping every failure to a reason. Only
+    a regular file is read, opened so that nothing can make the open block."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ReadFailure("not_regular", path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
+            os.close(fd)
+            raise ReadFailure("not_regular", path)
     except FileNotFoundError:
         raise ReadFailure("missing", path) from None
     except NotADirectoryError:
