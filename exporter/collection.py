@@ -88,6 +88,7 @@ class Collection:
         thresholds: Thresholds = Thresholds(),
         timeout_seconds: float = 10.0,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node_name = node_name
         self.sources = dict(sources)
@@ -95,10 +96,12 @@ class Collection:
         self.thresholds = thresholds
         self.timeout = timeout_seconds
         self.clock = clock  # snapshot timestamps, the base of every rate
+        self.monotonic = monotonic  # how long a read has been running
         self.health = {name: Health() for name in self.sources}
         self.snapshot: NodeSnapshot | None = None
         self.exposition: Exposition | None = None
-        self._in_flight: dict[str, asyncio.Future] = {}
+        # a source's read still running, and since when (a thread cannot be cancelled)
+        self._in_flight: dict[str, tuple[asyncio.Future, float]] = {}
         self._logged: set[tuple[str, str, str]] = set()
 
     async def run_once(self) -> NodeSnapshot:
@@ -132,7 +135,7 @@ class Collection:
         """Run one source off the event loop; None when it failed or timed out."""
         health = self.health[name]
         started = time.monotonic()
-        future = self._in_flight.get(name)
+        future, _ = self._in_flight.get(name, (None, 0.0))
         if future is not None and future.done():
             # a read that outlived its cycle finished since: its answer is stale
             if not future.cancelled():
@@ -142,7 +145,7 @@ class Collection:
             # A thread cannot be cancelled: a read that timed out keeps running, and
             # we wait for it instead of piling up another.
             future = asyncio.ensure_future(asyncio.to_thread(self.sources[name].read, *inputs))
-            self._in_flight[name] = future
+            self._in_flight[name] = (future, self.monotonic())
         reading = None
         try:
             reading = await asyncio.wait_for(asyncio.shield(future), self.timeout)
@@ -162,6 +165,19 @@ class Collection:
         if health.success:
             health.last_success = time.time()
         return reading
+
+    def stuck(self, longer_than: float) -> list[str]:
+        """The collectors whose read has been running for more than ``longer_than``
+        seconds: stuck in the kernel, most likely, where only a restart helps."""
+        now = self.monotonic()
+        return sorted(
+            name
+            for name, (future, since) in self._in_flight.items()
+            if not future.done() and now - since > longer_than
+        )
+
+    def in_flight(self) -> list[asyncio.Future]:
+        return [future for future, _ in self._in_flight.values()]
 
     def _problem(self, collector: str, issue: Issue) -> None:
         self.health[collector].errors[issue.reason] += 1

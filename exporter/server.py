@@ -52,6 +52,9 @@ class Settings:
     web_kubernetes_auth: bool = False  # scrapers' tokens checked with the API server
 
 
+STUCK_CYCLES = 3  # cycles a read may hang before /healthz asks for a restart
+
+
 class GpuBackendError(Exception):
     """--gpu-backend names something that cannot be used."""
 
@@ -115,11 +118,17 @@ class Exporter:
         return web.Response(body=body, headers=headers)
 
     async def healthz(self, request: web.Request) -> web.Response:
-        # Alive while cycles keep finishing; collectors are bounded by their timeout,
-        # so a cycle that has not ended in three intervals means the loop is stuck.
-        limit = 3 * self.settings.interval_seconds + self.settings.collector_timeout_seconds
+        # Alive while cycles keep finishing and no read hangs: collectors are bounded by
+        # their timeout, so a cycle that has not ended in three intervals means the loop
+        # is stuck, and a read still running three intervals on is stuck in the kernel.
+        limit = STUCK_CYCLES * self.settings.interval_seconds
+        limit += self.settings.collector_timeout_seconds
         if self.last_cycle_end is not None and time.monotonic() - self.last_cycle_end > limit:
             return web.Response(status=500, text="collection loop stalled\n")
+        stuck = self.collection.stuck(limit)
+        if stuck:
+            text = f"{', '.join(stuck)}: a read has not returned in {limit:g}s; restart me\n"
+            return web.Response(status=500, text=text)
         return web.Response(text="ok\n")
 
     async def readyz(self, request: web.Request) -> web.Response:

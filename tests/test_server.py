@@ -15,7 +15,7 @@ import time
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
-from exporter.server import Exporter, Settings
+from exporter.server import STUCK_CYCLES, Exporter, Settings
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.host import HostSource
 from simulator import presets
@@ -67,7 +67,7 @@ async def test_hung_collector_never_blocks_metrics(fake_root):
             loop_task.cancel()
             await asyncio.gather(loop_task, return_exceptions=True)
             # let the released worker thread finish before the test ends
-            await asyncio.gather(*collection._in_flight.values(), return_exceptions=True)
+            await asyncio.gather(*collection.in_flight(), return_exceptions=True)
     assert response.status == 200
     assert took < 0.5
     got = samples(body)
@@ -81,6 +81,36 @@ async def test_hung_collector_never_blocks_metrics(fake_root):
     # the stuck read was not started again while it was still running, and was once done
     assert calls_while_hung == 1
     assert hanging.calls >= 2
+
+
+async def test_a_read_stuck_for_three_cycles_fails_healthz_naming_its_collector(fake_root):
+    root = fake_root(presets.two_socket())
+    hanging = HangingSource()
+    now = [1000.0]
+    collection = Collection(
+        NODE,
+        {HOST_NUMA: HostSource(str(root.root)), POD_PLACEMENT: hanging},
+        timeout_seconds=0.05,
+        monotonic=lambda: now[0],
+    )
+    settings = Settings(interval_seconds=15, collector_timeout_seconds=0.05)
+    exporter = Exporter(settings, collection)
+    limit = STUCK_CYCLES * 15 + 0.05
+    try:
+        async with TestClient(TestServer(exporter.app)) as client:
+            await collection.run_once()  # the read times out and keeps hanging
+            now[0] += limit - 1
+            assert (await client.get("/healthz")).status == 200  # slow, not yet stuck
+            now[0] += 2
+            stuck = await client.get("/healthz")
+            assert stuck.status == 500
+            assert (await stuck.text()).startswith("pod_placement: a read has not returned")
+            hanging.release.set()  # the kernel answers at last
+            await asyncio.gather(*collection.in_flight(), return_exceptions=True)
+            assert (await client.get("/healthz")).status == 200
+    finally:
+        hanging.release.set()
+        await asyncio.gather(*collection.in_flight(), return_exceptions=True)
 
 
 async def test_formats_and_compression(fake_root):
