@@ -53,6 +53,8 @@ class Settings:
 
 
 STUCK_CYCLES = 3  # cycles a read may hang before /healthz asks for a restart
+# what every Linux host root has: without them the exporter looks at the wrong place
+HOST_ROOT_HAS = ("proc", "sys/devices/system/node", "sys/fs/cgroup")
 
 
 class GpuBackendError(Exception):
@@ -132,6 +134,11 @@ class Exporter:
         return web.Response(text="ok\n")
 
     async def readyz(self, request: web.Request) -> web.Response:
+        root = self.settings.host_root
+        missing = [p for p in HOST_ROOT_HAS if not os.path.isdir(os.path.join(root, p))]
+        if missing:
+            text = f"--host-root {root} has no {', '.join(missing)}: point it at the host's /\n"
+            return web.Response(status=503, text=text)
         if self.collection.exposition is None:
             return web.Response(status=503, text="waiting for the first collection cycle\n")
         return web.Response(text="ready\n")

@@ -113,6 +113,27 @@ async def test_a_read_stuck_for_three_cycles_fails_healthz_naming_its_collector(
         await asyncio.gather(*collection.in_flight(), return_exceptions=True)
 
 
+async def test_an_empty_host_root_is_not_ready_and_says_what_is_missing(tmp_path):
+    (tmp_path / "proc").mkdir()  # a /proc, but neither /sys tree
+    root = str(tmp_path)
+    collection = Collection(NODE, {HOST_NUMA: HostSource(root), POD_PLACEMENT: CgroupSource(root)})
+    await collection.run_once()
+    exporter = Exporter(Settings(host_root=root), collection)
+    async with TestClient(TestServer(exporter.app)) as client:
+        ready = await client.get("/readyz")
+        assert ready.status == 503
+        assert await ready.text() == (
+            f"--host-root {root} has no sys/devices/system/node, sys/fs/cgroup: "
+            "point it at the host's /\n"
+        )
+        got = samples(await (await client.get("/metrics")).read())
+    # no pods because there is nowhere to look is a failure, not an empty node
+    assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 0
+    errors = "numaguard_collector_errors_total"
+    assert got[series(errors, collector=POD_PLACEMENT, reason="missing")] == 1
+    assert got[series("numaguard_collector_success", collector=HOST_NUMA)] == 0
+
+
 async def test_formats_and_compression(fake_root):
     root = fake_root(presets.two_socket())
     collection = Collection(

@@ -63,6 +63,8 @@ class CgroupSource:
         issues: list[Issue] = []
         layout = self._layout()
         if layout is None:
+            if not os.path.isdir(self.cgroup_root):  # not "no pods": nowhere to look
+                issues.append(Issue("missing", self.cgroup_root, "no cgroup hierarchy"))
             return PodsReading((), None, issues)  # no kubepods here: not a node, or no pods
         containers: list[ContainerReading] = []
         for qos, pod_uid, pod_rel in self._pods(layout):
