@@ -101,6 +101,27 @@ async def test_a_fifo_or_device_costs_only_its_pod_and_heals(fake_root):
     assert healed[series("numaguard_collector_success", collector="pod_placement")] == 1
 
 
+async def test_a_directory_that_cannot_be_listed_is_unknown_not_empty(fake_root):
+    """Pods under a QoS slice that cannot be listed (here: not a directory any more)
+    are unknown: the collector says so, rather than report them gone with success=1;
+    so is a resctrl mon_data that vanished."""
+    root = fake_root(presets.two_socket())
+    kernel = FakeResctrl(root.root, root.host).write()
+    collection = make_collection(root, metadata=metadata_of(root.host), resctrl=kernel)
+    await collection.run_once()
+    burstable = container_dir(root, "web").parent.parent  # web is a burstable pod
+    assert burstable.name == "kubepods-burstable.slice"
+    shutil.rmtree(burstable)
+    burstable.write_text("")
+    shutil.rmtree(kernel.base / "mon_data")
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert errors(got, "pod_placement", "io") == 1
+    assert got[series("numaguard_collector_success", collector="pod_placement")] == 0
+    assert errors(got, "resctrl", "missing") == 1
+    assert got[series("numaguard_collector_success", collector="resctrl")] == 0
+
+
 async def test_unreadable_cpulist_means_no_cpu_verdicts(fake_root):
     root = fake_root(presets.two_socket())
     (root.root / "sys/devices/system/node/node1/cpulist").write_text("16-x\n")

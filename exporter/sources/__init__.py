@@ -91,10 +91,21 @@ def read_parsed(issues: list[Issue], path: str, reader: Callable[..., T], *args)
     return None
 
 
-def subdirs(path: str) -> list[str]:
-    """Names of the directories in ``path`` (not following links); none if unreadable."""
+def subdirs(path: str, issues: list[Issue] | None = None, required: bool = False) -> list[str]:
+    """Names of the directories in ``path`` (not following links); none if it cannot
+    be listed, and then, given ``issues``, why: what could not be listed is unknown, not
+    gone. A directory that does not exist is only an issue when ``required`` (many are
+    optional, and a pod's vanishes when it ends)."""
     try:
         with os.scandir(path) as it:
             return [e.name for e in it if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
+    except FileNotFoundError:
+        if issues is not None and required:
+            issues.append(Issue("missing", path, "cannot list"))
+    except PermissionError:
+        if issues is not None:
+            issues.append(Issue("permission", path, "cannot list"))
+    except OSError as err:
+        if issues is not None:
+            issues.append(Issue("io", path, f"cannot list: {err.strerror or err}"))
+    return []

@@ -67,8 +67,8 @@ class CgroupSource:
                 issues.append(Issue("missing", self.cgroup_root, "no cgroup hierarchy"))
             return PodsReading((), None, issues)  # no kubepods here: not a node, or no pods
         containers: list[ContainerReading] = []
-        for qos, pod_uid, pod_rel in self._pods(layout):
-            for runtime, container_id, rel in self._containers(layout, pod_rel):
+        for qos, pod_uid, pod_rel in self._pods(layout, issues):
+            for runtime, container_id, rel in self._containers(layout, pod_rel, issues):
                 reading = self._read_container(layout, rel, issues)
                 if reading is None:
                     continue
@@ -98,19 +98,19 @@ class CgroupSource:
     def _discovery_root(self, layout: _Layout) -> str:
         return layout.roots.get("") or layout.roots.get("cpuset") or layout.roots["memory"]
 
-    def _pods(self, layout: _Layout):
+    def _pods(self, layout: _Layout, issues: list[Issue]):
         """Yield (qos, pod uid, pod dir relative to kubepods)."""
         root = self._discovery_root(layout)
         for qos in QOS_CLASSES:
             qos_rel = _QOS_DIR[layout.driver][qos]
-            for name in subdirs(os.path.join(root, qos_rel)):
+            for name in subdirs(os.path.join(root, qos_rel), issues, required=qos_rel == ""):
                 uid = pod_uid_of(name)
                 if uid:
                     yield qos, uid, os.path.join(qos_rel, name)
 
-    def _containers(self, layout: _Layout, pod_rel: str):
+    def _containers(self, layout: _Layout, pod_rel: str, issues: list[Issue]):
         """Yield (runtime, container id, container dir relative to kubepods)."""
-        for name in subdirs(os.path.join(self._discovery_root(layout), pod_rel)):
+        for name in subdirs(os.path.join(self._discovery_root(layout), pod_rel), issues):
             container = container_of(name)
             if container:
                 yield *container, f"{pod_rel}/{name}"

@@ -99,7 +99,8 @@ class ResctrlSource:
         features = read_parsed(issues, f"{self.root}/info/L3_MON/mon_features", parse_word_list)
         num_rmids = read_parsed(issues, f"{self.root}/info/L3_MON/num_rmids", parse_single_int)
         features = (features or frozenset()) & frozenset(EVENTS)
-        domain_ids = _ids(self.root + "/mon_data", _DOMAIN_DIR)
+        # mounted with L3 monitoring, resctrl always has mon_data: without it, unknown
+        domain_ids = _ids(self.root + "/mon_data", _DOMAIN_DIR, issues, required=True)
 
         groups, unmonitored = self._groups(mode, pods, issues)
         ctrl_groups = [f"{self.root}/{n}" for n in subdirs(self.root) if n not in _NOT_GROUPS]
@@ -112,7 +113,7 @@ class ResctrlSource:
         }
         snc: dict[int, MonValues] = {}
         for d in domain_ids:
-            for node in _ids(f"{self.root}/mon_data/mon_L3_{d:02d}", _SUB_DIR):
+            for node in _ids(f"{self.root}/mon_data/mon_L3_{d:02d}", _SUB_DIR, issues):
                 snc[node] = sum_mon_values(
                     [
                         self._values(
@@ -161,7 +162,7 @@ class ResctrlSource:
         base = f"{self.root}/mon_groups"
         ours = {
             name[len(GROUP_PREFIX) :]: f"{base}/{name}"
-            for name in subdirs(base)
+            for name in subdirs(base, issues)
             if name.startswith(GROUP_PREFIX)
         }
         wanted = _pods(pods) if pods is not None else None
@@ -263,5 +264,6 @@ def _pods(reading: PodsReading) -> list[_Pod]:
     ]
 
 
-def _ids(path: str, pattern: re.Pattern) -> list[int]:
-    return sorted(int(m[1]) for n in subdirs(path) if (m := pattern.fullmatch(n)))
+def _ids(path: str, pattern: re.Pattern, issues: list[Issue], required: bool = False) -> list[int]:
+    names = subdirs(path, issues, required)
+    return sorted(int(m[1]) for n in names if (m := pattern.fullmatch(n)))
