@@ -61,20 +61,23 @@ class Health:
 
 
 class Exposition:
-    """One cycle's rendered bytes; gzip is made on the first request that wants it."""
+    """One cycle's rendered bytes; gzip is made once per format, for the first request
+    that wants it, in a worker thread (compressing megabytes on the event loop would
+    hold every other scrape up), and shared with the requests that wait meanwhile."""
 
     def __init__(self, text: bytes, openmetrics: bytes) -> None:
         self.text = text
         self.openmetrics = openmetrics
-        self._gzipped: dict[bool, bytes] = {}
+        self._gzipped: dict[bool, asyncio.Future[bytes]] = {}
 
-    def body(self, openmetrics: bool, gzipped: bool) -> bytes:
+    async def body(self, openmetrics: bool, gzipped: bool) -> bytes:
         plain = self.openmetrics if openmetrics else self.text
         if not gzipped:
             return plain
         if openmetrics not in self._gzipped:
-            self._gzipped[openmetrics] = gzip.compress(plain, 1)
-        return self._gzipped[openmetrics]
+            compressing = asyncio.to_thread(gzip.compress, plain, 1)
+            self._gzipped[openmetrics] = asyncio.ensure_future(compressing)
+        return await asyncio.shield(self._gzipped[openmetrics])
 
 
 class Collection:

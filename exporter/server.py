@@ -57,6 +57,24 @@ STUCK_CYCLES = 3  # cycles a read may hang before /healthz asks for a restart
 HOST_ROOT_HAS = ("proc", "sys/devices/system/node", "sys/fs/cgroup")
 
 
+def accepts(header: str, wanted: str) -> bool:
+    """Whether an Accept or Accept-Encoding header asks for ``wanted`` (a media type,
+    parameters aside, or a coding) with a non-zero quality; ``q=0`` means "not this"."""
+    for item in header.split(","):
+        name, *params = (part.strip() for part in item.split(";"))
+        if name.lower() != wanted:
+            continue
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
+
+
 class GpuBackendError(Exception):
     """--gpu-backend names something that cannot be used."""
 
@@ -111,9 +129,9 @@ class Exporter:
         rendered = self.collection.exposition
         if rendered is None:
             return web.Response(status=503, text="first collection cycle not finished yet\n")
-        wants_om = "application/openmetrics-text" in request.headers.get("Accept", "")
-        gz = "gzip" in request.headers.get("Accept-Encoding", "")
-        body = rendered.body(wants_om, gz)
+        wants_om = accepts(request.headers.get("Accept", ""), "application/openmetrics-text")
+        gz = accepts(request.headers.get("Accept-Encoding", ""), "gzip")
+        body = await rendered.body(wants_om, gz)
         headers = {"Content-Type": CONTENT_TYPE_OPENMETRICS if wants_om else CONTENT_TYPE_TEXT}
         if gz:
             headers["Content-Encoding"] = "gzip"

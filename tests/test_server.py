@@ -161,6 +161,46 @@ async def test_formats_and_compression(fake_root):
         assert (await client.get("/readyz")).status == 200
 
 
+async def test_q_zero_refuses_and_gzip_is_made_once_off_the_event_loop(fake_root, monkeypatch):
+    root = fake_root(presets.two_socket())
+    collection = Collection(NODE, {HOST_NUMA: HostSource(str(root.root))})
+    await collection.run_once()
+    compressed_in = []
+    real_compress = gzip.compress
+
+    def compress(data, level):
+        compressed_in.append(threading.current_thread())
+        return real_compress(data, level)
+
+    monkeypatch.setattr(gzip, "compress", compress)
+    exporter = Exporter(Settings(), collection)
+    async with TestClient(TestServer(exporter.app)) as client:
+        refused = await client.get(
+            "/metrics",
+            headers={
+                "Accept-Encoding": "gzip;q=0, identity",
+                "Accept": "application/openmetrics-text;q=0",
+            },
+            auto_decompress=False,
+        )
+        assert "Content-Encoding" not in refused.headers
+        assert refused.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert await refused.read() == collection.exposition.text
+        wanted = [
+            client.get(
+                "/metrics",
+                headers={"Accept-Encoding": "deflate, gzip;q=0.5"},
+                auto_decompress=False,
+            )
+            for _ in range(5)
+        ]
+        for response in await asyncio.gather(*wanted):
+            assert response.headers["Content-Encoding"] == "gzip"
+            assert gzip.decompress(await response.read()) == collection.exposition.text
+    assert len(compressed_in) == 1  # once for the cycle, however many asked at once
+    assert compressed_in[0] is not threading.main_thread()
+
+
 async def test_cli_serves_and_stops_cleanly_on_sigterm(fake_root):
     root = fake_root(presets.two_socket())
     env = {**os.environ, "NODE_NAME": "ignored"}
