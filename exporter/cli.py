@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import resource
 import socket
 import sys
 
@@ -158,6 +159,15 @@ def parser() -> argparse.ArgumentParser:
         "hashes), as node_exporter takes it; /healthz and /readyz stay open to probes",
     )
     p.add_argument(
+        "--web.idle-timeout",
+        dest="idle_timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="close a connection that has not sent a whole request for this long: idle "
+        "keep-alive connections, and clients that send slowly or not at all",
+    )
+    p.add_argument(
         "--web.kubernetes-auth",
         dest="web_kubernetes_auth",
         action="store_true",
@@ -203,6 +213,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         pod_resources_socket=args.pod_resources_socket,
         web_config_file=args.web_config_file,
         web_kubernetes_auth=args.web_kubernetes_auth,
+        idle_timeout_seconds=args.idle_timeout,
     )
 
 
@@ -233,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--web.kubernetes-auth needs the API server: give --kubeconfig or run in a cluster")
     logs.setup(args.log_format, args.log_level)
     _one_malloc_arena()
+    _all_the_files()
     try:
         asyncio.run(serve(settings))
     except KubeconfigError as err:
@@ -245,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"numaguard-exporter: cannot serve on {args.listen}: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _all_the_files() -> None:
+    """The soft limit on open files up to the hard one: a node's kernel files and a
+    crowd of scrapers share it, and 1024 is a soft default, not a budget."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _one_malloc_arena() -> None:

@@ -50,6 +50,9 @@ class Settings:
     pod_resources_socket: str | None = None
     web_config_file: str | None = None  # TLS and basic auth (exporter-toolkit's format)
     web_kubernetes_auth: bool = False  # scrapers' tokens checked with the API server
+    # a connection without a whole request for this long is closed: idle keep-alives,
+    # and clients that send slowly or not at all
+    idle_timeout_seconds: float = 30.0
 
 
 STUCK_CYCLES = 3  # cycles a read may hang before /healthz asks for a restart
@@ -209,7 +212,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         raise KubeconfigError("nothing (--web.kubernetes-auth needs it: give --kubeconfig)")
     scrapers = api if settings.web_kubernetes_auth else None
     tls = webconfig.secure(exporter.app, settings.web_config_file, scrapers)
-    runner = web.AppRunner(exporter.app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        exporter.app,
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=settings.idle_timeout_seconds,
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=tls)
     await site.start()

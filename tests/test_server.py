@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -199,6 +200,43 @@ async def test_q_zero_refuses_and_gzip_is_made_once_off_the_event_loop(fake_root
             assert gzip.decompress(await response.read()) == collection.exposition.text
     assert len(compressed_in) == 1  # once for the cycle, however many asked at once
     assert compressed_in[0] is not threading.main_thread()
+
+
+async def test_a_slow_client_is_let_go_and_others_are_served(fake_root):
+    """A client that trickles a request's headers (slowloris), and one that connects and
+    says nothing, are closed after --web.idle-timeout; scrapes are answered meanwhile.
+    And the exporter raised its open-files limit to the hard limit."""
+    root = fake_root(presets.two_socket())
+    args = ("--host-root", str(root.root), "--node-name", NODE, "--gpu-backend", "none")
+    async with exporter_process(*args, "--web.idle-timeout", "1") as (url, proc):
+        host, port = url.removeprefix("http://").split(":")
+        slow = await asyncio.open_connection(host, int(port))
+        silent = await asyncio.open_connection(host, int(port))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def trickle():
+            _, writer = slow
+            for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.05)
+
+        trickling = asyncio.create_task(trickle())
+        try:
+            assert (await get(f"{url}/metrics")).startswith(b"# HELP")
+            for reader, _ in (silent, slow):
+                assert await asyncio.wait_for(reader.read(), 30) == b""  # closed by the server
+            assert loop.time() - started < 10  # long before the trickle would have ended
+        finally:
+            trickling.cancel()
+            await asyncio.gather(trickling, return_exceptions=True)
+            for _, writer in (slow, silent):
+                writer.close()
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        (line,) = [line for line in limits.splitlines() if line.startswith("Max open files")]
+        soft, hard = line.split()[3:5]
+        assert soft == hard
 
 
 async def test_cli_serves_and_stops_cleanly_on_sigterm(fake_root):
