@@ -168,6 +168,16 @@ def parser() -> argparse.ArgumentParser:
         "keep-alive connections, and clients that send slowly or not at all",
     )
     p.add_argument(
+        "--web.max-connections",
+        dest="max_connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="connections held at once; past it the longest-held idle connection is closed "
+        "to make room, so that a crowd of clients cannot starve a scrape or use up the "
+        "open files the collectors need",
+    )
+    p.add_argument(
         "--web.kubernetes-auth",
         dest="web_kubernetes_auth",
         action="store_true",
@@ -214,6 +224,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         web_config_file=args.web_config_file,
         web_kubernetes_auth=args.web_kubernetes_auth,
         idle_timeout_seconds=args.idle_timeout,
+        max_connections=args.max_connections,
     )
 
 
@@ -240,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             webconfig.ssl_context(webconfig.load(args.web_config_file), args.web_config_file)
         except webconfig.WebConfigError as err:
             p.error(f"--web.config.file {err}")
+    if args.max_connections < 1 or args.idle_timeout <= 0:
+        p.error("--web.max-connections and --web.idle-timeout want positive numbers")
     if args.web_kubernetes_auth and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
         p.error("--web.kubernetes-auth needs the API server: give --kubeconfig or run in a cluster")
     logs.setup(args.log_format, args.log_level)

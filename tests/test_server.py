@@ -243,6 +243,28 @@ async def test_a_slow_client_is_let_go_and_others_are_served(fake_root):
         assert line.split()[3:5] == [str(hard), str(hard)]  # from a soft 1024
 
 
+async def test_1100_idle_connections_under_a_1024_file_limit_starve_nothing(fake_root):
+    """Past --web.max-connections the longest-held idle connection makes room: with
+    1,100 clients connected and silent, a scrape is answered, the exporter holds no more
+    files than its bound allows, and the collectors still open every file they read."""
+    root = fake_root(presets.two_socket())
+    args = ("--host-root", str(root.root), "--node-name", NODE, "--gpu-backend", "none")
+    args += ("--interval", "0.2", "--web.max-connections", "256")
+    limited = (shutil.which("prlimit") or "prlimit", "--nofile=1024:1024")
+    async with exporter_process(*args, wrapper=limited) as (url, proc):
+        host, port = url.removeprefix("http://").split(":")
+        crowd = [await asyncio.open_connection(host, int(port)) for _ in range(1100)]
+        try:
+            got = samples(await get(f"{url}/metrics"))
+            assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 1
+            errors = "numaguard_collector_errors_total"
+            assert got[series(errors, collector=POD_PLACEMENT, reason="io")] == 0
+            assert len(os.listdir(f"/proc/{proc.pid}/fd")) < 256 + 64
+        finally:
+            for _, writer in crowd:
+                writer.close()
+
+
 async def test_cli_serves_and_stops_cleanly_on_sigterm(fake_root):
     root = fake_root(presets.two_socket())
     env = {**os.environ, "NODE_NAME": "ignored"}
