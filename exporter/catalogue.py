@@ -154,6 +154,15 @@ COLLECTOR_LAST_SUCCESS = _m(
     COLLECTOR,
     "health",
 )
+SERIES_LIMITED = _m(
+    "series_limited",
+    "gauge",
+    "1 when the node has more pods than --max-pods: no pod, container or per-pod resctrl "
+    "series this cycle (node-wide ones stay), so that a runaway node cannot take the "
+    "exporter past its memory limit; 0 otherwise.",
+    (),
+    "health",
+)
 POD_METADATA_SYNCED = _m(
     "pod_metadata_synced",
     "gauge",

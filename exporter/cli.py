@@ -150,6 +150,16 @@ def parser() -> argparse.ArgumentParser:
         f"{DEFAULT_SOCKET} when it exists, else devices are attributed by their processes",
     )
     p.add_argument(
+        "--max-pods",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="the cardinality guard: on a node with more pods than this, export no pod or "
+        "container series (node-wide ones stay) and numaguard_series_limited 1, so that a "
+        "runaway node cannot take the exporter past its memory limit (a kubelet runs 110 "
+        "by default)",
+    )
+    p.add_argument(
         "--web.config.file",
         dest="web_config_file",
         default=None,
@@ -225,6 +235,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         web_kubernetes_auth=args.web_kubernetes_auth,
         idle_timeout_seconds=args.idle_timeout,
         max_connections=args.max_connections,
+        max_pods=args.max_pods,
     )
 
 
@@ -251,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             webconfig.ssl_context(webconfig.load(args.web_config_file), args.web_config_file)
         except webconfig.WebConfigError as err:
             p.error(f"--web.config.file {err}")
-    if args.max_connections < 1 or args.idle_timeout <= 0:
-        p.error("--web.max-connections and --web.idle-timeout want positive numbers")
+    if min(args.max_connections, args.max_pods) < 1 or args.idle_timeout <= 0:
+        p.error("--web.max-connections, --web.idle-timeout and --max-pods want positive numbers")
     if args.web_kubernetes_auth and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
         p.error("--web.kubernetes-auth needs the API server: give --kubeconfig or run in a cluster")
     logs.setup(args.log_format, args.log_level)

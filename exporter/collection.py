@@ -106,13 +106,18 @@ class Collection:
         # a source's read still running, and since when (a thread cannot be cancelled)
         self._in_flight: dict[str, tuple[asyncio.Future, float]] = {}
         self._logged: set[tuple[str, str, str]] = set()
+        self.limited = False  # this cycle's pods were more than the cgroup source may read
+        self._limit_logged = False
 
     async def run_once(self) -> NodeSnapshot:
         names = [n for n in self.sources if n != RESCTRL]
         readings = await asyncio.gather(*(self._read(name) for name in names))
         by_name = dict(zip(names, readings, strict=True))
+        pods = by_name.get(POD_PLACEMENT)
+        self._guard(pods)
         if RESCTRL in self.sources:
-            by_name[RESCTRL] = await self._read(RESCTRL, by_name.get(POD_PLACEMENT))
+            # over the guard the pods are unknown, not gone: resctrl must touch nothing
+            by_name[RESCTRL] = await self._read(RESCTRL, None if self.limited else pods)
         # Off the event loop too: tens of milliseconds of CPU would stall scrapes.
         self.snapshot, self.exposition = await asyncio.to_thread(
             self._snapshot_and_render, by_name, self.metadata()
@@ -169,6 +174,17 @@ class Collection:
             health.last_success = time.time()
         return reading
 
+    def _guard(self, pods) -> None:
+        """Note whether the pod reading stopped at the cardinality guard; say so once."""
+        self.limited = bool(pods is not None and pods.over_limit)
+        if self.limited and not self._limit_logged:
+            self._limit_logged = True
+            log.warning(
+                "%d pods on this node, more than --max-pods: pod series left out",
+                pods.over_limit,
+                extra={"pods": pods.over_limit},
+            )
+
     def stuck(self, longer_than: float) -> list[str]:
         """The collectors whose read has been running for more than ``longer_than``
         seconds: stuck in the kernel, most likely, where only a restart helps."""
@@ -214,6 +230,8 @@ class Collection:
         build.add(1, __version__, platform.python_version())
         synced = c.POD_METADATA_SYNCED.family(node)
         synced.add(int(snap.pod_metadata_synced))
+        limited = c.SERIES_LIMITED.family(node)
+        limited.add(int(self.limited))
         success, duration, errors, last = (
             m.family(node)
             for m in (
@@ -230,4 +248,4 @@ class Collection:
                 errors.add(h.errors[reason], name, reason)
             if h.last_success is not None:
                 last.add(h.last_success, name)
-        return [build, synced, success, duration, errors, last]
+        return [build, synced, limited, success, duration, errors, last]

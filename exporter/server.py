@@ -56,6 +56,8 @@ class Settings:
     # connections held at once; past it the longest-held idle one makes room, so that a
     # crowd of clients can neither starve a scrape nor use up the files the reads need
     max_connections: int = 256
+    # the cardinality guard: past this many pods on the node, no pod series at all
+    max_pods: int = 1000
 
 
 STUCK_CYCLES = 3  # cycles a read may hang before /healthz asks for a restart
@@ -195,7 +197,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     gpus = await asyncio.to_thread(open_gpu_source, settings)
     sources = {
         HOST_NUMA: HostSource(settings.host_root),
-        POD_PLACEMENT: CgroupSource(settings.host_root),
+        POD_PLACEMENT: CgroupSource(settings.host_root, max_pods=settings.max_pods),
         RESCTRL: ResctrlSource(settings.host_root, settings.resctrl_mode, settings.resctrl_ops),
     }
     if gpus is not None:

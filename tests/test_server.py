@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
@@ -22,6 +23,7 @@ from exporter.server import STUCK_CYCLES, Exporter, Settings
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.host import HostSource
 from simulator import presets
+from simulator.host import FakeContainer, FakeHostRoot, FakePod
 from simulator.processes import exporter_process, get, log_of
 from tests.conftest import NODE, samples, series
 
@@ -325,3 +327,40 @@ def test_remediator_prints_help():
     )
     assert run.returncode == 0
     assert "dry-run" in run.stdout
+
+
+def crowded(pods: int):
+    """two_socket's node with that many more burstable pods, one container each."""
+    host = presets.two_socket()
+    for i in range(pods):
+        name = f"crowd-{i}"
+        ctr = FakeContainer("c", "0-31", {0: 64 << 20}, throttling=(10, 1, 0.1))
+        host.pods.append(FakePod(name, presets.pod_uid(name), "burstable", [ctr], "crowd"))
+    return host
+
+
+async def test_the_cardinality_guard_holds_20000_pods_within_the_memory_limit(tmp_path):
+    """Past --max-pods no pod is read: node-wide series and numaguard_series_limited 1,
+    logged once, and the exporter stays far inside the DaemonSet's 256 MiB limit."""
+    host = crowded(20_000)
+    root = FakeHostRoot(tmp_path / "host", host).write()
+    args = ("--host-root", str(root.root), "--node-name", NODE, "--gpu-backend", "none")
+    async with exporter_process(*args, "--interval", "0.5") as (url, proc):
+        for _ in range(3):  # a few cycles, each listing the 20,000 pods
+            got = samples(await get(f"{url}/metrics"))
+        rss = psutil.Process(proc.pid).memory_info().rss
+    assert got[series("numaguard_series_limited")] == 1
+    assert got[series("numaguard_numa_node_info", numa_node="1", cpulist="16-31")] == 1
+    assert not [k for k in got if "pod_uid" in dict(k[1])]
+    assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 1
+    assert rss < 256 << 20, rss >> 20
+    assert log_of(proc).count("more than --max-pods") == 1
+
+
+async def test_under_the_guard_nothing_is_left_out(fake_root):
+    root = fake_root(presets.two_socket())
+    collection = Collection(NODE, {POD_PLACEMENT: CgroupSource(str(root.root), max_pods=1000)})
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert got[series("numaguard_series_limited")] == 0
+    assert [k for k in got if "pod_uid" in dict(k[1])]

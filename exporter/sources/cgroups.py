@@ -44,6 +44,7 @@ class PodsReading:
     containers: tuple[ContainerReading, ...]
     shared_pool: frozenset[int] | None  # CPUs of the shared pool, when known
     issues: list[Issue] = field(default_factory=list)
+    over_limit: int = 0  # pods found, when more than the source may read: none read
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +56,12 @@ class _Layout:
 
 
 class CgroupSource:
-    def __init__(self, host_root: str, page_size: int | None = None) -> None:
+    def __init__(
+        self, host_root: str, page_size: int | None = None, max_pods: int | None = None
+    ) -> None:
         self.cgroup_root = os.path.join(host_root, "sys/fs/cgroup")
         self.page_size = page_size or os.sysconf("SC_PAGE_SIZE")
+        self.max_pods = max_pods  # past it, read no pod: the cardinality guard
 
     def read(self) -> PodsReading:
         issues: list[Issue] = []
@@ -66,8 +70,11 @@ class CgroupSource:
             if not os.path.isdir(self.cgroup_root):  # not "no pods": nowhere to look
                 issues.append(Issue("missing", self.cgroup_root, "no cgroup hierarchy"))
             return PodsReading((), None, issues)  # no kubepods here: not a node, or no pods
+        found = list(self._pods(layout, issues))
+        if self.max_pods is not None and len(found) > self.max_pods:
+            return PodsReading((), None, issues, over_limit=len(found))
         containers: list[ContainerReading] = []
-        for qos, pod_uid, pod_rel in self._pods(layout, issues):
+        for qos, pod_uid, pod_rel in found:
             for runtime, container_id, rel in self._containers(layout, pod_rel, issues):
                 reading = self._read_container(layout, rel, issues)
                 if reading is None:
