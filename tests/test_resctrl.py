@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.collection import POD_PLACEMENT
+from exporter.sources.cgroups import CgroupSource
 from simulator import presets
 from simulator.host import GIB, MIB, FakeHostRoot
 from simulator.resctrl import FakeResctrl
@@ -366,3 +368,18 @@ async def test_the_kernel_refuses_foreign_moves(tmp_path):
     got = await node.cycle()
     assert got[series("numaguard_collector_errors_total", collector="resctrl", reason="write")] >= 1
     assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "trainer-aligned")] == 1
+
+
+async def test_over_the_pod_guard_no_group_is_removed(fake_root):
+    """Pods the cardinality guard left unread are unknown, not gone: their resctrl
+    groups stay."""
+    root = fake_root(presets.two_socket())
+    kernel = FakeResctrl(root.root, root.host).write()
+    collection = make_collection(root, metadata=metadata_of(root.host), resctrl=kernel)
+    await collection.run_once()
+    groups = kernel.group_names()
+    assert groups
+    collection.sources[POD_PLACEMENT] = CgroupSource(str(root.root), max_pods=1)
+    await collection.run_once()
+    assert collection.limited
+    assert kernel.group_names() == groups
