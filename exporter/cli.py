@@ -14,7 +14,7 @@ import sys
 from exporter import __version__, logs, webconfig
 from exporter.model import Thresholds
 from exporter.server import GpuBackendError, Settings, serve
-from exporter.sources.kube import KubeconfigError, find_kubeconfig, in_cluster
+from exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
 from exporter.sources.kubelet import DEFAULT_SOCKET
 from exporter.sources.resctrl import MODES
 

@@ -23,10 +23,11 @@ from exporter.collection import (
 )
 from exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from exporter.model import Thresholds
+from exporter.sources.apiserver import KubeconfigError, connect
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.gpu import GpuUnavailable, NvmlSource
 from exporter.sources.host import HostSource
-from exporter.sources.kube import KubeconfigError, PodMetadataWatch, api_client
+from exporter.sources.kube import PodMetadataWatch
 from exporter.sources.kubelet import DEFAULT_SOCKET, PodResourcesSource
 from exporter.sources.resctrl import ResctrlOps, ResctrlSource
 
@@ -182,7 +183,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    api = await api_client(settings.kubeconfig)
+    api = connect(settings.kubeconfig)
     tasks: list[asyncio.Task] = []
     metadata = lambda: None  # noqa: E731
     if api is not None:

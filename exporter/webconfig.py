@@ -34,11 +34,10 @@ import time
 from pathlib import Path
 from typing import Literal
 
+import aiohttp
 import bcrypt
 import yaml
 from aiohttp import web
-from kubernetes.aio import client as kube
-from kubernetes.aio.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 # exporter-toolkit's names -> what the handshake asks of a client. Its two that take a
@@ -53,6 +52,15 @@ OPEN_PATHS = ("/healthz", "/readyz")  # the kubelet's probes carry no credential
 REVIEW_TTL_SECONDS = 60.0  # how long the API server's word on a token and path holds
 REVIEWS_KEPT = 1024
 BEARER = {"WWW-Authenticate": 'Bearer realm="numaguard"'}
+REVIEW_TIMEOUT_SECONDS = 10.0
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+
+
+class ApiUnavailable(Exception):
+    """The API server answered a review with an error."""
+
+
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
     "TLS11": ssl.TLSVersion.TLSv1_1,
@@ -168,33 +176,36 @@ def _plain(status: int, text: str, **headers: str) -> web.Response:
 
 def kubernetes_auth(api, clock=None):
     """An aiohttp middleware letting through, on every path but the probes', only
-    requests whose bearer token the API server (``api``, a kubernetes ApiClient)
-    authenticates and whose user it allows to ``get`` that path. Answers, remembered
-    for REVIEW_TTL_SECONDS per token and path: 401 without a valid token, 403 when
-    not allowed, 503 when the API server cannot be asked (nothing remembered then)."""
-    authentication = kube.AuthenticationV1Api(api)
-    authorization = kube.AuthorizationV1Api(api)
+    requests whose bearer token the API server (``api``, an ApiServer) authenticates
+    and whose user it allows to ``get`` that path. Answers, remembered for
+    REVIEW_TTL_SECONDS per token and path: 401 without a valid token, 403 when not
+    allowed, 503 when the API server cannot be asked (nothing remembered then)."""
     clock = clock or time.monotonic
     reviews: dict[tuple[bytes, str, str], tuple[float, int]] = {}
     asking = asyncio.Semaphore(4)  # a flood of new tokens waits, the API server is spared
 
+    async def ask(path: str, kind: str, spec: dict) -> dict:
+        group = path.split("/")[2]
+        body = {"apiVersion": f"{group}/v1", "kind": kind, "spec": spec}
+        async with api.request("POST", path, REVIEW_TIMEOUT_SECONDS, json=body) as r:
+            if r.status != 201 and r.status != 200:
+                raise ApiUnavailable(f"{kind}: HTTP {r.status}")
+            return (await r.json()).get("status") or {}
+
     async def review(token: str, path: str, verb: str) -> int:
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview"}
-        answer = await authentication.create_token_review({**body, "spec": {"token": token}})
-        who = answer.status
-        if not who.authenticated:
+        who = await ask(TOKEN_REVIEWS, "TokenReview", {"token": token})
+        if not who.get("authenticated"):
             return 401
-        user = who.user
+        user = who.get("user") or {}
         spec = {
-            "user": user.username,
-            "groups": user.groups or [],
-            "uid": user.uid or "",
-            "extra": user.extra or {},
+            "user": user.get("username", ""),
+            "groups": user.get("groups") or [],
+            "uid": user.get("uid", ""),
+            "extra": user.get("extra") or {},
             "nonResourceAttributes": {"path": path, "verb": verb},
         }
-        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview"}
-        allowed = await authorization.create_subject_access_review({**body, "spec": spec})
-        return 200 if allowed.status.allowed else 403
+        allowed = await ask(ACCESS_REVIEWS, "SubjectAccessReview", spec)
+        return 200 if allowed.get("allowed") else 403
 
     @web.middleware
     async def middleware(request: web.Request, handler):
@@ -211,8 +222,8 @@ def kubernetes_auth(api, clock=None):
             async with asking:
                 try:
                     status = await review(token.strip(), request.path, verb)
-                except (ApiException, OSError, TimeoutError) as err:
-                    reason = getattr(err, "reason", None) or repr(err)
+                except (ApiUnavailable, aiohttp.ClientError, OSError, TimeoutError) as err:
+                    reason = str(err) or type(err).__name__
                     return _plain(503, f"cannot ask the API server about this token: {reason}")
             if len(reviews) >= REVIEWS_KEPT:
                 reviews.pop(next(iter(reviews)))

@@ -22,10 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter, ValidationError
 
 from exporter import __version__, logs, webconfig
-from exporter.sources.kube import KubeconfigError, api_client
+from exporter.sources.apiserver import KubeconfigError, connect
 from remediator.controller import Controller, CycleReport
 from remediator.findings import Detection
-from remediator.kube import Kube
+from remediator.kube import Kube, api_client
 from remediator.leader import LeaderElector
 from remediator.metrics import Metrics
 from remediator.planner import Policy
@@ -412,7 +412,8 @@ async def run_command(args) -> int:
 
     app = web.Application()
     app.add_routes([web.get("/metrics", serve_metrics), web.get("/healthz", healthz)])
-    tls = webconfig.secure(app, args.web_config_file, api if args.web_kubernetes_auth else None)
+    scrapers = connect(args.kubeconfig) if args.web_kubernetes_auth else None
+    tls = webconfig.secure(app, args.web_config_file, scrapers)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     host, _, port = args.listen.rpartition(":")
@@ -443,6 +444,8 @@ async def run_command(args) -> int:
         await election  # releases the Lease
         await runner.cleanup()
         await api.close()
+        if scrapers is not None:
+            await scrapers.close()
     log.info("remediator stopped", extra={"identity": args.identity})
     return 0
 

@@ -7,9 +7,29 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kubernetes.aio import client
+from kubernetes.aio import client, config
+
+from exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
 
 REQUEST_TIMEOUT_SECONDS = 15.0
+
+
+async def api_client(kubeconfig: str | None) -> client.ApiClient | None:
+    """An API client from the kubeconfig kubectl would use, or the in-cluster service
+    account, or None."""
+    kubeconfig = find_kubeconfig(kubeconfig)
+    try:
+        if kubeconfig:
+            return await config.new_client_from_config(config_file=kubeconfig)
+        if in_cluster():
+            configuration = client.Configuration()
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+    except Exception as err:  # YAML, missing keys, unreadable token: all mean the same
+        where = kubeconfig or "the in-cluster service account"
+        raise KubeconfigError(f"{where}: {err}") from None
+    return None
+
 
 # Every (API group, resource, verb) the remediator uses; deploy/ grants exactly these:
 # deploy/base what a dry run needs (it reads, tells in Events and elects a leader), the

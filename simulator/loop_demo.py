@@ -23,9 +23,8 @@ import aiohttp
 
 from alerts import rules
 from exporter import logs
-from exporter.sources.kube import api_client
 from remediator.controller import Controller
-from remediator.kube import Kube
+from remediator.kube import Kube, api_client
 from remediator.leader import LeaderElector
 from remediator.planner import LASTING_GUARDS, Policy
 from remediator.queries import Windows

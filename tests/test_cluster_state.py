@@ -10,7 +10,6 @@ import json
 
 import pytest
 
-from exporter.sources.kube import api_client
 from remediator.actuator import Actuator
 from remediator.cluster import (
     HISTORY_ANNOTATION,
@@ -20,7 +19,7 @@ from remediator.cluster import (
     workload_pods,
 )
 from remediator.findings import Finding
-from remediator.kube import Kube
+from remediator.kube import Kube, api_client
 from remediator.planner import Action, Pending, WorkloadHistory
 from simulator import presets
 from simulator.cluster import SimulatedCluster

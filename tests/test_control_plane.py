@@ -12,10 +12,9 @@ import aiohttp
 import yaml
 
 from exporter.sources.kube import API_USE as EXPORTER_API_USE
-from exporter.sources.kube import api_client
 from remediator.actuator import Actuator
 from remediator.kube import API_USE as REMEDIATOR_API_USE
-from remediator.kube import Kube
+from remediator.kube import Kube, api_client
 from simulator.controlplane import ControlPlane
 from simulator.processes import until
 

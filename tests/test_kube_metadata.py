@@ -1,4 +1,4 @@
-"""Pod names from the API server: the exporter's watch (the real kubernetes.aio client, as
+"""Pod names from the API server: the exporter's watch (over plain aiohttp, as
 the exporter's ServiceAccount) against the real API server, through list, watch, dropped
 watches, 410 Gone and server errors from the fault proxy."""
 
@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 
 import pytest
 
-from exporter.sources.kube import PodMetadataWatch, api_client
+from exporter.sources.apiserver import connect
+from exporter.sources.kube import PodMetadataWatch
 from simulator import presets
 from simulator.cluster import SimulatedCluster
 from simulator.nvml import FakeNvml
@@ -57,7 +60,7 @@ async def cluster(tmp_path, control_plane):
         kubeconfig = cp.kubeconfig(
             tmp_path / "kubeconfig", cp.tokens[account], account, server=proxy.url
         )
-        api = await api_client(kubeconfig)
+        api = connect(kubeconfig)
         stack.push_async_callback(api.close)
         watch = PodMetadataWatch(api, NODE)
 
@@ -126,3 +129,15 @@ async def test_server_errors_are_retried(cluster):
     pods = await eventually(watch.current)
     assert set(pods) == {p.uid for p in node.host.pods} and len(pods) == 3
     assert [e.status for e in proxy.log[:3]] == [500, 500, 200]
+
+
+def test_the_exporter_never_loads_the_kubernetes_package():
+    """Its three kinds of API call go over aiohttp: the kubernetes package (~23 MiB of
+    RSS to import) is the remediator's alone."""
+    probe = (
+        "import sys, exporter.cli, exporter.server, exporter.webconfig\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"

@@ -18,8 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from exporter.sources.kube import api_client
-from remediator.kube import Kube
+from remediator.kube import Kube, api_client
 from remediator.leader import LeaderElector
 from simulator.controlplane import ControlPlane, path_of
 from simulator.faultproxy import FaultProxy

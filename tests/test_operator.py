@@ -15,9 +15,8 @@ import aiohttp
 import pytest
 
 from alerts import rules
-from exporter.sources.kube import api_client
 from remediator.controller import Controller
-from remediator.kube import Kube
+from remediator.kube import Kube, api_client
 from remediator.planner import Policy
 from remediator.queries import Windows
 from remediator.signals import Prometheus

@@ -20,9 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.readers.nvml import sysfs_pci_address
-from exporter.sources.kube import api_client
 from remediator.controller import Controller
-from remediator.kube import Kube
+from remediator.kube import Kube, api_client
 from remediator.planner import Policy
 from remediator.queries import Windows
 from remediator.signals import Prometheus

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from exporter.sources.kube import find_kubeconfig
+from exporter.sources.apiserver import find_kubeconfig
 from simulator.processes import free_port
 
 

@@ -9,9 +9,8 @@ import types
 import pytest
 
 from exporter.readers import parse_id_list
-from exporter.sources.kube import api_client
 from remediator.actuator import Actuator
-from remediator.kube import Kube
+from remediator.kube import Kube, api_client
 from simulator import presets
 from simulator.cluster import SimulatedCluster
 from simulator.host import FakeContainer, FakePod

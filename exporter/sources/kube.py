@@ -1,68 +1,30 @@
-"""Pod metadata source: watches this node's pods on the API server (kubernetes.aio) and
-keeps pod UID -> namespace, name and container names for the snapshot to join."""
+"""Pod metadata source: watches this node's pods on the API server and keeps pod UID ->
+namespace, name and container names for the snapshot to join."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import os
 import random
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
-from kubernetes.aio import client, config, watch
 
 from exporter.model import PodMeta
+from exporter.sources.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300  # the server ends each watch after this; we resume from its version
 REQUEST_TIMEOUT_SECONDS = 30.0
+MAX_EVENT_BYTES = 16 << 20  # one watch event (a pod object); past it, list again
 # Every (API group, resource, verb) the exporter uses; deploy/ grants exactly these.
 API_USE = {("", "pods", "list"), ("", "pods", "watch")}
-_QUERY_NAMES = {
-    "watch": "watch",
-    "resource_version": "resourceVersion",
-    "timeout_seconds": "timeoutSeconds",
-    "allow_watch_bookmarks": "allowWatchBookmarks",
-}
 
 
-def in_cluster() -> bool:
-    return "KUBERNETES_SERVICE_HOST" in os.environ
-
-
-class KubeconfigError(Exception):
-    """The kubeconfig or in-cluster credentials cannot be used."""
-
-
-def find_kubeconfig(given: str | None) -> str | None:
-    """The kubeconfig kubectl would use: the one given, else $KUBECONFIG (its first
-    file), else ~/.kube/config if it exists; None: try the in-cluster account."""
-    if given:
-        return given
-    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-    if listed:
-        return listed[0]
-    home = os.path.expanduser("~/.kube/config")
-    return home if os.path.isfile(home) else None
-
-
-async def api_client(kubeconfig: str | None) -> client.ApiClient | None:
-    """An API client from the kubeconfig kubectl would use, or the in-cluster service
-    account, or None."""
-    kubeconfig = find_kubeconfig(kubeconfig)
-    try:
-        if kubeconfig:
-            return await config.new_client_from_config(config_file=kubeconfig)
-        if in_cluster():
-            configuration = client.Configuration()
-            config.load_incluster_config(client_configuration=configuration)
-            return client.ApiClient(configuration)
-    except Exception as err:  # YAML, missing keys, unreadable token: all mean the same
-        where = kubeconfig or "the in-cluster service account"
-        raise KubeconfigError(f"{where}: {err}") from None
-    return None
+class WatchExpired(Exception):
+    """The watch cannot go on from its version (410 Gone, or an event too big)."""
 
 
 def pod_meta(pod: dict) -> tuple[str, PodMeta]:
@@ -80,7 +42,7 @@ def pod_meta(pod: dict) -> tuple[str, PodMeta]:
 class PodMetadataWatch:
     """List, then watch, pods with ``spec.nodeName=<node>``; resync on any failure."""
 
-    def __init__(self, api: client.ApiClient, node_name: str) -> None:
+    def __init__(self, api: ApiServer, node_name: str) -> None:
         self.api = api
         self.selector = f"spec.nodeName={node_name}"
         self._pods: dict[str, PodMeta] | None = None
@@ -98,6 +60,8 @@ class PodMetadataWatch:
                 await self._watch(version)
             except asyncio.CancelledError:
                 raise
+            except WatchExpired as err:
+                log.info("pod metadata watch expired, listing again: %s", err)
             except Exception as err:
                 # Names stay as last seen while we resync; they only fill labels.
                 log.warning(
@@ -109,56 +73,64 @@ class PodMetadataWatch:
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
                 backoff = min(backoff * 2, 60.0)
 
-    async def get_pods(self, **query) -> aiohttp.ClientResponse:
-        """GET this node's pods, with the client's own credentials and TLS.
-
-        The generated CoreV1Api and its models cost ~25 MiB of RSS to build for this
-        one call, so the request is made at the client's lower level and the answer
-        read as plain JSON. Keyword names are those of the generated API (the watch
-        helper passes them).
-        """
-        query.pop("_preload_content", None)
-        params = [("fieldSelector", self.selector)]
-        params += [(_QUERY_NAMES[k], v) for k, v in query.items()]
-        timeout = query.get("timeout_seconds", 0) + REQUEST_TIMEOUT_SECONDS
-        method, url, headers, _, _ = await self.api.param_serialize(
-            "GET", "/api/v1/pods", query_params=params, auth_settings=["BearerToken"]
-        )
-        answer = await self.api.call_api(
-            method, url, header_params=headers, _request_timeout=timeout
-        )
-        return answer.response
-
     async def _list(self) -> str:
-        response = await self.get_pods()
-        try:
-            if response.status != 200:
-                raise RuntimeError(f"listing pods: HTTP {response.status}")
-            listing = await response.json()
-        finally:
-            response.release()
+        params = {"fieldSelector": self.selector}
+        async with self.api.request(
+            "GET", "/api/v1/pods", REQUEST_TIMEOUT_SECONDS, params=params
+        ) as r:
+            if r.status != 200:
+                raise RuntimeError(f"listing pods: HTTP {r.status}")
+            listing = await r.json()
         self._pods = dict(pod_meta(p) for p in listing["items"])
         return listing["metadata"]["resourceVersion"]
 
     async def _watch(self, version: str) -> None:
-        """Follow changes until the watch breaks (the caller then relists)."""
+        """Follow changes from ``version``, resuming where each watch ends, until the
+        version expires (the caller then lists again) or the API server fails."""
         while True:
-            w = watch.Watch(return_type="object")  # events carry plain dicts
-            stream = w.stream(
-                self.get_pods,
-                resource_version=version,
-                timeout_seconds=WATCH_SECONDS,
-                allow_watch_bookmarks=True,
-            )
-            async with stream:
-                async for event in stream:
-                    if event["type"] == "BOOKMARK":
-                        continue
-                    uid, meta = pod_meta(event["object"])
-                    pods = dict(self._pods or {})
-                    if event["type"] == "DELETED":
-                        pods.pop(uid, None)
-                    else:
-                        pods[uid] = meta
-                    self._pods = pods
-            version = w.resource_version or version
+            params = {
+                "fieldSelector": self.selector,
+                "watch": "1",
+                "resourceVersion": version,
+                "timeoutSeconds": str(WATCH_SECONDS),
+                "allowWatchBookmarks": "true",
+            }
+            timeout = WATCH_SECONDS + REQUEST_TIMEOUT_SECONDS
+            async with self.api.request("GET", "/api/v1/pods", timeout, params=params) as r:
+                if r.status == 410:
+                    raise WatchExpired(f"resourceVersion {version}")
+                if r.status != 200:
+                    raise RuntimeError(f"watching pods: HTTP {r.status}")
+                try:
+                    async for event in _events(r.content):
+                        version = self._apply(event) or version
+                except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+                    pass  # the watch was cut: go on from the last version seen
+
+    def _apply(self, event: dict) -> str:
+        """Take one watch event in; returns the version it brings."""
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":  # in-stream 410 Gone: the version was compacted away
+            raise WatchExpired(obj.get("message", "watch error"))
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            uid, meta = pod_meta(obj)
+            pods = dict(self._pods or {})
+            if kind == "DELETED":
+                pods.pop(uid, None)
+            else:
+                pods[uid] = meta
+            self._pods = pods
+        return obj.get("metadata", {}).get("resourceVersion", "")
+
+
+async def _events(stream: aiohttp.StreamReader) -> AsyncIterator[dict]:
+    """The JSON objects of a watch stream, one per line, however the bytes arrive."""
+    pending = b""
+    async for chunk in stream.iter_any():
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        if len(pending) > MAX_EVENT_BYTES:
+            raise WatchExpired(f"a watch event over {MAX_EVENT_BYTES} bytes")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
