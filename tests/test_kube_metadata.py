@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 
 import pytest
 
-from exporter.sources.apiserver import connect
+from exporter.sources.apiserver import KubeconfigError, connect
 from exporter.sources.kube import PodMetadataWatch
 from simulator import presets
 from simulator.cluster import SimulatedCluster
@@ -141,3 +142,52 @@ def test_the_exporter_never_loads_the_kubernetes_package():
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+def write_kubeconfig(path, cp, user: dict) -> str:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "c", "cluster": {"server": cp.url, "certificate-authority": "ca.crt"}}
+        ],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    (path / "ca.crt").write_bytes(cp.ca_file.read_bytes())
+    (path / "kubeconfig").write_text(json.dumps(config))
+    return str(path / "kubeconfig")
+
+
+async def test_a_token_file_beside_the_kubeconfig_is_read_and_reread(tmp_path, control_plane):
+    """Paths relative to the kubeconfig, as kubectl takes them; the token file is read
+    again once a minute has passed (bound ServiceAccount tokens rotate)."""
+    cp = control_plane
+    (tmp_path / "token").write_text("not-yet-a-token\n")
+    api = connect(write_kubeconfig(tmp_path, cp, {"tokenFile": "token"}))
+    try:
+        path = "/api/v1/pods?fieldSelector=spec.nodeName%3Dnone&limit=1"
+        async with api.request("GET", path, 10) as r:
+            assert r.status == 401
+        (tmp_path / "token").write_text(cp.tokens["numaguard-exporter"] + "\n")
+        async with api.request("GET", path, 10) as r:
+            assert r.status == 401  # read less than a minute ago: not yet again
+        api._token_read -= 61
+        async with api.request("GET", path, 10) as r:
+            assert r.status == 200
+    finally:
+        await api.close()
+
+
+@pytest.mark.parametrize(
+    ("user", "says"),
+    [
+        ({"exec": {"command": "aws"}}, "uses exec, which the exporter does not run"),
+        ({"auth-provider": {"name": "gcp"}}, "uses auth-provider"),
+        ({"client-certificate": "missing.crt", "client-key": "missing.key"}, "No such file"),
+    ],
+)
+def test_a_kubeconfig_it_cannot_use_is_a_clear_error(tmp_path, control_plane, user, says):
+    with pytest.raises(KubeconfigError, match=says):
+        connect(write_kubeconfig(tmp_path, control_plane, user))
