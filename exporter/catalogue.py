@@ -227,8 +227,8 @@ NUMA_REMOTE_ALLOC = _m(
     "numa_node_remote_alloc_ratio",
     "gauge",
     "Share of the node's allocations over the last interval made for a process running on "
-    "another node: Δother_node / (Δlocal_node + Δother_node). Absent when nothing was "
-    "allocated or a counter reset.",
+    "another node: other_node / (local_node + other_node), each counter's increase over "
+    "the interval. Absent when nothing was allocated or a counter reset.",
     ("numa_node",),
     "host_numa",
 )
@@ -462,7 +462,7 @@ L3_REMOTE = _m(
     "l3_remote_traffic_ratio",
     "gauge",
     "Share of the domain's memory traffic over the last interval that went to remote "
-    "memory: 1 - Δlocal/Δtotal.",
+    "memory: 1 - local / total, each counter's increase over the interval.",
     ("l3_domain",),
     "resctrl",
 )
