@@ -188,7 +188,7 @@ def kubernetes_auth(api, clock=None):
         group = path.split("/")[2]
         body = {"apiVersion": f"{group}/v1", "kind": kind, "spec": spec}
         async with api.request("POST", path, REVIEW_TIMEOUT_SECONDS, json=body) as r:
-            if r.status != 201 and r.status != 200:
+            if r.status not in (200, 201):
                 raise ApiUnavailable(f"{kind}: HTTP {r.status}")
             return (await r.json()).get("status") or {}
 

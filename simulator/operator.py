@@ -16,7 +16,6 @@ import gzip
 import os
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -43,16 +42,8 @@ def operator_dir() -> Path:
     return path
 
 
-@dataclass
-class Generated:
-    """What the operator made of a Prometheus object, laid out in a directory."""
-
-    config_file: Path
-    config: dict
-
-
 class PrometheusOperator:
-    """``await op.start(session)``; ``op.stop()`` kills it by PID."""
+    """``op.start()``; ``op.stop()`` kills it by PID."""
 
     def __init__(self, control_plane: ControlPlane, directory: Path) -> None:
         self.cp = control_plane
@@ -60,7 +51,7 @@ class PrometheusOperator:
         self.bin = operator_dir()
         self._proc: subprocess.Popen | None = None
 
-    async def start(self) -> None:
+    def start(self) -> None:
         kubeconfig = self.cp.kubeconfig(self.directory / "operator.kubeconfig", self.cp.admin_token)
         kubectl = [str(self.cp.bin / "kubectl"), f"--kubeconfig={kubeconfig}"]
         # server-side, as the operator's docs say: the CRDs are too big for the
@@ -95,7 +86,7 @@ class PrometheusOperator:
 
     async def generated(
         self, session, namespace: str, name: str, ready, timeout: float = 60.0
-    ) -> Generated:
+    ) -> Path:
         """The configuration and rule files the operator generated for Prometheus
         ``namespace/name``, once ``ready(config dict)`` holds of them, written into this
         operator's directory as the StatefulSet would mount them: the rule files where
@@ -137,7 +128,7 @@ class PrometheusOperator:
         out.mkdir(parents=True, exist_ok=True)
         config_file = out / "prometheus.yaml"
         config_file.write_text(yaml.safe_dump(parsed))
-        return Generated(config_file, parsed)
+        return config_file
 
 
 def prometheus_resource(

@@ -55,7 +55,7 @@ class Stack:
         self.exit = contextlib.AsyncExitStack()
         self.session = await self.exit.enter_async_context(aiohttp.ClientSession())
         self.operator = PrometheusOperator(cp, directory)
-        await self.operator.start()
+        self.operator.start()
         self.exit.callback(self.operator.stop)
         if await cp.get(self.session, "Namespace", None, MONITORING) is None:
             namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MONITORING}}
@@ -85,9 +85,9 @@ class Stack:
         self.exporters = await self.sim.run_exporter_daemonset(
             self.exit, kubeconfig, "--interval", "1"
         )
-        generated = await self.operator.generated(self.session, MONITORING, "k8s", self._complete)
+        config = await self.operator.generated(self.session, MONITORING, "k8s", self._complete)
         self.prom = await self.exit.enter_async_context(
-            PrometheusServer([], free_port(), version="3", config_file=str(generated.config_file))
+            PrometheusServer([], free_port(), version="3", config_file=str(config))
         )
         return self
 
