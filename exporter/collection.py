@@ -10,7 +10,7 @@ import logging
 import platform
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -61,23 +61,31 @@ class Health:
 
 
 class Exposition:
-    """One cycle's rendered bytes; gzip is made once per format, for the first request
-    that wants it, in a worker thread (compressing megabytes on the event loop would
-    hold every other scrape up), and shared with the requests that wait meanwhile."""
+    """One cycle's rendered bytes. gzip is made in the cycle (in its worker thread) for
+    the formats scrapers asked gzipped in the cycle before; any other is made for the
+    first request that wants it, in a worker thread too (compressing megabytes on the
+    event loop would hold every other scrape up), and shared with those that wait."""
 
-    def __init__(self, text: bytes, openmetrics: bytes) -> None:
+    def __init__(self, text: bytes, openmetrics: bytes, gzip_now: Iterable[bool] = ()) -> None:
         self.text = text
         self.openmetrics = openmetrics
-        self._gzipped: dict[bool, asyncio.Future[bytes]] = {}
+        self.asked: set[bool] = set()  # the formats asked gzipped, for the next cycle
+        self._gzipped: dict[bool, bytes] = {om: self._compress(om) for om in gzip_now}
+        self._compressing: dict[bool, asyncio.Future[bytes]] = {}
+
+    def _compress(self, openmetrics: bool) -> bytes:
+        return gzip.compress(self.openmetrics if openmetrics else self.text, 1)
 
     async def body(self, openmetrics: bool, gzipped: bool) -> bytes:
-        plain = self.openmetrics if openmetrics else self.text
         if not gzipped:
-            return plain
-        if openmetrics not in self._gzipped:
-            compressing = asyncio.to_thread(gzip.compress, plain, 1)
-            self._gzipped[openmetrics] = asyncio.ensure_future(compressing)
-        return await asyncio.shield(self._gzipped[openmetrics])
+            return self.openmetrics if openmetrics else self.text
+        self.asked.add(openmetrics)
+        if openmetrics in self._gzipped:
+            return self._gzipped[openmetrics]
+        if openmetrics not in self._compressing:
+            compressing = asyncio.to_thread(self._compress, openmetrics)
+            self._compressing[openmetrics] = asyncio.ensure_future(compressing)
+        return await asyncio.shield(self._compressing[openmetrics])
 
 
 class Collection:
@@ -222,7 +230,8 @@ class Collection:
             *capacity.families(snap),
             *self._self_families(snap),
         ]
-        return Exposition(*render(families))
+        asked = self.exposition.asked if self.exposition is not None else ()
+        return Exposition(*render(families), gzip_now=set(asked))
 
     def _self_families(self, snap: NodeSnapshot) -> list[c.Family]:
         node = self.node_name
