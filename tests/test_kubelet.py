@@ -4,6 +4,7 @@ capacity per NUMA zone, and a kubelet that is missing, slow, failing or restarte
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 from pathlib import Path
@@ -249,6 +250,18 @@ async def test_kubelet_errors_and_old_kubelets(node):
     assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
     assert {s for _, _, s in node.holders(got).values()} == {"kubelet"}
     assert not [k for k in got if k[0].startswith("numaguard_zone_")]
+
+
+async def test_answers_are_read_again_only_when_they_change(node):
+    source = node.kubelet_source
+    first = await asyncio.to_thread(source.read)
+    again = await asyncio.to_thread(source.read)
+    # the same bytes: last cycle's reading, not parsed again
+    assert again.pods is first.pods and again.allocatable is first.allocatable
+    gone = first.pods[0].name
+    node.host.pods = [p for p in node.host.pods if p.name != gone]
+    changed = await asyncio.to_thread(source.read)
+    assert {p.name for p in changed.pods} == {p.name for p in first.pods} - {gone}
 
 
 def test_generated_grpc_modules_are_current(tmp_path):

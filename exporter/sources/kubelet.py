@@ -37,11 +37,13 @@ class PodResourcesSource:
         self.socket_path = socket_path
         self.timeout = timeout
         self._channel = None  # grpc.Channel, made on first use
+        self._last: dict[str, tuple[bytes, object]] = {}  # method -> (answer, its reading)
 
     def read(self) -> KubeletReading:
         import grpc
+        from google.protobuf.message import DecodeError
 
-        from exporter.sources.podresources import api_pb2, api_pb2_grpc
+        from exporter.sources.podresources import api_pb2
 
         if not os.path.exists(self.socket_path):
             self.close()
@@ -51,26 +53,47 @@ class PodResourcesSource:
                 f"unix://{os.path.abspath(self.socket_path)}",
                 options=[("grpc.max_receive_message_length", _MAX_MESSAGE)],
             )
-        stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         try:
-            listed = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+            listed = self._call("List", api_pb2.ListPodResourcesRequest())
+            pods = self._parsed("List", listed, api_pb2.ListPodResourcesResponse, read_list)
             try:
-                allocatable = read_allocatable(
-                    stub.GetAllocatableResources(
-                        api_pb2.AllocatableResourcesRequest(), timeout=self.timeout
-                    )
+                answer = self._call(
+                    "GetAllocatableResources", api_pb2.AllocatableResourcesRequest()
+                )
+                allocatable = self._parsed(
+                    "GetAllocatableResources",
+                    answer,
+                    api_pb2.AllocatableResourcesResponse,
+                    read_allocatable,
                 )
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 allocatable = None  # kubelets before 1.23 (or with the gate off)
-            return KubeletReading(read_list(listed), allocatable)
+            return KubeletReading(pods, allocatable)
         except grpc.RpcError as err:
             self.close()
             reason = "timeout" if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "kubelet"
             return _failed(Issue(reason, self.socket_path, f"{err.code().name}: {err.details()}"))
-        except ParseError as err:
+        except (ParseError, DecodeError) as err:
             return _failed(Issue("parse", self.socket_path, str(err)))
+
+    def _call(self, method: str, request) -> bytes:
+        """One call, its answer left as the bytes the kubelet sent."""
+        call = self._channel.unary_unary(
+            f"/v1.PodResourcesLister/{method}", request_serializer=type(request).SerializeToString
+        )
+        return call(request, timeout=self.timeout)
+
+    def _parsed(self, method: str, answer: bytes, message, reader):
+        """The answer read, or last cycle's reading when the bytes are the same: a node's
+        allocations change when pods come and go, not every cycle."""
+        last = self._last.get(method)
+        if last is not None and last[0] == answer:
+            return last[1]
+        reading = reader(message.FromString(answer))
+        self._last[method] = (answer, reading)
+        return reading
 
     def close(self) -> None:
         if self._channel is not None:
