@@ -204,8 +204,10 @@ def test_a_bad_web_config_is_a_clear_error_before_anything_starts(pki, config, s
     assert "--web.config.file" in done.stderr and says in done.stderr, done.stderr
 
 
-async def test_the_remediator_serves_its_metrics_with_the_same_config(pki, tmp_path, control_plane):
-    cp = control_plane
+@contextlib.asynccontextmanager
+async def remediator(cp, tmp_path, *web: str):
+    """``remediator run`` as its ServiceAccount with these web flags; yields its URL once
+    /healthz (open to probes) answers."""
     account = "numaguard-remediator"
     kubeconfig = cp.kubeconfig(tmp_path / "kubeconfig", cp.tokens[account], account)
     port = free_port()
@@ -214,19 +216,24 @@ async def test_the_remediator_serves_its_metrics_with_the_same_config(pki, tmp_p
             sys.executable,
             *("-m", "remediator", "run", "--kubeconfig", kubeconfig),
             *("--prometheus", f"http://127.0.0.1:{free_port()}", "--listen", f"127.0.0.1:{port}"),
-            *("--lease-namespace", "numaguard", "--lease-name", "webconfig-test"),
-            *("--web.config.file", web_config(pki, tls=False, users=True)),
+            *("--lease-namespace", "numaguard", "--lease-name", "webconfig-test", *web),
         ],
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        await wait_ok(f"{url}/healthz")  # open to probes
-        assert await status(f"{url}/metrics") == 401
-        assert await status(f"{url}/metrics", auth=basic("prometheus", PASSWORD)) == 200
+        await wait_ok(f"{url}/healthz")
+        yield url
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+async def test_the_remediator_serves_its_metrics_with_the_same_config(pki, tmp_path, control_plane):
+    config = web_config(pki, tls=False, users=True)
+    async with remediator(control_plane, tmp_path, "--web.config.file", config) as url:
+        assert await status(f"{url}/metrics") == 401
+        assert await status(f"{url}/metrics", auth=basic("prometheus", PASSWORD)) == 200
 
 
 def bearer(token: str) -> dict:
@@ -341,27 +348,11 @@ async def test_kubernetes_auth_lets_in_only_scrapers_the_api_server_allows(
 
 
 async def test_the_remediator_takes_kubernetes_auth_too(tmp_path, control_plane):
-    cp = control_plane
-    account = "numaguard-remediator"
-    kubeconfig = cp.kubeconfig(tmp_path / "kubeconfig", cp.tokens[account], account)
-    port = free_port()
-    async with aiohttp.ClientSession() as session, scrapers(cp, session) as tokens:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                *("-m", "remediator", "run", "--kubeconfig", kubeconfig),
-                *("--prometheus", f"http://127.0.0.1:{free_port()}"),
-                *("--listen", f"127.0.0.1:{port}", "--web.kubernetes-auth"),
-                *("--lease-namespace", "numaguard", "--lease-name", "webconfig-test"),
-            ],
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            await wait_ok(f"{url}/healthz")  # open to probes
-            assert await status(f"{url}/metrics") == 401
-            assert await status(f"{url}/metrics", auth=bearer(tokens["stranger"])) == 403
-            assert await status(f"{url}/metrics", auth=bearer(tokens["prometheus"])) == 200
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    async with (
+        aiohttp.ClientSession() as session,
+        scrapers(control_plane, session) as tokens,
+        remediator(control_plane, tmp_path, "--web.kubernetes-auth") as url,
+    ):
+        assert await status(f"{url}/metrics") == 401
+        assert await status(f"{url}/metrics", auth=bearer(tokens["stranger"])) == 403
+        assert await status(f"{url}/metrics", auth=bearer(tokens["prometheus"])) == 200
