@@ -110,7 +110,7 @@ $(OPERATOR)/.built: | $(VENV)/.installed
 	$$go build -trimpath \
 	  -ldflags "-s -w -X github.com/prometheus/common/version.Version=$(OPERATOR_VERSION:v%=%)" \
 	  -o $(OPERATOR)/ $(OPERATOR_MODULE)/cmd/operator && \
-	cp "$$($$go list -m -f '{{.Dir}}' $(OPERATOR_MODULE))"/example/prometheus-operator-crd/*.yaml \
+	cp -f "$$($$go list -m -f '{{.Dir}}' $(OPERATOR_MODULE))"/example/prometheus-operator-crd/*.yaml \
 	  $(OPERATOR)/crds/
 	@touch $@
 
