@@ -2,7 +2,8 @@
 cost of merely reading the same files, measured side by side in one run.
 
 Reference node (built by the fake-host builder): 8 NUMA nodes, 224 CPUs, 150 pods /
-300 containers, one resctrl monitoring group per pod under Sub-NUMA Clustering, 8 GPUs
+300 containers and each pod's sandbox cgroup, named as the API server names them (the
+sandboxes are then not read), one resctrl monitoring group per pod under Sub-NUMA Clustering, 8 GPUs
 with 7 MIG slices each through the simulator's NVML library, and the kubelet's
 PodResources API served over gRPC by the simulator's kubelet in a process of its own.
 CPU time is process time (all threads), the median of many cycles.
@@ -39,7 +40,7 @@ from exporter.sources.resctrl import ResctrlSource
 from simulator import presets
 from simulator.cluster import SimulatedCluster
 from simulator.controlplane import ControlPlane
-from simulator.host import FakeHostRoot
+from simulator.host import FakeHostRoot, pod_metadata
 from simulator.processes import exporter_process, get
 from simulator.resctrl import FakeResctrl
 
@@ -172,6 +173,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=shm) as tmp:
         host, nvml = presets.reference_gpu_node()
         FakeHostRoot(tmp, host).write()
+        names = pod_metadata(host)
         # Sub-NUMA Clustering, 4 nodes per socket's L3, as on the SPEC's 8-node box
         kernel = FakeResctrl(tmp, host, snc={0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}).write()
         socket = f"{tmp}/kubelet.sock"
@@ -194,6 +196,9 @@ def main() -> None:
                 GPU: gpus,
                 POD_RESOURCES: pod_resources,
             },
+            # the pods' names, as the watch has them in a cluster: each pod's sandbox
+            # cgroup (the tree has them, as a node does) is then not read
+            metadata=lambda: names,
         )
         paths = files_read_by_one_cycle(collection)
         monitored = len(kernel.group_names())

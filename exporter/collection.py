@@ -118,8 +118,10 @@ class Collection:
         self._limit_logged = False
 
     async def run_once(self) -> NodeSnapshot:
+        metadata = self.metadata()  # the cycle's one view of the pods' names
         names = [n for n in self.sources if n != RESCTRL]
-        readings = await asyncio.gather(*(self._read(name) for name in names))
+        inputs = {POD_PLACEMENT: (metadata,)}  # which containers the pods have
+        readings = await asyncio.gather(*(self._read(n, *inputs.get(n, ())) for n in names))
         by_name = dict(zip(names, readings, strict=True))
         pods = by_name.get(POD_PLACEMENT)
         self._guard(pods)
@@ -128,7 +130,7 @@ class Collection:
             by_name[RESCTRL] = await self._read(RESCTRL, None if self.limited else pods)
         # Off the event loop too: tens of milliseconds of CPU would stall scrapes.
         self.snapshot, self.exposition = await asyncio.to_thread(
-            self._snapshot_and_render, by_name, self.metadata()
+            self._snapshot_and_render, by_name, metadata
         )
         return self.snapshot
 

@@ -13,11 +13,13 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.model import PodMeta
 from exporter.readers import format_id_list, parse_id_list
 
 GIB = 1 << 30
 MIB = 1 << 20
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
+SANDBOX = "POD"  # what the kubelet calls a pod's sandbox container
 
 
 @dataclass
@@ -92,6 +94,9 @@ class FakeHost:
         }
     )
     psi: bool = True  # cgroup v2 only
+    # each pod's sandbox (pause) container gets a cgroup beside its containers, as the
+    # CRI makes one on a real node; the kubelet and the API server never name it
+    sandboxes: bool = False
     page_size: int = 4096
     # L3 caches as (CPU list, size); None: one per socket over all the socket's CPUs
     l3: list[tuple[str, int]] | None = None
@@ -139,6 +144,14 @@ class FakeHost:
 
     def pod(self, name: str) -> FakePod:
         return next(p for p in self.pods if p.name == name)
+
+
+def pod_metadata(host: FakeHost) -> dict[str, PodMeta]:
+    """What the API server would tell the exporter about the fake host's pods."""
+    return {
+        p.uid: PodMeta(p.namespace, p.name, {host.container_id(p, c): c.name for c in p.containers})
+        for p in host.pods
+    }
 
 
 class FakeHostRoot:
@@ -266,11 +279,19 @@ class FakeHostRoot:
             for pod in h.pods:
                 pod_dir = kubepods / self._qos_dir(pod.qos_class) / self._pod_dir(pod)
                 wanted.add(pod_dir)
-                for ctr in pod.containers:
+                for ctr in [*pod.containers, *self._sandbox(pod)]:
                     d = pod_dir / self._container_dir(pod, ctr)
                     wanted.add(d)
                     self._container_files(controller, d, pod, ctr)
             self._prune(kubepods, wanted)
+
+    def _sandbox(self, pod: FakePod) -> list[FakeContainer]:
+        """The pod's pause container, when the host has sandboxes: on the shared pool,
+        a few hundred KiB of memory."""
+        if not self.host.sandboxes:
+            return []
+        shared = format_id_list(self.host.all_cpus)
+        return [FakeContainer(SANDBOX, shared, {0: 256 << 10})]
 
     def _container_files(self, controller: str, d: Path, pod: FakePod, ctr: FakeContainer) -> None:
         h = self.host

@@ -201,7 +201,10 @@ def reference_node() -> FakeHost:
                 f"svc-{i}", pod_uid(f"svc-{i}"), "burstable", containers, namespace=f"team-{i % 10}"
             )
         )
-    return FakeHost(nodes=nodes, pods=pods, cgroup_version=2, cgroup_driver="systemd")
+    # with each pod's sandbox cgroup, as on a real node
+    return FakeHost(
+        nodes=nodes, pods=pods, cgroup_version=2, cgroup_driver="systemd", sandboxes=True
+    )
 
 
 def gpu_node(

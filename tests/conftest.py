@@ -25,6 +25,7 @@ from exporter.sources.kubelet import PodResourcesSource
 from exporter.sources.resctrl import ResctrlSource
 from simulator.controlplane import ControlPlane
 from simulator.host import FakeHost, FakeHostRoot
+from simulator.host import pod_metadata as metadata_of  # noqa: F401 (for the tests)
 from simulator.resctrl import FakeResctrl
 
 NODE = "test-node"
@@ -45,14 +46,6 @@ def samples(exposition: bytes) -> Samples:
 
 def series(name: str, **labels: str) -> tuple[str, frozenset]:
     return name, frozenset({"node": NODE, **labels}.items())
-
-
-def metadata_of(host: FakeHost) -> dict[str, PodMeta]:
-    """What the API server would tell the exporter about the fake host's pods."""
-    return {
-        p.uid: PodMeta(p.namespace, p.name, {host.container_id(p, c): c.name for c in p.containers})
-        for p in host.pods
-    }
 
 
 def make_collection(

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+import exporter.sources as sources
 from exporter.catalogue import CATALOGUE
 from simulator import presets
-from simulator.host import GIB, MIB
+from simulator.host import GIB, MIB, SANDBOX, FakeContainer, FakeHostRoot
 from tests.conftest import make_collection, metadata_of, samples, series
 
 HEALTH = {name for name, spec in CATALOGUE.items() if spec.group == "health"}
@@ -382,3 +383,36 @@ async def test_pod_memory_mostly_on_far_node(fake_root):
         memory_remote=0,
     )
     assert_samples(got, want)
+
+
+async def test_sandbox_cgroups_cost_no_read_once_the_pods_are_named(tmp_path):
+    """A real node has a pause container's cgroup beside each pod's containers; nobody
+    names it, and once the API server has named a pod's containers, its files are not
+    even read. The exposition is what it is on the same node without sandboxes."""
+    exposition = {}
+    read = {}
+    for sandboxes in (False, True):
+        host = presets.two_socket()
+        host.sandboxes = sandboxes
+        root = FakeHostRoot(tmp_path / str(sandboxes), host).write()
+        paths = []
+        original = sources.read_text
+
+        def recording(path, original=original, paths=paths):
+            paths.append(path)
+            return original(path)
+
+        collection = make_collection(root, metadata=metadata_of(host))
+        sources.read_text = recording
+        try:
+            await collection.run_once()
+        finally:
+            sources.read_text = original
+        read[sandboxes] = paths
+        exposition[sandboxes] = samples(collection.exposition.text)
+    pauses = [host.container_id(p, FakeContainer(SANDBOX, "0")) for p in host.pods]
+    written = [d for d in (tmp_path / "True").rglob("*.scope") if any(c in d.name for c in pauses)]
+    assert len(written) == len(host.pods)  # the fake node has them ...
+    assert not [p for p in read[True] if any(c in p for c in pauses)]  # ... and none is read
+    assert len(read[True]) == len(read[False])
+    assert exposition[True].keys() == exposition[False].keys()

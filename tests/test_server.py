@@ -35,7 +35,7 @@ class HangingSource:
         self.release = threading.Event()
         self.calls = 0
 
-    def read(self):
+    def read(self, *_inputs):
         self.calls += 1
         self.release.wait(30)
         raise OSError("released")

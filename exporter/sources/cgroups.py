@@ -7,7 +7,9 @@ cgroupfs drivers, and containerd, CRI-O and docker container cgroups.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from exporter.readers import parse_id_list
 from exporter.readers.cgroup import (
@@ -21,6 +23,9 @@ from exporter.readers.cgroup import (
     pod_uid_of,
 )
 from exporter.sources import Issue, read_parsed, subdirs
+
+if TYPE_CHECKING:  # the model imports this module's records
+    from exporter.model import PodMeta
 
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 PRESSURE_RESOURCES = ("cpu", "memory", "io")
@@ -63,7 +68,10 @@ class CgroupSource:
         self.page_size = page_size or os.sysconf("SC_PAGE_SIZE")
         self.max_pods = max_pods  # past it, read no pod: the cardinality guard
 
-    def read(self) -> PodsReading:
+    def read(self, known: Mapping[str, PodMeta] | None = None) -> PodsReading:
+        """Every pod container's placement. ``known``: pod uid -> what the API server
+        says of it; a pod whose containers it names has only those read, so its sandbox
+        (pause) container, which no one names, costs no read (the model would drop it)."""
         issues: list[Issue] = []
         layout = self._layout()
         if layout is None:
@@ -75,7 +83,11 @@ class CgroupSource:
             return PodsReading((), None, issues, over_limit=len(found))
         containers: list[ContainerReading] = []
         for qos, pod_uid, pod_rel in found:
+            meta = known.get(pod_uid) if known else None
+            named = meta.containers if meta else None
             for runtime, container_id, rel in self._containers(layout, pod_rel, issues):
+                if named and container_id not in named:
+                    continue
                 reading = self._read_container(layout, rel, issues)
                 if reading is None:
                     continue
