@@ -295,12 +295,9 @@ def _pods(
         by_pod.setdefault(c.pod_uid, []).append(c)
     pods = []
     for uid, raw in by_pod.items():
+        # (the source read only the containers the API server names, given names: a
+        # pod's sandbox, which no one names, is not among them)
         meta = metadata.get(uid)
-        if meta and meta.containers:
-            # The API server lists the pod's real containers; the rest is the sandbox.
-            raw = [c for c in raw if c.container_id in meta.containers]
-            if not raw:
-                continue  # only its sandbox is left: nothing of the pod's own to show
         containers = tuple(_container(c, meta, placer, reading.shared_pool, granted) for c in raw)
         pods.append(_pod(uid, meta, containers, placer, thresholds))
     return tuple(sorted(pods, key=lambda p: p.uid))
