@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import aiohttp
 
+from remediator import queries as q
 from remediator.actuator import Actuator
 from remediator.cluster import ClusterError, pending_workloads, pods_of, workload_pods
 from remediator.findings import Detection, Finding, FindingState, update
@@ -21,6 +22,7 @@ from remediator.kube import Kube
 from remediator.leader import LeaderElector
 from remediator.metrics import Metrics
 from remediator.planner import (
+    CAPACITY_DEPENDS_ON,
     DEPENDS_ON,
     Action,
     Evidence,
@@ -31,10 +33,12 @@ from remediator.planner import (
     WorkloadHistory,
     after_action,
     after_verification,
+    holdings,
+    intent_of,
+    need_of,
     plan,
 )
-from remediator.queries import verification_expressions
-from remediator.signals import Prometheus, SignalsError
+from remediator.signals import Prometheus, Signals, SignalsError, merged
 
 log = logging.getLogger(__name__)
 _TRANSPORT = (aiohttp.ClientError, OSError, TimeoutError)
@@ -75,6 +79,10 @@ class Controller:
         self.actuator = Actuator(kube, elector, clock) if kube else None
         self.state = FindingState()
         self.said: dict[tuple, str] = {}  # finding -> the Event last written about it
+        # the slices whose sizing window said too large or too small, when last looked
+        # for, and how many cycles ago that was
+        self.slices: set[str] | None = None
+        self.since_sizing = 0
 
     async def cycle(self, write: bool = True) -> CycleReport:
         """One cycle. ``write`` False: plan only (the ``plan`` command)."""
@@ -88,7 +96,7 @@ class Controller:
             if not report.leader:
                 return report
         try:
-            signals = await self.prometheus.fetch(self.clock())
+            signals, self.state = await self._gather(self.clock())
         except SignalsError as err:
             return self._failed(report, err.reason, str(err))
         for (query, reason), n in signals.dropped.items():
@@ -100,7 +108,6 @@ class Controller:
                 reason,
                 extra={"query": query, "reason": reason},
             )
-        self.state = update(self.state, signals, self.detection)
         report.findings = list(self.state.open.values())
         try:
             pods = await pods_of(self.kube, report.findings) if self.kube else {}
@@ -121,12 +128,75 @@ class Controller:
             await self._carry_out(report, pods, history, now)
             if not policy.paused:
                 try:
-                    await self._verify(report, Evidence(signals, policy.stale_after_seconds))
+                    await self._verify(report)
                 except (ClusterError, SignalsError, *_TRANSPORT) as err:
                     self._failed(report, "verification", str(err) or type(err).__name__)
         m.duration.set(time.monotonic() - started)
         m.last_success.set(self.clock())
         return report
+
+    async def _gather(self, at: float) -> tuple[Signals, FindingState]:
+        """The cycle's answers, round by round, each asking only about what the rounds
+        before it named (queries.py), and the findings they leave open. Every round
+        shares one answer budget."""
+        p, d = self.prometheus, self.detection
+        w, selector = p.windows, p.selector
+        budget = [p.max_answer_bytes]
+
+        async def ask(queries: q.Queries) -> Signals:
+            return await p.fetch_set(queries, at=at, budget=budget)
+
+        sizing = self.slices is None or self.since_sizing >= w.sizing_every_cycles
+        thresholds = (d.low_utilization, d.saturated, d.memory_full) if sizing else None
+        found = await ask(q.detection(w, selector, await p.recorded(at), thresholds))
+        if sizing:
+            self.slices, self.since_sizing = set(found["slice_candidates"]["mig_uuid"]), 0
+        self.since_sizing += 1
+        # round two: what the verdicts' pods, slices and nodes need to be findings
+        before = list(self.state.open.values())
+        second: q.Queries = []
+        for kind, seen in q.SEEN.items():
+            still = {f.pod_uid for f in before if f.kind == kind}
+            now = set(found[f"{kind}_sustained"]["pod_uid"]) | set(found[f"{kind}_age"]["pod_uid"])
+            asked = "_age" if f"{kind}_sustained" in found.frames else "_sustained"
+            second += self._scoped([f"{kind}{asked}"], "pod_uid", now | still)
+            second += self._scoped([seen], "pod_uid", still)
+        starved = {f.node for f in before if f.kind == "starved"}
+        starved |= {n for k in ("sustained", "age") for n in found[f"starved_{k}"]["node"]}
+        second += self._scoped((*q.SLICES, "holders"), "mig_uuid", self.slices)
+        second += self._scoped(q.LLC, "node", starved)
+        found = merged(found, await ask(second))
+        state = update(self.state, found, d)
+        findings = list(state.open.values())
+        # round three: what the finding pods hold; four: the zones that could take them
+        uids = {f.pod_uid for f in findings}
+        found = merged(found, await ask(self._scoped(q.HOLDINGS, "pod_uid", uids)))
+        held, needs = holdings(found, uids), []
+        for f in findings:
+            if intent_of(f) == "evict":
+                need = need_of(held, f.pod_uid)
+                needs.append((need.cpus, need.memory, tuple(need.devices.items())))
+            elif intent_of(f) == "resize":
+                needs.append((0.0, 0.0, ((f"nvidia.com/mig-{f.recommended}", 1),)))
+        policy = self.policy
+        zones = await ask(
+            q.zone_candidates(
+                needs,
+                policy.max_per_cycle + 1,
+                CAPACITY_DEPENDS_ON,
+                policy.stale_after_seconds,
+                selector,
+            )
+        )
+        # five: those zones' room, and whether the nodes named so far can be believed
+        nodes = {f.node for f in findings} | set(zones["zone_candidates"]["node"])
+        found = merged(
+            found, zones, await ask(self._scoped((*q.ZONES, *q.NODE_EVIDENCE), "node", nodes))
+        )
+        return found, state
+
+    def _scoped(self, names, label: str, values) -> q.Queries:
+        return q.scoped(names, label, values, self.prometheus.windows, self.prometheus.selector)
 
     async def _carry_out(self, report: CycleReport, pods, history, now: float) -> None:
         open_keys = {f.key for f in report.findings}
@@ -165,7 +235,7 @@ class Controller:
         self.said[finding.key] = what
         return False
 
-    async def _verify(self, report: CycleReport, evidence: Evidence) -> None:
+    async def _verify(self, report: CycleReport) -> None:
         """Judge the actions awaiting verification, on positive evidence: a fix held
         when the workload's replacement pods have fresh series whose verdicts stayed 0
         over the whole verification period; it did not hold when they stayed 1. Neither,
@@ -182,7 +252,7 @@ class Controller:
             pods = await workload_pods(self.kube, workload, obj)
             changed = history
             for pending in due:
-                outcome = await self._outcome(pending, pods, evidence, now)
+                outcome = await self._outcome(pending, pods, now)
                 if outcome is None:
                     continue  # not yet: the evidence is not in
                 changed = after_verification(changed, pending, outcome)
@@ -216,7 +286,7 @@ class Controller:
             )
 
     async def _outcome(
-        self, pending: Pending, pods: list[PodInfo] | None, evidence: Evidence, now: float
+        self, pending: Pending, pods: list[PodInfo] | None, now: float
     ) -> str | None:
         """held | did_not_hold | unverified, or None: wait."""
         late = now - pending.at >= self.policy.verify_deadline_seconds
@@ -229,16 +299,18 @@ class Controller:
         ]
         if not replacements:
             return "unverified" if late else None
-        queries = verification_expressions(
+        queries = q.verification_expressions(
             pending.kind,
-            [q.uid for q in replacements],
+            [r.uid for r in replacements],
             f"{int(self.policy.verify_after_seconds)}s",
             self.prometheus.selector,
         )
-        signals = await self.prometheus.fetch_set(
-            queries, dict.fromkeys(queries, _VERIFY_LABELS), now
-        )
-        verdicts = [self._verdict(pending, q, signals, evidence) for q in replacements]
+        # and whether the replacements' nodes can be believed: they may be any nodes
+        nodes = self._scoped(q.NODE_EVIDENCE, "node", {r.node for r in replacements})
+        required = {**q.REQUIRED_LABELS, **dict.fromkeys(queries, _VERIFY_LABELS)}
+        signals = await self.prometheus.fetch_set([*queries.items(), *nodes], required, now)
+        evidence = Evidence(signals, self.policy.stale_after_seconds)
+        verdicts = [self._verdict(pending, r, signals, evidence) for r in replacements]
         if "did_not_hold" in verdicts:
             return "did_not_hold"
         if all(v == "held" for v in verdicts):

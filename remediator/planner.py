@@ -242,7 +242,7 @@ def plan(
     acted: set[str] = set()  # one action per pod per cycle
     for finding in sorted(findings, key=_priority):
         pod = pods.get(finding.pod_uid)
-        intent = _intent(finding)
+        intent = intent_of(finding)
         # doubtful evidence stops even a recommendation (an Event in the pod's namespace)
         guard, detail = ("paused", "paused") if policy.paused else evidence.doubt(finding, pod)
         if guard is not None:
@@ -314,7 +314,7 @@ def _priority(f: Finding) -> tuple:
     return (order.get(f.kind, 9), f.node, f.namespace, f.pod, f.reason)
 
 
-def _intent(f: Finding) -> str:
+def intent_of(f: Finding) -> str:
     if f.kind in ("cross_numa", "noisy_neighbour") or (
         f.kind == "starved" and f.reason in _MOVABLE_STARVED
     ):
@@ -513,6 +513,39 @@ class Evidence:
         return self.ages.get((f.kind, f.pod_uid, f.reason, f.device if f.kind == "starved" else ""))
 
 
+def holdings(s: Signals, pods: set[str]) -> dict[str, dict]:
+    """Pod uid -> {(node, numa node): [exclusive CPUs, memory, {resource: count}]}: what
+    each of ``pods`` holds, per zone."""
+    held: dict[str, dict] = {}
+
+    def slot(uid: str, node: str, numa: str) -> list:
+        return held.setdefault(uid, {}).setdefault((node, numa), [0.0, 0.0, Counter()])
+
+    for name, i in (("pod_exclusive_cpus", 0), ("pod_memory", 1)):
+        df = s[name]
+        df = df[df["pod_uid"].isin(pods)].reindex(
+            columns=["pod_uid", "node", "numa_node", "value"], fill_value=""
+        )
+        for uid, node, numa, value in df.itertuples(index=False):
+            slot(uid, node, numa)[i] += value
+    holders = s["holders"]
+    holders = holders[holders["pod_uid"].isin(pods)].reindex(
+        columns=["pod_uid", "node", "numa_node", "resource"], fill_value=""
+    )
+    for uid, node, numa, resource in holders.itertuples(index=False):
+        slot(uid, node, numa)[2][resource] += 1
+    return held
+
+
+def need_of(held: dict[str, dict], uid: str) -> Need:
+    """What the pod must find in one zone to run aligned: all it holds, together."""
+    cpus, memory, devices = 0.0, 0.0, Counter()
+    for c, m, d in held.get(uid, {}).values():
+        cpus, memory = cpus + c, memory + m
+        devices.update(d)
+    return Need(cpus, memory, dict(devices))
+
+
 def _columns(df: pd.DataFrame, *names: str):
     """Rows of ``df`` as tuples of the named columns ("" for a label no row had)."""
     return zip(*(df[n] if n in df else [""] * len(df) for n in names), strict=True)
@@ -578,24 +611,7 @@ class Capacity:
         for resource, rows in dev.groupby("resource", sort=False):
             free = rows.groupby(key, sort=False)["value"].sum()
             devices[resource] = np.array(free.reindex(index, fill_value=0), dtype=float)
-        held: dict[str, dict] = {}
-
-        def slot(uid: str, node: str, numa: str) -> list:
-            return held.setdefault(uid, {}).setdefault((node, numa), [0.0, 0.0, Counter()])
-
-        for name, i in (("pod_exclusive_cpus", 0), ("pod_memory", 1)):
-            df = s[name]
-            df = df[df["pod_uid"].isin(pods)].reindex(
-                columns=["pod_uid", "node", "numa_node", "value"], fill_value=""
-            )
-            for uid, node, numa, value in df.itertuples(index=False):
-                slot(uid, node, numa)[i] += value
-        holders = s["holders"]
-        holders = holders[holders["pod_uid"].isin(pods)].reindex(
-            columns=["pod_uid", "node", "numa_node", "resource"], fill_value=""
-        )
-        for uid, node, numa, resource in holders.itertuples(index=False):
-            slot(uid, node, numa)[2][resource] += 1
+        held = holdings(s, pods)
         return cls(
             list(index),
             np.array(zone_cpus.reindex(index), dtype=float),
@@ -605,11 +621,7 @@ class Capacity:
         )
 
     def need(self, f: Finding) -> Need:
-        cpus, memory, devices = 0.0, 0.0, Counter()
-        for c, m, d in self.held.get(f.pod_uid, {}).values():
-            cpus, memory = cpus + c, memory + m
-            devices.update(d)
-        return Need(cpus, memory, dict(devices))
+        return need_of(self.held, f.pod_uid)
 
     def _give_back(self, f: Finding, sign: float) -> None:
         """Count what the pod holds as free (+1) or taken again (-1): once evicted, its

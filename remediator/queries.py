@@ -1,4 +1,11 @@
-"""The PromQL the remediator evaluates each cycle: a fixed set, whatever the cluster size.
+"""The PromQL the remediator evaluates each cycle, in rounds sized by what it found.
+
+Round one finds: the sustained verdicts (from the recording rules when Prometheus runs
+them as we would write them) and, every few cycles, the slices whose sizing window says
+too small or too large. Every later round asks only about what the earlier ones named —
+the finding pods (``pod_uid=~``), their slices, their nodes, and the few NUMA zones that
+could take them — in bounded batches, so the answers grow with the findings, not with
+the cluster. ``expressions`` is the whole set unscoped: the alert rules use it.
 
 The detection expressions are written here once; the alerting rules in ``alerts/`` are
 built from the same strings, so that an alert and a remediation can never disagree about
@@ -10,7 +17,11 @@ another scrape target serves is never read.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from exporter import catalogue as c
 from remediator.validation import FORBID_EXTRA, Duration
@@ -18,6 +29,17 @@ from remediator.validation import FORBID_EXTRA, Duration
 EXPORTER_JOB = "numaguard"  # the exporters' scrape job, as deploy/'s ServiceMonitor names it
 DEFAULT_SELECTOR = f'job="{EXPORTER_JOB}"'
 _UID = re.compile(r"[0-9A-Za-z-]{1,64}")  # what the API server gives a pod, and no regex
+# node names (DNS subdomains), pod uids, MIG uuids (MIG-<uuid> or MIG-GPU-<uuid>/gi/ci):
+# nothing a regex would read as anything but itself, once dots are escaped
+_NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z._/-]{0,252}")
+BATCH = 200  # names per =~ matcher: a query of some 10 kB at most
+# The recording rules alerts/ installs for the costliest detection expressions: read
+# instead of evaluated when Prometheus runs them as the remediator would write them.
+RECORDED = {
+    "cross_numa_sustained": "numaguard:pod_cross_numa:sustained",
+    "starved_sustained": "numaguard:gpu_starved:sustained",
+    "slice_sm": "numaguard:mig_sm_utilization:avg",
+}
 
 
 @dataclass(frozen=True)
@@ -28,6 +50,9 @@ class Windows:
 
     finding: Duration = "10m"
     sizing: Duration = "1h"
+    # the slices to size are looked for every this many cycles (their window is long);
+    # those found are followed every cycle
+    sizing_every_cycles: Annotated[int, Field(gt=0, strict=True)] = 10
 
 
 def selected(metric: str, selector: str, *matchers: str) -> str:
@@ -36,11 +61,14 @@ def selected(metric: str, selector: str, *matchers: str) -> str:
     return f"{metric}{{{inside}}}" if inside else metric
 
 
-def expressions(w: Windows = Windows(), selector: str = DEFAULT_SELECTOR) -> dict[str, str]:
-    """Name -> PromQL, evaluated as instant queries at the cycle's time."""
+def expressions(
+    w: Windows = Windows(), selector: str = DEFAULT_SELECTOR, scope: str = ""
+) -> dict[str, str]:
+    """Name -> PromQL, evaluated as instant queries at the cycle's time; ``scope``: a
+    matcher every exporter series selected must also meet (``up`` has no such labels)."""
 
     def m(spec: c.MetricSpec, *matchers: str) -> str:
-        return selected(spec.name, selector, *matchers)
+        return selected(spec.name, selector, scope, *matchers)
 
     cross, starved = m(c.POD_CROSS_NUMA), m(c.GPU_STARVED)
     sm = m(c.MIG_UTILIZATION, 'kind="sm"')
@@ -118,6 +146,135 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     "collector_age": ("node", "instance", "collector"),
     "collector_success": ("node", "instance", "collector"),
 }
+
+REQUIRED_LABELS["slice_candidates"] = ("node", "instance", "mig_uuid")
+REQUIRED_LABELS["zone_candidates"] = ("node", "numa_node")
+
+# What later rounds ask about each kind of thing round one named
+SEEN = {"cross_numa": "cross_numa_seen", "starved": "starved_seen"}
+AGES = ("cross_numa_age", "starved_age")
+SLICES = ("slice_sm", "slice_sm_peak", "slice_memory_peak", "slice_memory_total", "slice_age")
+LLC = ("llc_share", "llc_age")
+HOLDINGS = ("pod_exclusive_cpus", "pod_memory", "holders")
+ZONES = ("zone_free_cpus", "zone_free_devices", "zone_free_memory")
+NODE_EVIDENCE = ("targets_up", "collector_age", "collector_success")
+Queries = list[tuple[str, str]]  # (frame name, PromQL): a name may come in several batches
+
+
+def matching(label: str, values: Iterable[str]) -> list[str]:
+    """``label=~"a|b|..."`` matchers naming exactly ``values``, BATCH at a time."""
+    names = sorted(set(values))
+    bad = [v for v in names if not _NAME.fullmatch(v)]
+    if bad:
+        raise ValueError(f"not names: {bad[:3]!r}")
+    escaped = [v.replace(".", r"\\.") for v in names]
+    return [f'{label}=~"{"|".join(escaped[i : i + BATCH])}"' for i in range(0, len(names), BATCH)]
+
+
+def scoped(
+    names: Iterable[str], label: str, values: Iterable[str], w: Windows, selector: str
+) -> Queries:
+    """The named expressions, over the series whose ``label`` is one of ``values`` only."""
+    names, out = list(names), []
+    for matcher in matching(label, values):
+        e = expressions(w, selector, matcher)
+        out += [(name, e[name]) for name in names]
+    return out
+
+
+def detection(
+    w: Windows,
+    selector: str,
+    recorded: frozenset[str] = frozenset(),
+    sizing: tuple[float, float, float] | None = None,
+) -> Queries:
+    """Round one. Per verdict, its recording rule's sustained series when Prometheus runs
+    it as written here (``recorded``), else the age of every verdict saying so now — a
+    lookup of the newest samples, where judging every pod's window costs twice that; the
+    windows are then judged in round two, for those pods only (a sustained verdict says
+    so now). With ``sizing`` (low, saturated, memory full): the slices whose window says
+    they are too large or too small."""
+    e = expressions(w, selector)
+
+    def read(name: str) -> str:
+        return selected(RECORDED[name], selector) if name in recorded else e[name]
+
+    out = [
+        (f"{k}_sustained", read(f"{k}_sustained"))
+        if f"{k}_sustained" in recorded
+        else (f"{k}_age", e[f"{k}_age"])
+        for k in SEEN
+    ]
+    if sizing is not None:
+        low, saturated, memory_full = sizing
+        sm = f"({read('slice_sm')})"
+        used = selected(c.MIG_MEMORY_USED.name, selector)
+        total = selected(c.MIG_MEMORY_TOTAL.name, selector)
+        # every slice but those in the middle whose memory stayed clear of full
+        middle = f"{sm} >= {low!r} < {saturated!r}"
+        full = f"max_over_time({used}[{w.sizing}]) >= {memory_full!r} * {total}"
+        out.append(
+            (
+                "slice_candidates",
+                f"{sm} unless on (node, instance, mig_uuid) "
+                f"({middle} unless on (node, instance, mig_uuid) ({full}))",
+            )
+        )
+    return out
+
+
+def zone_candidates(
+    needs: Iterable[tuple[float, float, tuple[tuple[str, int], ...]]],
+    k: int,
+    collectors: tuple[str, ...],
+    stale_after: float,
+    selector: str = DEFAULT_SELECTOR,
+) -> Queries:
+    """The NUMA zones that could take the pods: for each distinct (exclusive CPUs,
+    devices) a pod needs, of the zones with that much room on a node whose exporter is up
+    and whose ``collectors`` succeeded within ``stale_after``, the ``k`` with most free
+    memory and the ``k`` roomiest (CPUs, then memory) among those with the least memory
+    any of those pods needs. With ``k`` one more than the actions a cycle may take, some
+    zone that fits a pod is always among them when one exists anywhere: whichever zones
+    the cycle's actions take, one of the ``k`` with most memory is left as it was."""
+    classes: dict[tuple, float] = {}
+    for cpus, memory, devices in needs:
+        key = (cpus, tuple(sorted(devices)))
+        classes[key] = min(memory, classes.get(key, memory))
+
+    def m(spec: c.MetricSpec, *matchers: str) -> str:
+        return selected(spec.name, selector, *matchers)
+
+    zone = 'numa_node!=""'  # a device on several NUMA nodes is no aligned room
+    free_cpus = f"sum by (node, numa_node) ({m(c.ZONE_CPUS_ALLOCATABLE, zone)} - " + (
+        f"{m(c.ZONE_CPUS_ALLOCATED, zone)})"
+    )
+    free_memory = f"sum by (node, numa_node) ({m(c.NUMA_MEMORY_FREE, zone)})"
+    which = 'collector=~"' + "|".join(collectors) + '"'
+    # a node's target is up when its series are there: a failed scrape marks them stale
+    fresh = (
+        f"count by (node) (time() - {m(c.COLLECTOR_LAST_SUCCESS, which)} <= {stale_after!r} "
+        f"and on (node, instance, collector) {m(c.COLLECTOR_SUCCESS)} == 1) == {len(collectors)}"
+    )
+    out = []
+    for (cpus, devices), least_memory in sorted(classes.items()):
+        room = ""
+        for resource, count in devices:
+            if not _NAME.fullmatch(resource):
+                raise ValueError(f"not a resource name: {resource!r}")
+            free = m(c.ZONE_DEVICES_FREE, zone, f'resource="{resource}"')
+            room += f" and on (node, numa_node) sum by (node, numa_node) ({free}) >= {count}"
+        room += f" and on (node) {fresh}"
+        out.append(
+            (
+                "zone_candidates",
+                f"topk({k}, {free_memory} and on (node, numa_node) {free_cpus} >= {cpus!r}{room})"
+                f" or topk({k}, ({free_cpus} >= {cpus!r}) * 1e12 + on (node, numa_node) "
+                f"({free_memory} >= {least_memory!r}){room})",
+            )
+        )
+    return out
+
 
 # What verification reads for an action of each finding kind: the metric of its verdict.
 VERIFIED_BY = {

@@ -1,5 +1,5 @@
-"""Signals: the remediator's fixed set of PromQL queries, evaluated through the Prometheus
-HTTP API (aiohttp, with timeouts and retries), each answer turned into a pandas frame.
+"""Signals: the remediator's PromQL queries, evaluated through the Prometheus HTTP API
+(aiohttp, with timeouts and retries), each answer turned into a pandas frame.
 
 Anything doubtful about an answer as a whole — Prometheus down, slow, answering garbage,
 an error, or a cycle's answers over ``max_answer_bytes`` together — raises SignalsError:
@@ -11,19 +11,30 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Annotated
 
 import aiohttp
 import pandas as pd
+import promql_parser
 from pydantic import Field, StringConstraints
 
-from remediator.queries import DEFAULT_SELECTOR, REQUIRED_LABELS, Windows, expressions
+from remediator.queries import (
+    DEFAULT_SELECTOR,
+    RECORDED,
+    REQUIRED_LABELS,
+    Queries,
+    Windows,
+    expressions,
+)
 from remediator.validation import FORBID_EXTRA, Positive
 
+log = logging.getLogger(__name__)
 # label matchers, as PromQL writes them between braces: job="numaguard",cluster=~"gpu-.*"
 _MATCHER = r'\s*[A-Za-z_]\w*\s*(=|!=|=~|!~)\s*"[^"\\]*"\s*'
 _MATCHERS = rf"^{_MATCHER}(,{_MATCHER})*$"
@@ -61,7 +72,31 @@ class Signals:
     dropped: Counter = field(default_factory=Counter)  # (query, reason) -> rows dropped
 
     def __getitem__(self, name: str) -> pd.DataFrame:
-        return self.frames[name]
+        """A query not asked this cycle answered nothing."""
+        found = self.frames.get(name)
+        return _empty(REQUIRED_LABELS.get(name, ())) if found is None else found
+
+
+def merged(*parts: Signals) -> Signals:
+    """The answers of several rounds as one: frames of the same name joined, a series
+    asked twice (in two rounds, or two overlapping batches) kept once."""
+    frames: dict[str, list[pd.DataFrame]] = {}
+    dropped: Counter = Counter()
+    for part in parts:
+        dropped.update(part.dropped)
+        for name, df in part.frames.items():
+            frames.setdefault(name, []).append(df)
+    return Signals(parts[0].at, {n: _joined(dfs) for n, dfs in frames.items()}, dropped)
+
+
+def _joined(dfs: list[pd.DataFrame]) -> pd.DataFrame:
+    dfs = [df for df in dfs if not df.empty] or dfs[:1]
+    if len(dfs) == 1:
+        return dfs[0]
+    df = pd.concat(dfs, ignore_index=True)
+    labels = [c for c in df.columns if c != "value"]
+    df[labels] = df[labels].fillna("")
+    return df.drop_duplicates(labels, ignore_index=True)
 
 
 class Prometheus:
@@ -79,26 +114,73 @@ class Prometheus:
         self.retries = retries
         self.selector = source.selector
         self.max_answer_bytes = source.max_answer_bytes
-        self.queries = expressions(windows, source.selector)
-        self.queries_made = 0  # stays len(queries) per cycle, whatever the cluster size
+        self.windows = windows
+        self.queries = expressions(windows, source.selector)  # the whole set, unscoped
+        self.queries_made = 0
+        self.bytes_read = 0  # answers' bytes, all queries together: for the benchmarks
+        self.rows_read = 0
 
     async def fetch(self, at: float | None = None) -> Signals:
+        """The whole set, unscoped: every pod, slice and zone of the cluster."""
         return await self.fetch_set(self.queries, REQUIRED_LABELS, at)
 
     async def fetch_set(
-        self, queries: dict[str, str], required: dict[str, tuple[str, ...]], at: float | None
+        self,
+        queries: dict[str, str] | Queries,
+        required: dict[str, tuple[str, ...]] = REQUIRED_LABELS,
+        at: float | None = None,
+        budget: list[int] | None = None,
     ) -> Signals:
+        """``budget``: the bytes the answers may still take, shared with other sets (the
+        cycle's rounds); a fresh ``max_answer_bytes`` when not given."""
         at = time.time() if at is None else at
-        names = list(queries)
-        budget = [self.max_answer_bytes]  # shared by the set's answers
+        pairs = list(queries.items()) if isinstance(queries, dict) else list(queries)
+        budget = [self.max_answer_bytes] if budget is None else budget
         answers = await asyncio.gather(
-            *(self.query(queries[n], at, required.get(n, ()), budget) for n in names)
+            *(self.query(expr, at, required.get(name, ()), budget) for name, expr in pairs)
         )
-        frames, dropped = {}, Counter()
-        for name, (df, lost) in zip(names, answers, strict=True):
-            frames[name] = df
+        parts, dropped = {}, Counter()
+        for (name, _), (df, lost) in zip(pairs, answers, strict=True):
+            parts.setdefault(name, []).append(df)
             dropped.update({(name, reason): n for reason, n in lost.items()})
-        return Signals(at, frames, dropped)
+            self.rows_read += len(df)
+        return Signals(at, {n: _joined(dfs) for n, dfs in parts.items()}, dropped)
+
+    async def recorded(self, at: float) -> frozenset[str]:
+        """The expressions Prometheus records as the remediator would write them, and
+        evaluated lately without error: reading their records costs a lookup instead of
+        a window function over every pod. Anything else — no such rule, another
+        expression, windows or selector, a failing or late rule group, an answer not
+        understood — and they are evaluated directly."""
+        wanted = expressions(self.windows, self.selector)
+        normal = {RECORDED[n]: str(promql_parser.parse(wanted[n])) for n in RECORDED}
+        params = [("type", "record"), *(("rule_name[]", r) for r in normal)]
+        try:
+            async with self.session.get(
+                f"{self.url}/api/v1/rules",
+                params=params,
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+            ) as response:
+                body = await response.json() if response.status == 200 else {}
+            groups = body["data"]["groups"]
+            found = set()
+            for group in groups:
+                late = at - datetime.fromisoformat(group["lastEvaluation"]).timestamp() > 2 * float(
+                    group["interval"]
+                )
+                for rule in group["rules"]:
+                    query = normal.get(rule.get("name"))
+                    if (
+                        query is not None
+                        and not late
+                        and rule.get("health") == "ok"
+                        and str(promql_parser.parse(rule["query"])) == query
+                    ):
+                        found.add(rule["name"])
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as err:
+            log.info("recording rules not read (%s): evaluating directly", err)
+            return frozenset()
+        return frozenset(n for n in RECORDED if RECORDED[n] in found)
 
     async def query(
         self,
@@ -150,6 +232,7 @@ class Prometheus:
         if len(raw) > budget[0]:  # answers read meanwhile took the rest
             raise _too_large(expr, self.max_answer_bytes)
         budget[0] -= len(raw)
+        self.bytes_read += len(raw)
         return await asyncio.to_thread(_decode, expr, bytes(raw), required)
 
 
@@ -159,6 +242,11 @@ def _decode(expr: str, raw: bytes, required: tuple[str, ...]) -> tuple[pd.DataFr
     except ValueError as err:
         raise SignalsError("garbage", f"{expr}: not JSON ({err})") from None
     return frame(expr, body, required)
+
+
+def _empty(labels: tuple[str, ...]) -> pd.DataFrame:
+    columns = {name: pd.Series(dtype=object) for name in labels}
+    return pd.DataFrame({**columns, "value": pd.Series(dtype=float)})
 
 
 def _too_large(expr: str, limit: int) -> SignalsError:
@@ -197,8 +285,7 @@ def frame(expr: str, body, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame
         labels["value"] = value
         rows.append(labels)
     if not rows:
-        empty = {name: pd.Series(dtype=object) for name in required}
-        return pd.DataFrame({**empty, "value": pd.Series(dtype=float)}), dropped
+        return _empty(required), dropped
     df = pd.DataFrame(rows)
     # Prometheus drops empty labels: a series without one had it empty
     labels = [c for c in df.columns if c != "value"]

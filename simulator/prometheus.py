@@ -93,8 +93,10 @@ class PrometheusServer:
         other_jobs: list[dict] | None = None,
         version: str = "2",
         config_file: str | None = None,
+        blocks: Path | None = None,
     ) -> None:
         self.version = version
+        self.blocks = blocks  # a TSDB's blocks (promtool's backfill) to start with
         self.targets = targets
         self.other_jobs = other_jobs or []  # more scrape configs, beside job numaguard
         self.port = port
@@ -133,6 +135,8 @@ class PrometheusServer:
                 "alertmanagers": [{"static_configs": [{"targets": self.alertmanagers}]}]
             }
         (d / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+        if self.blocks is not None:  # linked, not copied: Prometheus never rewrites a block
+            shutil.copytree(self.blocks, d / "data", copy_function=os.link)
         config_file = self.config_file or d / "prometheus.yml"
         self._log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed in stop)
         self._proc = subprocess.Popen(
@@ -161,6 +165,10 @@ class PrometheusServer:
         ):
             if r.status != 200:
                 raise RuntimeError(f"reload refused: {r.status} {await r.text()}")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     def log(self) -> str:
         return (Path(self._dir.name) / "prometheus.log").read_text()[-2000:] if self._dir else ""

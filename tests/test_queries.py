@@ -1,6 +1,7 @@
-"""The remediator's PromQL: every expression parses, uses only metric names from the
-exporter's catalogue (and ``up``), selects only the exporters' own series, and there is
-a fixed number of them."""
+"""The remediator's PromQL: every expression of every round parses, uses only metric
+names from the exporter's catalogue (``up``, and the recording rules alerts/ installs),
+selects only the exporters' own series, and names pods, slices and nodes only as
+themselves, in bounded batches."""
 
 from __future__ import annotations
 
@@ -8,7 +9,23 @@ import promql_parser
 import pytest
 
 from exporter.catalogue import CATALOGUE
-from remediator.queries import REQUIRED_LABELS, Windows, expressions, verification_expressions
+from remediator import queries as q
+from remediator.queries import Windows, expressions, verification_expressions
+
+NEEDS = [(8.0, 2.0**34, (("nvidia.com/gpu", 1),)), (0.0, 0.0, (("nvidia.com/mig-1g.10gb", 1),))]
+
+
+def rounds(selector: str = q.DEFAULT_SELECTOR) -> list[str]:
+    """Every expression any round can ask."""
+    w = Windows()
+    out = [
+        *q.detection(w, selector, frozenset(), (0.3, 0.9, 0.95)),
+        *q.detection(w, selector, frozenset(q.RECORDED), (0.3, 0.9, 0.95)),
+        *q.scoped(expressions(), "pod_uid", ["a-1", "b-2"], w, selector),
+        *q.scoped(expressions(), "node", ["gpu-node-1.example.com"], w, selector),
+        *q.zone_candidates(NEEDS, 6, ("host_numa", "pod_resources"), 30.0, selector),
+    ]
+    return [expr for _, expr in out]
 
 
 def selectors(expr: str) -> list:
@@ -34,10 +51,10 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_every_query_parses_and_names_only_catalogue_metrics():
-    for name, expr in expressions().items():
+    for expr in [*expressions().values(), *rounds()]:
         names = metric_names(expr)
-        assert names, name
-        assert names <= {*CATALOGUE, "up"}, (name, names - set(CATALOGUE))
+        assert names, expr
+        assert names <= {*CATALOGUE, *q.RECORDED.values(), "up"}, (expr, names - set(CATALOGUE))
     for kind in ("cross_numa", "starved", "noisy_neighbour", "oversized"):
         for expr in verification_expressions(kind, ["a-1", "b-2"], "900s").values():
             assert metric_names(expr) <= set(CATALOGUE)
@@ -48,6 +65,7 @@ def test_every_selector_reads_only_the_exporters_series(selector):
     expected = {tuple(m.strip().split("=", 1)) for m in selector.split(",")}
     queries = [
         *expressions(selector=selector).values(),
+        *rounds(selector),
         *verification_expressions("cross_numa", ["a-1"], "60s", selector).values(),
     ]
     for expr in queries:
@@ -58,9 +76,33 @@ def test_every_selector_reads_only_the_exporters_series(selector):
             assert expected <= have, (expr, s)
 
 
-def test_the_number_of_queries_does_not_depend_on_anything():
-    assert len(expressions()) == len(expressions(Windows("1m", "2h"))) == 22
-    assert set(REQUIRED_LABELS) == set(expressions())
+def test_names_are_matched_as_themselves_in_bounded_batches():
+    uids = [f"uid-{i:04d}" for i in range(450)]
+    batches = q.matching("pod_uid", [*uids, uids[0]])
+    assert len(batches) == 3  # 200 + 200 + 50, each name once
+    named = [b.removeprefix('pod_uid=~"').removesuffix('"').split("|") for b in batches]
+    assert sorted(n for batch in named for n in batch) == uids and max(map(len, named)) == q.BATCH
+    # a dot is a dot, not any character
+    assert q.matching("node", ["n1.example"]) == ['node=~"n1\\\\.example"']
+    assert q.matching("node", []) == []
+    for forged in ['x"} or vector(1) or {a="', "a|b", "a.*", ""]:
+        with pytest.raises(ValueError):
+            q.matching("node", [forged])
+    with pytest.raises(ValueError):
+        q.zone_candidates([(1.0, 1.0, (('x"}', 1),))], 6, ("host_numa",), 30.0)
+
+
+def test_scoped_expressions_scope_every_exporter_series():
+    for expr in (e for _, e in q.scoped(expressions(), "pod_uid", ["a-1"], Windows(), "")):
+        for s in selectors(expr):
+            matchers = {(m.name, m.value) for m in s.matchers.matchers}
+            assert s.name == "up" or ("pod_uid", "a-1") in matchers, (expr, s)
+
+
+def test_one_zone_query_per_kind_of_room_whatever_the_number_of_pods():
+    many = [(8.0, float(m), (("nvidia.com/gpu", 1),)) for m in range(1000)]
+    assert len(q.zone_candidates(many, 6, ("host_numa",), 30.0)) == 1
+    assert len(q.zone_candidates([*many, *NEEDS], 6, ("host_numa",), 30.0)) == 2
 
 
 def test_verification_names_pods_by_uid_only():

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from remediator.controller import Controller
-from remediator.planner import Evidence, Pending, PodInfo, Policy
-from remediator.queries import verification_expressions
+from remediator.planner import Pending, PodInfo, Policy
+from remediator.queries import Windows, scoped, verification_expressions
 from simulator.prometheus import as_signals
 from tests.test_planner import COLLECTORS, healthy, instance
 
@@ -18,13 +18,15 @@ POLICY = Policy(verify_after_seconds=900, verify_deadline_seconds=3600, stale_af
 
 
 class Answers:
-    """Prometheus as the verifier sees it: the rows each verification query answers."""
+    """Prometheus as the verifier sees it: the rows each verification query answers, and
+    what it says of the replacements' node (healthy unless told)."""
 
     selector = 'job="numaguard"'
+    windows = Windows()
 
-    def __init__(self, rows: dict[str, list[dict]]) -> None:
-        self.rows = rows
-        self.asked: list[dict] = []
+    def __init__(self, rows: dict[str, list[dict]], node=None) -> None:
+        self.rows = {**(healthy("n1") if node is None else node), **rows}
+        self.asked: list = []
 
     async def fetch_set(self, queries, required, at):
         self.asked.append(queries)
@@ -45,12 +47,11 @@ def verdicts(held_throughout: float, peak: float, age: float = 2.0, uid: str = "
 
 
 PENDING = Pending("cross_numa", "device_remote", NOW - 1000, "old-1")
-EVIDENCE = Evidence(as_signals(NOW, healthy("n1"), {"n1": instance("n1")}), 30)
 
 
-async def outcome(rows, pods, pending=PENDING, evidence=EVIDENCE, now=NOW):
-    controller = Controller(Answers(rows), None, POLICY)
-    return await controller._outcome(pending, pods, evidence, now)
+async def outcome(rows, pods, pending=PENDING, node=None, now=NOW):
+    controller = Controller(Answers(rows, node), None, POLICY)
+    return await controller._outcome(pending, pods, now)
 
 
 @pytest.mark.parametrize(
@@ -87,15 +88,13 @@ async def test_the_pod_acted_on_its_elders_and_pending_pods_are_no_replacements(
 
 
 async def test_a_replacement_on_a_stale_node_is_not_judged():
-    stale = as_signals(
-        NOW,
-        {
-            **healthy("n1"),
-            "collector_age": [{"node": "n1", "collector": c, "value": 300} for c in COLLECTORS],
-        },
-        {"n1": instance("n1")},
-    )
-    assert await outcome(verdicts(0, 0), [replacement()], evidence=Evidence(stale, 30)) is None
+    stale = {
+        **healthy("n1"),
+        "collector_age": [{"node": "n1", "collector": c, "value": 300} for c in COLLECTORS],
+    }
+    assert await outcome(verdicts(0, 0), [replacement()], node=stale) is None
+    # nothing said of the node at all is no better
+    assert await outcome(verdicts(0, 0), [replacement()], node={}) is None
 
 
 async def test_every_replacement_must_hold_and_the_query_names_them_by_uid():
@@ -104,7 +103,15 @@ async def test_every_replacement_must_hold_and_the_query_names_them_by_uid():
     answers = Answers(rows)
     controller = Controller(answers, None, POLICY)
     pods = [replacement(), replacement(uid="new-2")]
-    assert await controller._outcome(PENDING, pods, EVIDENCE, NOW) == "did_not_hold"
-    assert answers.asked[0] == verification_expressions(
+    assert await controller._outcome(PENDING, pods, NOW) == "did_not_hold"
+    verification = verification_expressions(
         "cross_numa", ["new-1", "new-2"], "900s", 'job="numaguard"'
     )
+    node = scoped(
+        ("targets_up", "collector_age", "collector_success"),
+        "node",
+        ["n1"],
+        Windows(),
+        'job="numaguard"',
+    )
+    assert answers.asked[0] == [*verification.items(), *node]
