@@ -1,6 +1,6 @@
 """Benchmark: one remediator planning cycle over a simulated 5,000-node / 40,000-pod
 cluster (SPEC §7: <= 1 s of CPU), measured as process CPU time, median of several runs;
-the queries and answers of a whole cycle are bench/remediator.py's.
+the queries and answers of a whole cycle are bench/remediation.py's.
 
 The signals are the frames the whole query set returns for such a cluster (8 pods per
 node, 2 NUMA zones per node, 4 GPUs per node, one MIG-sliced), built directly as pandas

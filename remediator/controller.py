@@ -157,12 +157,14 @@ class Controller:
         second: q.Queries = []
         for kind, seen in q.SEEN.items():
             still = {f.pod_uid for f in before if f.kind == kind}
-            now = set(found[f"{kind}_sustained"]["pod_uid"]) | set(found[f"{kind}_age"]["pod_uid"])
-            asked = "_age" if f"{kind}_sustained" in found.frames else "_sustained"
-            second += self._scoped([f"{kind}{asked}"], "pod_uid", now | still)
+            now = set(found[f"{kind}_sustained"]["pod_uid"]) | set(found[f"{kind}_now"]["pod_uid"])
+            names = [f"{kind}_age"]
+            if f"{kind}_sustained" not in found.frames:  # no record of it: judged here
+                names.append(f"{kind}_sustained")
+            second += self._scoped(names, "pod_uid", now | still)
             second += self._scoped([seen], "pod_uid", still)
         starved = {f.node for f in before if f.kind == "starved"}
-        starved |= {n for k in ("sustained", "age") for n in found[f"starved_{k}"]["node"]}
+        starved |= {n for k in ("sustained", "now") for n in found[f"starved_{k}"]["node"]}
         second += self._scoped((*q.SLICES, "holders"), "mig_uuid", self.slices)
         second += self._scoped(q.LLC, "node", starved)
         found = merged(found, await ask(second))

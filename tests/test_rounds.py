@@ -94,7 +94,7 @@ async def test_rounds_plan_as_the_whole_set_does(backfilled, version):
     assert "no_fit" in {r[1] for r in refusals}  # the free GPUs ran out
     assert decided(list(state.open.values()), signals, end) == (actions, refusals)
     assert decided(list(state_again.open.values()), again, end) == (actions, refusals)
-    # a tenth of the pods are findings here; at 5,000 nodes bench/remediator.py shows 1 %
+    # a tenth of the pods are findings here; at 5,000 nodes bench/remediation.py shows 1 %
     assert rounds_rows < whole_rows / 2
 
 
@@ -118,4 +118,4 @@ async def test_recording_rules_are_read_only_when_they_are_ours(version):
         assert await ours.recorded(time.time() + 600) == frozenset()
     read = dict(q.detection(Windows(), q.DEFAULT_SELECTOR, found))
     assert read["cross_numa_sustained"] == 'numaguard:pod_cross_numa:sustained{job="numaguard"}'
-    assert "cross_numa_age" not in read
+    assert "cross_numa_now" not in read
