@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from exporter import __version__
+from exporter import __version__, sources
 from exporter import catalogue as c
 from exporter.collectors import capacity, gpu, host_numa, pods, resctrl
 from exporter.exposition import render
@@ -118,6 +118,7 @@ class Collection:
         self._limit_logged = False
 
     async def run_once(self) -> NodeSnapshot:
+        sources.KEPT.sweep()  # the files the last cycle did not read are closed
         metadata = self.metadata()  # the cycle's one view of the pods' names
         names = [n for n in self.sources if n != RESCTRL]
         inputs = {POD_PLACEMENT: (metadata,)}  # which containers the pods have

@@ -4,15 +4,17 @@ error counter rises with the right reason, and no verdict is made on doubtful da
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.sources import ReadFailure, read_text
+from exporter.sources import KEPT, ReadFailure, read_text
 from simulator import presets
 from simulator.host import FakeHostRoot
 from simulator.resctrl import FakeResctrl
@@ -314,3 +316,62 @@ async def test_any_content_in_resctrl_files_never_breaks_the_cycle(
         for c in ("host_numa", "pod_placement", "resctrl")
     ]
     assert (errors_now == 0 and health == [1, 1, 1]) or (errors_now > 0 and 0 in health)
+
+
+def _open_fds() -> set[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own, closed since
+            found.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return found
+
+
+def test_a_kept_file_is_read_as_it_is_now_and_forgotten_when_gone(tmp_path):
+    """Files stay open between cycles and are read again at offset 0: what is read is
+    the content now — changed in place, replaced by a rename (as the fake host writes),
+    removed (missing, never the old content), or a process that exited (ESRCH, on this
+    machine's /proc) — and a file no cycle read is closed."""
+    path = tmp_path / "cpu.stat"
+    path.write_text("usage_usec 1\n")
+    assert read_text(str(path)) == "usage_usec 1\n"
+    assert str(path) in _open_fds()  # kept for the next read
+    with path.open("r+") as f:  # in place, as the kernel's own files change
+        f.write("usage_usec 2\n")
+    assert read_text(str(path)) == "usage_usec 2\n"
+    fresh = tmp_path / ".cpu.stat.tmp"
+    fresh.write_text("usage_usec 3 replaced\n")
+    fresh.replace(path)
+    assert read_text(str(path)) == "usage_usec 3 replaced\n"
+    path.unlink()
+    with pytest.raises(ReadFailure) as err:
+        read_text(str(path))
+    assert err.value.issue.reason == "missing"
+
+    child = subprocess.Popen(["sleep", "60"])
+    cgroup = f"/proc/{child.pid}/cgroup"
+    assert read_text(cgroup)
+    child.kill()
+    child.wait()
+    with pytest.raises(ReadFailure) as err:
+        read_text(cgroup)
+    assert err.value.issue.reason == "missing"
+
+    other = tmp_path / "memory.stat"
+    other.write_text("anon 1\n")
+    read_text(str(other))
+    KEPT.sweep()  # a cycle begins: other was read in the last one, stays
+    assert str(other) in _open_fds()
+    KEPT.sweep()  # a cycle that did not read it: closed
+    assert str(other) not in _open_fds()
+
+
+def test_the_files_kept_open_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(KEPT, "limit", len(KEPT.fds) + 3)
+    paths = [tmp_path / f"f{i}" for i in range(10)]
+    for p in paths:
+        p.write_text("1\n")
+        assert read_text(str(p)) == "1\n"
+    open_now = _open_fds()
+    assert sum(str(p) in open_now for p in paths) == 3
+    for p in paths:  # those not kept are read as well, opened each time
+        assert read_text(str(p)) == "1\n"

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+import exporter.sources as sources
 from exporter.collection import POD_PLACEMENT
 from exporter.sources.cgroups import CgroupSource
+from exporter.sources.resctrl import RESYNC_CYCLES
 from simulator import presets
 from simulator.host import GIB, MIB, FakeHostRoot
 from simulator.resctrl import FakeResctrl
@@ -383,3 +385,40 @@ async def test_over_the_pod_guard_no_group_is_removed(fake_root):
     await collection.run_once()
     assert collection.limited
     assert kernel.group_names() == groups
+
+
+async def test_tasks_are_synced_again_only_when_threads_change_or_every_few_cycles(tmp_path):
+    """A group's task list is read (and threads moved) when its pod's thread lists
+    changed since they were last all moved, and every RESYNC_CYCLES-th cycle anyway: a
+    thread some other tool moved out behind the exporter's back comes back then."""
+    host = presets.two_socket()
+    node = Node(tmp_path, host)
+    group = f"numaguard-{node.uid('trainer-aligned')}"
+    await node.cycle()
+    reads: list[str] = []
+    original = sources.read_text
+
+    def recording(path: str) -> str:
+        reads.append(path)
+        return original(path)
+
+    sources.read_text = recording
+    try:
+        await node.cycle()
+        assert not [p for p in reads if "/mon_groups/" in p and p.endswith("/tasks")]
+        tid = min(node.kernel.groups[group].tasks)
+        node.kernel.groups[group].tasks.discard(tid)  # moved out by someone else
+        node.kernel.default.tasks.add(tid)
+        for _ in range(RESYNC_CYCLES - 2):
+            await node.cycle()
+            assert tid not in node.kernel.groups[group].tasks  # not looked at yet
+        await node.cycle()
+        assert tid in node.kernel.groups[group].tasks  # the periodic sync put it back
+        reads.clear()
+        ctr = host.pod("trainer-aligned").containers[0]
+        ctr.tids = [*host.tids(host.pod("trainer-aligned"), ctr), 434343]
+        await node.cycle()  # a new thread: its pod's list changed, synced at once
+        assert 434343 in node.kernel.groups[group].tasks
+        assert f"{node.kernel.base}/mon_groups/{group}/tasks" in reads
+    finally:
+        sources.read_text = original

@@ -7,7 +7,9 @@ source carries on with the rest: one bad file never hides the others.
 from __future__ import annotations
 
 import os
+import resource
 import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -39,13 +41,103 @@ class ReadFailure(Exception):
         self.issue = Issue(reason, path, detail)
 
 
+class _KeptFiles:
+    """Kernel files kept open between cycles and read again with ``pread`` at offset 0:
+    sysfs, procfs and cgroupfs make their content afresh at every read, and one
+    ``pread`` (with an ``fstat``) is a fifth of the system calls of stat, open, fstat,
+    read and close. A file replaced or removed since (no links left, or ENODEV/ESRCH
+    from a cgroup or process that went) is opened afresh; one not read in a whole cycle
+    is closed. At most ``limit`` are kept: half the soft limit of open files."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # held for the bookkeeping only, never for a read
+        self.fds: dict[str, int] = {}
+        self.used: dict[str, int] = {}  # path -> the cycle it was last read in
+        self.busy: dict[int, int] = {}  # fd -> reads of it under way
+        self.cycle = 0
+        self.limit = self._limit()
+
+    @staticmethod
+    def _limit() -> int:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return 65536 if soft == resource.RLIM_INFINITY else max(0, soft // 2)
+
+    def take(self, path: str) -> int | None:
+        with self.lock:
+            fd = self.fds.get(path)
+            if fd is not None:
+                self.used[path] = self.cycle
+                self.busy[fd] = self.busy.get(fd, 0) + 1
+            return fd
+
+    def give_back(self, fd: int) -> None:
+        with self.lock:
+            self.busy[fd] -= 1
+            if not self.busy[fd]:
+                del self.busy[fd]
+
+    def forget(self, path: str, fd: int) -> None:
+        with self.lock:
+            if self.fds.get(path) == fd:
+                del self.fds[path], self.used[path]
+        os.close(fd)
+
+    def keep(self, path: str, fd: int) -> bool:
+        with self.lock:
+            if path in self.fds or len(self.fds) >= self.limit:
+                return False
+            self.fds[path], self.used[path] = fd, self.cycle
+            return True
+
+    def sweep(self) -> int:
+        """A new cycle: close what the last one did not read; how many stay open."""
+        with self.lock:
+            gone = [
+                p for p, c in self.used.items() if c < self.cycle and self.fds[p] not in self.busy
+            ]
+            fds = [self.fds.pop(p) for p in gone]
+            for p in gone:
+                del self.used[p]
+            self.cycle += 1
+            self.limit = self._limit()
+            kept = len(self.fds)
+        for fd in fds:
+            os.close(fd)
+        return kept
+
+
+KEPT = _KeptFiles()
+
+
 def read_text(path: str) -> str:
     """Read a small kernel file as ASCII text, mapping every failure to a reason. Only
-    a regular file is read, opened so that nothing can make the open block."""
+    a regular file is read, opened so that nothing can make the open block; it is kept
+    open for the next cycle's read."""
+    fd = KEPT.take(path)
+    if fd is not None:
+        try:
+            data = _read_again(fd, path)
+        finally:
+            KEPT.give_back(fd)
+        if data is not None:
+            return _ascii(data, path)
+        KEPT.forget(path, fd)
+    fd = _open(path)
+    try:
+        data = _read_all(fd, path)
+    except ReadFailure:
+        os.close(fd)
+        raise
+    if not KEPT.keep(path, fd):
+        os.close(fd)
+    return _ascii(data, path)
+
+
+def _open(path: str) -> int:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise ReadFailure("not_regular", path)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
             os.close(fd)
             raise ReadFailure("not_regular", path)
@@ -57,11 +149,29 @@ def read_text(path: str) -> str:
         raise ReadFailure("permission", path) from None
     except OSError as err:
         raise ReadFailure("io", path, err.strerror or "") from None
+    return fd
+
+
+def _read_again(fd: int, path: str) -> bytes | None:
+    """A kept file's content now; None when it is not the file at ``path`` any more."""
+    try:
+        if os.fstat(fd).st_nlink == 0:
+            return None  # replaced or removed: what is at the path now is another file
+        return _read_all(fd, path)
+    except ReadFailure as failure:
+        if failure.issue.reason == "io":
+            return None  # the cgroup or process went (ENODEV, ESRCH): ask the path
+        raise
+    except OSError:
+        return None
+
+
+def _read_all(fd: int, path: str) -> bytes:
     try:
         chunks = []
         size = 0
         while True:
-            chunk = os.read(fd, _CHUNK)
+            chunk = os.pread(fd, _CHUNK, size)
             size += len(chunk)
             if size > MAX_FILE_BYTES:
                 raise ReadFailure("oversized", path, f"over {MAX_FILE_BYTES} bytes")
@@ -72,10 +182,12 @@ def read_text(path: str) -> str:
                 break
     except OSError as err:
         raise ReadFailure("io", path, err.strerror or "") from None
-    finally:
-        os.close(fd)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _ascii(data: bytes, path: str) -> str:
     try:
-        return b"".join(chunks).decode("ascii")
+        return data.decode("ascii")
     except UnicodeDecodeError:
         raise ReadFailure("parse", path, "not ASCII text") from None
 

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from exporter.readers import parse_single_int
+from exporter.readers import ParseError, parse_single_int
 from exporter.readers.resctrl import (
     EVENTS,
     MonValues,
@@ -27,7 +27,7 @@ from exporter.readers.resctrl import (
     parse_word_list,
     sum_mon_values,
 )
-from exporter.sources import Issue, read_parsed, subdirs
+from exporter.sources import Issue, ReadFailure, read_parsed, read_text, subdirs
 from exporter.sources.cgroups import PodsReading
 
 GROUP_PREFIX = "numaguard-"
@@ -36,6 +36,8 @@ _DOMAIN_DIR = re.compile(r"mon_L3_(\d+)")
 _SUB_DIR = re.compile(r"mon_sub_L3_(\d+)")
 # resctrl's own directories at its root; any other directory is a CTRL_MON group
 _NOT_GROUPS = frozenset({"info", "mon_groups", "mon_data"})
+# cycles between two full task syncs of a group whose pod's thread lists did not change
+RESYNC_CYCLES = 10
 
 
 class ResctrlOps:
@@ -90,9 +92,13 @@ class ResctrlSource:
         self.ops = ops or ResctrlOps()
         self._unreadable: Counter[str] = Counter()
         self._exhaustions = 0
+        self._cycle = 0
+        # group -> (its pod's thread lists as last moved in, the cycle they were)
+        self._synced: dict[str, tuple[tuple, int]] = {}
 
     def read(self, pods: PodsReading | None = None) -> ResctrlReading:
         issues: list[Issue] = []
+        self._cycle += 1
         mode = self._mode()
         if mode in ("off", "unavailable"):
             return ResctrlReading(mode)
@@ -180,6 +186,7 @@ class ResctrlSource:
             if pod.uid in ours or exhausted:
                 continue
             path = f"{base}/{GROUP_PREFIX}{pod.uid}"
+            self._synced.pop(path, None)  # a new group holds no task yet
             try:
                 self.ops.mkdir(path)
                 ours[pod.uid] = path
@@ -192,6 +199,7 @@ class ResctrlSource:
                 self._exhaustions += 1
                 exhausted = True
                 self._preempt_for(pod, ordered, ours, issues)
+        self._synced = {g: v for g, v in self._synced.items() if g in ours.values()}
         for uid, path in ours.items():
             self._assign_tasks(path, by_uid[uid].tasks_files, issues)
         return ours, frozenset(by_uid) - set(ours)
@@ -210,16 +218,31 @@ class ResctrlSource:
 
     def _assign_tasks(self, group: str, tasks_files: Iterable[str], issues: list[Issue]) -> None:
         """Move the pod's threads that are not in its group yet (threads come and go;
-        new ones mostly inherit the group from the thread that made them)."""
+        new ones mostly inherit the group from the thread that made them). While the
+        pod's thread lists read as when they were last all moved, the group's own list
+        is not read again, but for every RESYNC_CYCLES-th cycle: a thread someone else
+        moved out comes back then."""
+        lists: dict[str, str] = {}
+        for tasks_file in tasks_files:
+            try:
+                lists[tasks_file] = read_text(tasks_file)
+            except ReadFailure as failure:  # a container that just ended is no problem
+                if failure.issue.reason != "missing":
+                    issues.append(failure.issue)
+        seen = tuple(sorted(lists.items()))
+        synced = self._synced.get(group)
+        if synced and synced[0] == seen and self._cycle - synced[1] < RESYNC_CYCLES:
+            return
         inside = read_parsed(issues, f"{group}/tasks", parse_tids)
         if inside is None:
             return
-        for tasks_file in tasks_files:
-            problems: list[Issue] = []
-            tids = read_parsed(problems, tasks_file, parse_tids)
-            # a container that just ended is no problem; an unreadable list is
-            issues.extend(p for p in problems if p.reason != "missing")
-            for tid in sorted((tids or frozenset()) - inside):
+        for tasks_file, text in lists.items():
+            try:
+                tids = parse_tids(text)
+            except ParseError as err:
+                issues.append(Issue("parse", tasks_file, str(err)))
+                return
+            for tid in sorted(tids - inside):
                 try:
                     self.ops.move_task(f"{group}/tasks", tid)
                 except ProcessLookupError:
@@ -227,6 +250,7 @@ class ResctrlSource:
                 except OSError as err:
                     issues.append(Issue("write", f"{group}/tasks", f"task {tid}: {err.strerror}"))
                     return  # e.g. the pod's tasks sit in another control group
+        self._synced[group] = (seen, self._cycle)
 
     def _write(self, issues: list[Issue], op, path: str) -> bool:
         try:
