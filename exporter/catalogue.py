@@ -46,34 +46,43 @@ class Family:
     """The samples of one catalogue metric for one node, filled by a collector.
 
     Each sample is rendered to its exposition line as it is added (the same line serves
-    the text format and OpenMetrics); the exposition only joins them.
+    the text format and OpenMetrics); the exposition only joins them. A series' line up
+    to its value is rendered once: the last cycle's are looked up by label values.
     """
 
-    __slots__ = ("_head", "_suffixes", "lines", "node", "spec")
+    __slots__ = ("_head", "_heads", "_known", "lines", "node", "spec")
 
     def __init__(self, spec: MetricSpec, node: str) -> None:
         self.spec = spec
         self.node = node
         self.lines: list[str] = []
         self._head = f'{spec.name}{{{NODE_LABEL}="{escape_label_value(node)}"'
-        self._suffixes: dict[str, str] = {}  # last label's value -> its rendered pair
+        # this cycle's rendered heads replace the last one's: the series gone go too
+        self._known = _HEADS.get((spec.name, node), {})
+        self._heads: dict[tuple, str] = {}
+        _HEADS[(spec.name, node)] = self._heads
 
     def add(self, value: float, *values: str) -> None:
         """Label values in the spec's order."""
-        self.lines.append(
-            f"{self._head}{_pairs(self.spec.labels, values)}}} {format_value(value)}\n"
-        )
+        head = self._known.get(values)
+        if head is None:
+            head = f"{self._head}{_pairs(self.spec.labels, values)}}} "
+        self._heads[values] = head
+        self.lines.append(f"{head}{format_value(value)}\n")
 
     def add_under(self, prefix: LabelPrefix, value: float, *values: str) -> None:
         """Label values after the leading ones that ``prefix`` holds rendered."""
-        names = self.spec.labels[len(prefix.names) :]
-        if len(names) == 1 and len(values) == 1:  # numa_node, stall, reason: few values
-            suffix = self._suffixes.get(values[0])
-            if suffix is None:
-                suffix = self._suffixes[values[0]] = _pairs(names, values)
-        else:
-            suffix = _pairs(names, values)
-        self.lines.append(f"{self._head}{prefix.text}{suffix}}} {format_value(value)}\n")
+        key = (prefix.text, values)
+        head = self._known.get(key)
+        if head is None:
+            names = self.spec.labels[len(prefix.names) :]
+            head = f"{self._head}{prefix.text}{_pairs(names, values)}}} "
+        self._heads[key] = head
+        self.lines.append(f"{head}{format_value(value)}\n")
+
+
+# (metric, node) -> the heads of its series' lines last cycle, by label values
+_HEADS: dict[tuple[str, str], dict[tuple, str]] = {}
 
 
 def format_value(value: float) -> str:

@@ -91,3 +91,29 @@ async def test_same_exposition_as_prometheus_client(fake_root):
     assert ours_text_parsed == parsed(parse_text(theirs_text))
     assert parsed(parse_om(om.decode())) == parsed(parse_om(theirs_om))
     assert any('we\\"ird\\\\name\\nspace' in line for line in text.decode().splitlines())
+
+
+def test_series_lines_rendered_once_are_the_same_as_rendered_afresh():
+    """A series' line up to its value is looked up from the last cycle's: the lines are
+    the same as those of a family rendered from nothing, whatever came and went, and
+    only this cycle's series are remembered."""
+
+    def fill(pods: list[str], value: float) -> c.Family:
+        fam = c.CONTAINER_CPUS.family("node-a")
+        for pod in pods:
+            prefix = c.LabelPrefix(c.CONTAINER, ("ns", pod, "main", f"uid-{pod}", "cid"))
+            for numa in ("0", "1"):
+                fam.add_under(prefix, value, numa)
+        return fam
+
+    fill(["a", "b"], 1)
+    second = fill(["b", "c"], 2.5)
+    c._HEADS.clear()
+    afresh = fill(["b", "c"], 2.5)
+    assert second.lines == afresh.lines
+    assert second.lines[0] == (
+        'numaguard_container_cpus{node="node-a",namespace="ns",pod="b",container="main",'
+        'pod_uid="uid-b",container_id="cid",numa_node="0"} 2.5\n'
+    )
+    remembered = c._HEADS[(c.CONTAINER_CPUS.name, "node-a")]
+    assert len(remembered) == 4 and not [k for k in remembered if 'pod="a"' in k[0]]
