@@ -66,7 +66,7 @@ class NumaNodeState:
     remote_alloc_ratio: float | None  # over the last interval
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ContainerState:
     container_id: str
     name: str  # "" without API metadata
@@ -86,7 +86,7 @@ class ContainerState:
     cpu_span: bool | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PodState:
     uid: str
     namespace: str
@@ -100,7 +100,7 @@ class PodState:
     cross_numa: Mapping[str, bool]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeviceUse:
     """A pod container on a GPU or MIG slice."""
 
@@ -127,7 +127,7 @@ STARVED_REASONS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Starvation:
     """A device with work on it, how busy it was over the last interval, and for each
     host-side reason that could be decided whether it starves it: low utilization while

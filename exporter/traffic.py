@@ -11,7 +11,7 @@ from exporter.sources.host import L3Domain
 from exporter.sources.resctrl import ResctrlReading
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Traffic:
     """MBM/CMT counters of one place, and what they mean over the last interval."""
 
@@ -32,7 +32,7 @@ class L3State:
     traffic: Traffic
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PodTraffic:
     domains: Mapping[int, Traffic]  # counters and occupancy per L3 domain
     bytes_per_second: float | None  # over all domains

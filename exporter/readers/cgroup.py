@@ -56,14 +56,14 @@ def parse_proc_cgroup(text: str) -> tuple[str, str] | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CpuThrottling:
     periods: int
     throttled_periods: int
     throttled_seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pressure:
     some_seconds: float
     full_seconds: float | None  # cpu "full" exists only on newer kernels

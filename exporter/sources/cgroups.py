@@ -31,7 +31,7 @@ QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 PRESSURE_RESOURCES = ("cpu", "memory", "io")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ContainerReading:
     pod_uid: str
     container_id: str

@@ -60,7 +60,7 @@ class Holder:
     container_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SliceRecord:
     uuid: str
     profile: str  # 1g.10gb
@@ -76,7 +76,7 @@ class SliceRecord:
     holders: tuple[Holder, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GpuRecord:
     index: int
     uuid: str
