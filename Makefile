@@ -122,10 +122,10 @@ test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.bu
 	$(VENV)/bin/ruff check .
 
 bench: $(VENV)/.installed system-deps $(PARTS)/.built
-	@command -v prometheus-node-exporter >/dev/null || { \
-	  echo "installing Debian package prometheus-node-exporter (the scrape benchmark's peer)"; \
+	@command -v prometheus-node-exporter >/dev/null && command -v wrk >/dev/null || { \
+	  echo "installing Debian packages prometheus-node-exporter (the scrape benchmark's peer) and wrk"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends prometheus-node-exporter >/dev/null; }
+	    --no-install-recommends prometheus-node-exporter wrk >/dev/null; }
 	$(PY) bench/all.py
 
 docs: $(VENV)/.installed

@@ -1,6 +1,9 @@
-"""Benchmark: scrape latency under 50 concurrent scrapers, and CPU per scrape, for the
-numaguard exporter and node_exporter (Debian ``prometheus-node-exporter``, its
-``meminfo_numa`` collector only) serving the same fake host root, measured in one run.
+"""Benchmark: scrape latency and CPU per scrape for the numaguard exporter and
+node_exporter (Debian ``prometheus-node-exporter``, its ``meminfo_numa`` collector only)
+serving the same fake host root, measured in one run: one scraper at a time (the service
+time: SPEC §7, p99 <= 2 ms), and 50 concurrent scrapers driven by wrk (Debian's; an
+aiohttp client where it is missing), whose p99 is mostly queueing on this machine's
+cores — there, ours must be no worse than node_exporter's, and so its CPU per scrape.
 
 Our scrapes are answered from the bytes of the last collection cycle; node_exporter reads
 and renders its collector on every scrape. Both serve the SPEC §7 reference node.
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -57,19 +61,65 @@ async def hammer(url: str, scrapers: int, per_scraper: int) -> tuple[list[float]
     return latencies, size
 
 
+def cpu_s(process: psutil.Process) -> float:
+    t = process.cpu_times()
+    return t.user + t.system
+
+
+def wrk(url: str, scrapers: int, seconds: int) -> tuple[float, float, int] | None:
+    """(p50 ms, p99 ms, requests) by wrk, as Prometheus asks (gzip); None without wrk."""
+    binary = shutil.which("wrk")
+    if binary is None:
+        return None
+    out = subprocess.run(
+        [
+            binary,
+            "-t2",
+            f"-c{scrapers}",
+            f"-d{seconds}s",
+            "--latency",
+            "-H",
+            "Accept-Encoding: gzip",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+    def ms(p: str) -> float:
+        value, unit = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M).groups()
+        return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+    return ms("50"), ms("99"), int(re.search(r"(\d+) requests in", out)[1])
+
+
 async def measure(url: str, pid: int, scrapers: int, per_scraper: int) -> dict:
     await hammer(url, 5, 2)  # warm
     process = psutil.Process(pid)
-    before = process.cpu_times()
-    latencies, size = await hammer(url, scrapers, per_scraper)
-    after = process.cpu_times()
-    cpu = (after.user - before.user) + (after.system - before.system)
-    q = statistics.quantiles(latencies, n=100)
+    # one scraper at a time: the service time itself
+    before = cpu_s(process)
+    alone, size = await hammer(url, 1, 20 * per_scraper)
+    single_cpu = cpu_s(process) - before
+    q1 = statistics.quantiles(alone, n=100)
+    before = cpu_s(process)
+    by_wrk = await asyncio.to_thread(wrk, url, scrapers, 5)
+    if by_wrk is not None:
+        p50, p99, requests = by_wrk
+    else:
+        latencies, size = await hammer(url, scrapers, per_scraper)
+        q = statistics.quantiles(latencies, n=100)
+        p50, p99, requests = q[49], q[98], len(latencies)
+    cpu = cpu_s(process) - before
     return {
-        "p50": q[49],
-        "p99": q[98],
-        "cpu_ms_per_scrape": cpu * 1000 / len(latencies),
+        "single_p50": q1[49],
+        "single_p99": q1[98],
+        "single_cpu_ms": single_cpu * 1000 / len(alone),
+        "p50": p50,
+        "p99": p99,
+        "cpu_ms_per_scrape": cpu * 1000 / requests,
         "bytes": size,
+        "driver": "wrk" if by_wrk is not None else "aiohttp",
     }
 
 
@@ -123,16 +173,25 @@ async def run(per_scraper: int) -> dict:
 def rows(per_scraper: int = 20) -> list[tuple]:
     r = asyncio.run(run(per_scraper))
     ours, peer = r["numaguard"], r["node_exporter"]
+    by = ours["driver"]
     return [
-        (f"scrape p50 ms, {SCRAPERS} concurrent scrapers", ours["p50"], peer["p50"], None),
+        ("scrape p50 ms, one scraper", ours["single_p50"], peer["single_p50"], None),
         (
-            f"scrape p99 ms, {SCRAPERS} concurrent scrapers",
+            "scrape p99 ms, one scraper",
+            ours["single_p99"],
+            peer["single_p99"],
+            ("<= 2 ms", ours["single_p99"] <= 2.0),
+        ),
+        ("CPU ms per scrape, one scraper", ours["single_cpu_ms"], peer["single_cpu_ms"], None),
+        (f"scrape p50 ms, {SCRAPERS} scrapers ({by})", ours["p50"], peer["p50"], None),
+        (
+            f"scrape p99 ms, {SCRAPERS} scrapers ({by})",
             ours["p99"],
             peer["p99"],
-            ("<= 5 ms", ours["p99"] <= 5.0),
+            ("<= node_exporter", ours["p99"] <= peer["p99"]),
         ),
         (
-            "CPU ms per scrape",
+            f"CPU ms per scrape, {SCRAPERS} scrapers",
             ours["cpu_ms_per_scrape"],
             peer["cpu_ms_per_scrape"],
             ("<= node_exporter", ours["cpu_ms_per_scrape"] <= peer["cpu_ms_per_scrape"]),
