@@ -225,7 +225,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         keepalive_timeout=settings.idle_timeout_seconds,
     )
     await runner.setup()
-    site = BoundedSite(runner, settings.host, settings.port, settings.max_connections, tls)
+    site = webconfig.BoundedSite(
+        runner, settings.host, settings.port, settings.max_connections, tls
+    )
     await site.start()
     tasks.append(asyncio.create_task(exporter.run_cycles(), name="collection"))
     log.info(
@@ -253,73 +255,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             kubelet.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-
-
-class BoundedSite(web.TCPSite):
-    """aiohttp's TCP site, holding at most ``limit`` connections: past it, a new one
-    closes the connection held longest that has no request in progress (or, all busy,
-    the longest held), rather than the process running out of file descriptors."""
-
-    __slots__ = ("_limit",)
-
-    def __init__(self, runner, host: str, port: int, limit: int, ssl_context=None) -> None:
-        super().__init__(runner, host, port, ssl_context=ssl_context)
-        self._limit = limit
-
-    async def start(self) -> None:
-        await web.BaseSite.start(self)  # registers with the runner, as TCPSite.start
-        server = self._runner.server
-        held: dict[_Held, None] = {}  # open or opening, oldest first
-
-        def connection() -> _Held:
-            if len(held) >= self._limit:
-                busy = lambda h: getattr(h.handler, "_request_in_progress", False)  # noqa: E731
-                idle = [h for h in held if not busy(h)]
-                (idle or list(held))[0].close()
-            return _Held(server(), held)
-
-        self._server = await asyncio.get_running_loop().create_server(
-            connection, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog
-        )
-        self._bound_port = self._server.sockets[0].getsockname()[1]
-
-
-class _Held(asyncio.Protocol):
-    """A connection's aiohttp handler, seen from outside: ``held`` lists it from its
-    accept (before the handler's own bookkeeping sees it) until it is lost."""
-
-    def __init__(self, handler, held: dict) -> None:
-        self.handler, self.held, self.transport = handler, held, None
-        held[self] = None
-
-    def close(self) -> None:
-        self.held.pop(self, None)
-        if self.transport is not None:
-            self.handler.force_close()
-
-    def connection_made(self, transport) -> None:
-        if self not in self.held:  # closed before it was made
-            transport.close()
-            return
-        self.transport = transport
-        self.handler.connection_made(transport)
-
-    def connection_lost(self, exc) -> None:
-        self.held.pop(self, None)
-        if self.transport is not None:
-            self.handler.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        self.handler.data_received(data)
-
-    def eof_received(self):
-        return self.handler.eof_received()
-
-    def pause_writing(self) -> None:
-        self.handler.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.handler.resume_writing()
 
 
 def pod_resources_source(settings: Settings) -> PodResourcesSource | None:

@@ -184,6 +184,24 @@ def parser() -> argparse.ArgumentParser:
                 "Prometheus' exporter-toolkit (as the exporter's); /healthz stays open",
             )
             s.add_argument(
+                "--web.idle-timeout",
+                dest="idle_timeout",
+                type=float,
+                default=30.0,
+                metavar="SECONDS",
+                help="close a connection that has not sent a whole request for this long "
+                "(idle keep-alives, slow clients), as the exporter's",
+            )
+            s.add_argument(
+                "--web.max-connections",
+                dest="max_connections",
+                type=int,
+                default=256,
+                metavar="N",
+                help="connections held at once; past it the longest-held idle one is closed "
+                "to make room, as the exporter's",
+            )
+            s.add_argument(
                 "--web.kubernetes-auth",
                 dest="web_kubernetes_auth",
                 action="store_true",
@@ -414,10 +432,13 @@ async def run_command(args) -> int:
     app.add_routes([web.get("/metrics", serve_metrics), web.get("/healthz", healthz)])
     scrapers = connect(args.kubeconfig) if args.web_kubernetes_auth else None
     tls = webconfig.secure(app, args.web_config_file, scrapers)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, keepalive_timeout=args.idle_timeout
+    )
     await runner.setup()
     host, _, port = args.listen.rpartition(":")
-    await web.TCPSite(runner, host or "0.0.0.0", int(port), ssl_context=tls).start()
+    site = webconfig.BoundedSite(runner, host or "0.0.0.0", int(port), args.max_connections, tls)
+    await site.start()
     election = asyncio.create_task(elector.run(stop))  # renews whatever the cycle does
     try:
         async with aiohttp.ClientSession() as session:
@@ -461,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "leader election needs 0 < --retry-period < --renew-deadline < --lease-duration"
             )
+        if args.command == "run" and (args.max_connections < 1 or args.idle_timeout <= 0):
+            raise ConfigError("--web.max-connections and --web.idle-timeout want positive numbers")
         if getattr(args, "web_config_file", None):  # a bad file: an error before starting
             webconfig.ssl_context(webconfig.load(args.web_config_file), args.web_config_file)
     except ConfigError as err:

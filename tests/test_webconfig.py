@@ -5,6 +5,7 @@ the remediator serves the same; a bad file is a clear error before anything star
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 import subprocess
@@ -356,3 +357,38 @@ async def test_the_remediator_takes_kubernetes_auth_too(tmp_path, control_plane)
         assert await status(f"{url}/metrics") == 401
         assert await status(f"{url}/metrics", auth=bearer(tokens["stranger"])) == 403
         assert await status(f"{url}/metrics", auth=bearer(tokens["prometheus"])) == 200
+
+
+async def test_the_remediator_lets_idle_and_slow_clients_go(tmp_path, control_plane):
+    """As the exporter's: past --web.max-connections the longest-held idle connection
+    makes room, long before any idle timeout, and its metrics are answered; one that
+    says nothing is closed after --web.idle-timeout."""
+
+    async def closed_within(conns, seconds: float) -> int:
+        async def one(reader) -> bool:
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(reader.read(), seconds) == b""
+            return False
+
+        return sum(await asyncio.gather(*(one(r) for r, _ in conns)))
+
+    bounded = ("--web.idle-timeout", "600", "--web.max-connections", "4")
+    async with remediator(control_plane, tmp_path, *bounded) as url:
+        host, port = url.removeprefix("http://").split(":")
+        idle = [await asyncio.open_connection(host, int(port)) for _ in range(8)]
+        try:
+            async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as r:
+                assert r.status == 200
+                assert "numaguard_remediator" in await r.text()
+            # 8 idle and one scrape through 4 places: 5 made room, the 4 last wait
+            assert await closed_within(idle, 5) == 5
+        finally:
+            for _, writer in idle:
+                writer.close()
+    async with remediator(control_plane, tmp_path, "--web.idle-timeout", "1") as url:
+        host, port = url.removeprefix("http://").split(":")
+        silent = [await asyncio.open_connection(host, int(port))]
+        try:
+            assert await closed_within(silent, 30) == 1
+        finally:
+            silent[0][1].close()
