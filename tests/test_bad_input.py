@@ -8,15 +8,18 @@ import contextlib
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import exporter.sources as sources
 from exporter.sources import KEPT, ReadFailure, read_text
 from simulator import presets
 from simulator.host import FakeHostRoot
+from simulator.processes import until
 from simulator.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of, samples, series
 
@@ -375,3 +378,44 @@ def test_the_files_kept_open_are_bounded(tmp_path, monkeypatch):
     assert sum(str(p) in open_now for p in paths) == 3
     for p in paths:  # those not kept are read as well, opened each time
         assert read_text(str(p)) == "1\n"
+
+
+async def test_a_read_stuck_in_the_kernel_costs_only_its_pod(fake_root, monkeypatch):
+    """A read that never returns (a task in D state on one pod's cgroup file) costs that
+    pod only: the cycle ends with every other pod, says timeout, does not read the pod
+    again while that read is stuck (one thread left behind, not one a cycle), and has
+    it back once the read returns."""
+    root = fake_root(presets.far_memory())
+    stuck = str(container_dir(root, "cache") / "memory.numa_stat")
+    released = threading.Event()
+    calls: list[str] = []
+    original = sources.read_text
+
+    def in_d_state(path: str) -> str:
+        if path == stuck:
+            calls.append(path)
+            released.wait(60)
+        return original(path)
+
+    collection = make_collection(root, metadata=metadata_of(root.host))
+    await collection.run_once()
+    before = samples(collection.exposition.text)
+    pods_of = lambda got: {  # noqa: E731
+        dict(labels)["pod"] for name, labels in got if name == "numaguard_container_info"
+    }
+    monkeypatch.setattr(sources, "read_text", in_d_state)
+    try:
+        for _ in range(3):
+            await collection.run_once()
+            got = samples(collection.exposition.text)
+            assert pods_of(got) == pods_of(before) - {"cache"}
+            assert errors(got, "pod_placement", "timeout") >= 1
+        assert len(calls) == 1  # not asked again while the first read is stuck
+    finally:
+        released.set()
+
+    async def all_back():  # the stuck thread ends its read, then the pod is read again
+        await collection.run_once()
+        return pods_of(samples(collection.exposition.text)) == pods_of(before)
+
+    await until(all_back, "the pod back")

@@ -7,6 +7,8 @@ cgroupfs drivers, and containerd, CRI-O and docker container cgroups.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -60,13 +62,26 @@ class _Layout:
     roots: dict[str, str]
 
 
+# Threads left behind in reads that never returned (D state): past this many, the pods
+# left are not read this cycle (each costs a thread until the kernel lets it go).
+MAX_STUCK_READS = 8
+
+
 class CgroupSource:
     def __init__(
-        self, host_root: str, page_size: int | None = None, max_pods: int | None = None
+        self,
+        host_root: str,
+        page_size: int | None = None,
+        max_pods: int | None = None,
+        read_timeout: float = 2.0,
     ) -> None:
         self.cgroup_root = os.path.join(host_root, "sys/fs/cgroup")
         self.page_size = page_size or os.sysconf("SC_PAGE_SIZE")
         self.max_pods = max_pods  # past it, read no pod: the cardinality guard
+        # a pod whose files take longer than this is given up for the cycle, and not
+        # read again while the thread reading it is still stuck: only it is lost
+        self.read_timeout = read_timeout
+        self._stuck: dict[str, threading.Thread] = {}  # pod uid -> the thread stuck in it
 
     def read(self, known: Mapping[str, PodMeta] | None = None) -> PodsReading:
         """Every pod container's placement. ``known``: pod uid -> what the API server
@@ -81,19 +96,69 @@ class CgroupSource:
         found = list(self._pods(layout, issues))
         if self.max_pods is not None and len(found) > self.max_pods:
             return PodsReading((), None, issues, over_limit=len(found))
+        self._stuck = {uid: t for uid, t in self._stuck.items() if t.is_alive()}
         containers: list[ContainerReading] = []
+        todo = []
         for qos, pod_uid, pod_rel in found:
-            meta = known.get(pod_uid) if known else None
-            named = meta.containers if meta else None
-            for runtime, container_id, rel in self._containers(layout, pod_rel, issues):
-                if named and container_id not in named:
-                    continue
-                reading = self._read_container(layout, rel, issues)
-                if reading is None:
-                    continue
-                containers.append(ContainerReading(pod_uid, container_id, runtime, qos, *reading))
+            if pod_uid in self._stuck:
+                issues.append(Issue("timeout", pod_rel, "a read of its files has not returned"))
+            else:
+                todo.append((qos, pod_uid, pod_rel))
+        while todo:
+            todo = self._read_pods(layout, todo, known, containers, issues)
         shared = self._shared_pool(layout, containers, issues)
         return PodsReading(tuple(containers), shared, issues)
+
+    def _read_pods(self, layout: _Layout, todo: list, known, containers: list, issues: list):
+        """Read the pods in a thread of their own, watched: one whose files do not answer
+        within read_timeout is left to its thread; the pods after it are returned, to be
+        read by another."""
+        # the pod being read, since when; and whether the cycle gave up waiting
+        progress = {"index": 0, "since": time.monotonic(), "abandoned": False}
+        done: list[tuple[list[ContainerReading], list[Issue]]] = []
+
+        def run() -> None:
+            for i, (qos, pod_uid, pod_rel) in enumerate(todo):
+                if progress["abandoned"]:
+                    return  # another thread reads the pods after the stuck one
+                progress["index"], progress["since"] = i, time.monotonic()
+                done.append(self._read_pod(layout, qos, pod_uid, pod_rel, known))
+
+        worker = threading.Thread(target=run, name="cgroup-reads", daemon=True)
+        worker.start()
+        while True:
+            worker.join(max(0.0, progress["since"] + self.read_timeout - time.monotonic()))
+            if not worker.is_alive():
+                results, rest = done, []
+                break
+            i = progress["index"]
+            if time.monotonic() - progress["since"] >= self.read_timeout and len(done) == i:
+                progress["abandoned"] = True
+                results = done[:i]
+                _, pod_uid, pod_rel = todo[i]
+                self._stuck[pod_uid] = worker
+                issues.append(Issue("timeout", pod_rel, f"no answer in {self.read_timeout:g}s"))
+                rest = todo[i + 1 :] if len(self._stuck) < MAX_STUCK_READS else []
+                if not rest and i + 1 < len(todo):
+                    issues.append(Issue("timeout", "", "too many reads stuck: pods left unread"))
+                break
+        for pod_containers, pod_issues in results:
+            containers.extend(pod_containers)
+            issues.extend(pod_issues)
+        return rest
+
+    def _read_pod(self, layout: _Layout, qos: str, pod_uid: str, pod_rel: str, known):
+        containers: list[ContainerReading] = []
+        issues: list[Issue] = []
+        meta = known.get(pod_uid) if known else None
+        named = meta.containers if meta else None
+        for runtime, container_id, rel in self._containers(layout, pod_rel, issues):
+            if named and container_id not in named:
+                continue
+            reading = self._read_container(layout, rel, issues)
+            if reading is not None:
+                containers.append(ContainerReading(pod_uid, container_id, runtime, qos, *reading))
+        return containers, issues
 
     # -- discovery ---------------------------------------------------------------
 
