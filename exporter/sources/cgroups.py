@@ -62,8 +62,8 @@ class _Layout:
     roots: dict[str, str]
 
 
-# Threads left behind in reads that never returned (D state): past this many, the pods
-# left are not read this cycle (each costs a thread until the kernel lets it go).
+# Threads left behind in reads that never returned (D state): at this many, no more pod
+# is read until one returns (each costs a thread until the kernel lets it go).
 MAX_STUCK_READS = 8
 
 
@@ -104,6 +104,9 @@ class CgroupSource:
                 issues.append(Issue("timeout", pod_rel, "a read of its files has not returned"))
             else:
                 todo.append((qos, pod_uid, pod_rel))
+        if todo and len(self._stuck) >= MAX_STUCK_READS:
+            issues.append(Issue("timeout", "", "too many reads stuck: pods left unread"))
+            todo = []
         while todo:
             todo = self._read_pods(layout, todo, known, containers, issues)
         shared = self._shared_pool(layout, containers, issues)
@@ -138,9 +141,10 @@ class CgroupSource:
                 _, pod_uid, pod_rel = todo[i]
                 self._stuck[pod_uid] = worker
                 issues.append(Issue("timeout", pod_rel, f"no answer in {self.read_timeout:g}s"))
-                rest = todo[i + 1 :] if len(self._stuck) < MAX_STUCK_READS else []
-                if not rest and i + 1 < len(todo):
+                rest = todo[i + 1 :]
+                if rest and len(self._stuck) >= MAX_STUCK_READS:
                     issues.append(Issue("timeout", "", "too many reads stuck: pods left unread"))
+                    rest = []
                 break
         for pod_containers, pod_issues in results:
             containers.extend(pod_containers)
