@@ -157,14 +157,15 @@ class Controller:
         second: q.Queries = []
         for kind, seen in q.SEEN.items():
             still = {f.pod_uid for f in before if f.kind == kind}
-            now = set(found[f"{kind}_sustained"]["pod_uid"]) | set(found[f"{kind}_now"]["pod_uid"])
+            named = {n for name in (f"{kind}_sustained", seen) for n in found[name]["pod_uid"]}
             names = [f"{kind}_age"]
             if f"{kind}_sustained" not in found.frames:  # no record of it: judged here
                 names.append(f"{kind}_sustained")
-            second += self._scoped(names, "pod_uid", now | still)
-            second += self._scoped([seen], "pod_uid", still)
+            second += self._scoped(names, "pod_uid", named | still)
+            if seen not in found.frames:  # what keeps open findings open
+                second += self._scoped([seen], "pod_uid", still)
         starved = {f.node for f in before if f.kind == "starved"}
-        starved |= {n for k in ("sustained", "now") for n in found[f"starved_{k}"]["node"]}
+        starved |= {n for k in ("sustained", "seen") for n in found[f"starved_{k}"]["node"]}
         second += self._scoped((*q.SLICES, "holders"), "mig_uuid", self.slices)
         second += self._scoped(q.LLC, "node", starved)
         found = merged(found, await ask(second))

@@ -87,9 +87,6 @@ def expressions(
             f"min_over_time({starved}[{w.finding}]) == 1 and {starved} offset {w.finding} == 1"
         ),
         "starved_seen": f"max_over_time({starved}[{w.finding}]) == 1",
-        # what says so now: round one's cheap look at every pod
-        "cross_numa_now": f"{cross} == 1",
-        "starved_now": f"{starved} == 1",
         # how old the newest sample saying so is: an action needs the verdict now
         "cross_numa_age": f"time() - timestamp({cross} == 1)",
         "starved_age": f"time() - timestamp({starved} == 1)",
@@ -129,8 +126,6 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     "cross_numa_seen": ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
     "starved_sustained": ("node", "instance", "namespace", "pod", "pod_uid", "reason", "gpu_uuid"),
     "starved_seen": ("node", "instance", "namespace", "pod", "pod_uid", "reason", "gpu_uuid"),
-    "cross_numa_now": ("node", "instance", "pod_uid", "reason"),
-    "starved_now": ("node", "instance", "pod_uid", "reason", "gpu_uuid"),
     "cross_numa_age": ("node", "instance", "pod_uid", "reason"),
     "starved_age": ("node", "instance", "pod_uid", "reason", "gpu_uuid"),
     "slice_sm": ("node", "instance", "mig_uuid", "mig_profile"),
@@ -194,9 +189,9 @@ def detection(
     sizing: tuple[float, float, float] | None = None,
 ) -> Queries:
     """Round one. Per verdict, its recording rule's sustained series when Prometheus runs
-    it as written here (``recorded``), else every verdict saying so now — a look at the
-    newest samples, where judging every pod's window costs twice that; the windows are
-    then judged in round two, for those pods only (a sustained verdict says so now).
+    it as written here (``recorded``), else every verdict seen in the window — a
+    finding's own and its hysteresis' superset, at two thirds the cost of judging every
+    pod's whole window; that is judged in round two, for those pods only.
     With ``sizing`` (low, saturated, memory full): the slices whose window says they are
     too large or too small."""
     e = expressions(w, selector)
@@ -207,7 +202,7 @@ def detection(
     out = [
         (f"{k}_sustained", read(f"{k}_sustained"))
         if f"{k}_sustained" in recorded
-        else (f"{k}_now", e[f"{k}_now"])
+        else (SEEN[k], e[SEEN[k]])
         for k in SEEN
     ]
     if sizing is not None:

@@ -118,4 +118,4 @@ async def test_recording_rules_are_read_only_when_they_are_ours(version):
         assert await ours.recorded(time.time() + 600) == frozenset()
     read = dict(q.detection(Windows(), q.DEFAULT_SELECTOR, found))
     assert read["cross_numa_sustained"] == 'numaguard:pod_cross_numa:sustained{job="numaguard"}'
-    assert "cross_numa_now" not in read
+    assert "cross_numa_seen" not in read
