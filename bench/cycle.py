@@ -177,11 +177,16 @@ async def exporter_rss_mib() -> tuple[float, float]:
 
 
 async def process_rss_mib(*args: str, gpus: str | None = None) -> float:
+    """The median RSS over ten seconds of cycles and scrapes, after five of warming up:
+    one sample swings by several MiB with where the last cycle's garbage stands."""
     async with exporter_process(*args, gpus=gpus) as (url, proc):
-        for _ in range(6):
+        samples = []
+        for i in range(30):
             await get(f"{url}/metrics")
+            if i >= 10:
+                samples.append(psutil.Process(proc.pid).memory_info().rss / (1 << 20))
             await asyncio.sleep(0.5)
-        return psutil.Process(proc.pid).memory_info().rss / (1 << 20)
+        return statistics.median(samples)
 
 
 class TimedNvml(SimpleNamespace):

@@ -34,13 +34,12 @@ import hmac
 import ssl
 import time
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import aiohttp
 import bcrypt
 import yaml
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 # exporter-toolkit's names -> what the handshake asks of a client. Its two that take a
 # certificate unverified (RequestClientCert, RequireAnyClientCert) are refused: the
@@ -59,6 +58,10 @@ TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
 
+if TYPE_CHECKING:
+    from exporter.webconfig_schema import WebConfig
+
+
 class ApiUnavailable(Exception):
     """The API server answered a review with an error."""
 
@@ -75,23 +78,12 @@ class WebConfigError(Exception):
     """The web config file cannot be used; the message says why."""
 
 
-class TlsServerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    cert_file: str
-    key_file: str
-    client_auth_type: Literal[tuple(CLIENT_AUTH)] = "NoClientCert"
-    client_ca_file: str = ""
-    min_version: Literal[tuple(TLS_VERSIONS)] = "TLS12"
-    max_version: Literal[tuple(TLS_VERSIONS)] = "TLS13"
-
-
-class WebConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    tls_server_config: TlsServerConfig | None = None
-    basic_auth_users: dict[str, str] = {}
-
-
 def load(path: str) -> WebConfig:
+    # pydantic costs some 6 MiB of the exporter's memory: only a config file needs it
+    from pydantic import ValidationError
+
+    from exporter.webconfig_schema import WebConfig
+
     try:
         text = Path(path).read_text()
         config = WebConfig.model_validate(yaml.safe_load(text) or {})

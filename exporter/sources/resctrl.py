@@ -27,7 +27,7 @@ from exporter.readers.resctrl import (
     parse_word_list,
     sum_mon_values,
 )
-from exporter.sources import Issue, ReadFailure, read_parsed, read_text, subdirs
+from exporter.sources import Issue, read_parsed, subdirs
 from exporter.sources.cgroups import PodsReading
 
 GROUP_PREFIX = "numaguard-"
@@ -224,11 +224,12 @@ class ResctrlSource:
         moved out comes back then."""
         lists: dict[str, str] = {}
         for tasks_file in tasks_files:
-            try:
-                lists[tasks_file] = read_text(tasks_file)
-            except ReadFailure as failure:  # a container that just ended is no problem
-                if failure.issue.reason != "missing":
-                    issues.append(failure.issue)
+            problems: list[Issue] = []
+            text = read_parsed(problems, tasks_file, str)  # parsed only if changed
+            # a container that just ended is no problem; an unreadable list is
+            issues.extend(p for p in problems if p.reason != "missing")
+            if text is not None:
+                lists[tasks_file] = text
         seen = tuple(sorted(lists.items()))
         synced = self._synced.get(group)
         if synced and synced[0] == seen and self._cycle - synced[1] < RESYNC_CYCLES:
