@@ -32,14 +32,21 @@ class MetricSpec:
 
 
 class LabelPrefix:
-    """Leading label pairs rendered once (``,namespace="a",pod="b"``), for the many
-    series of one container or pod."""
+    """Leading label pairs (``,namespace="a",pod="b"``) shared by the many series of one
+    container or pod; rendered only for a series not rendered last cycle."""
 
-    __slots__ = ("names", "text")
+    __slots__ = ("_text", "names", "values")
 
     def __init__(self, names: tuple[str, ...], values: tuple[str, ...]) -> None:
         self.names = names
-        self.text = _pairs(names, values)
+        self.values = values
+        self._text: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = _pairs(self.names, self.values)
+        return self._text
 
 
 class Family:
@@ -68,17 +75,17 @@ class Family:
         if head is None:
             head = f"{self._head}{_pairs(self.spec.labels, values)}}} "
         self._heads[values] = head
-        self.lines.append(f"{head}{format_value(value)}\n")
+        self.lines.append(f"{head}{value if type(value) is int else format_value(value)}\n")
 
     def add_under(self, prefix: LabelPrefix, value: float, *values: str) -> None:
         """Label values after the leading ones that ``prefix`` holds rendered."""
-        key = (prefix.text, values)
+        key = (prefix.values, values)
         head = self._known.get(key)
         if head is None:
             names = self.spec.labels[len(prefix.names) :]
             head = f"{self._head}{prefix.text}{_pairs(names, values)}}} "
         self._heads[key] = head
-        self.lines.append(f"{head}{format_value(value)}\n")
+        self.lines.append(f"{head}{value if type(value) is int else format_value(value)}\n")
 
 
 # (metric, node) -> the heads of its series' lines last cycle, by label values

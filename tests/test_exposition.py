@@ -116,4 +116,4 @@ def test_series_lines_rendered_once_are_the_same_as_rendered_afresh():
         'pod_uid="uid-b",container_id="cid",numa_node="0"} 2.5\n'
     )
     remembered = c._HEADS[(c.CONTAINER_CPUS.name, "node-a")]
-    assert len(remembered) == 4 and not [k for k in remembered if 'pod="a"' in k[0]]
+    assert len(remembered) == 4 and not [k for k in remembered if "a" in k[0]]
