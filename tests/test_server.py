@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import os
@@ -256,7 +257,8 @@ async def test_a_slow_client_is_let_go_and_others_are_served(fake_root):
 async def test_1100_idle_connections_under_a_1024_file_limit_starve_nothing(fake_root):
     """Past --web.max-connections the longest-held idle connection makes room: with
     1,100 clients connected and silent, a scrape is answered, the exporter holds no more
-    files than its bound allows, and the collectors still open every file they read."""
+    connections than its bound allows nor more kernel files kept open than half its
+    limit, and the collectors still open every file they read."""
     root = fake_root(presets.two_socket())
     args = ("--host-root", str(root.root), "--node-name", NODE, "--gpu-backend", "none")
     args += ("--interval", "0.2", "--web.max-connections", "256")
@@ -269,7 +271,15 @@ async def test_1100_idle_connections_under_a_1024_file_limit_starve_nothing(fake
             assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 1
             errors = "numaguard_collector_errors_total"
             assert got[series(errors, collector=POD_PLACEMENT, reason="io")] == 0
-            assert len(os.listdir(f"/proc/{proc.pid}/fd")) < 256 + 64
+            links = []
+            for fd in os.listdir(f"/proc/{proc.pid}/fd"):
+                with contextlib.suppress(FileNotFoundError):  # closed since the listing
+                    links.append(os.readlink(f"/proc/{proc.pid}/fd/{fd}"))
+            sockets = [link for link in links if link.startswith("socket:")]
+            kept = [link for link in links if link.startswith(str(root.root))]
+            assert len(sockets) < 256 + 16  # the bound, the listener, the loop's
+            assert 0 < len(kept) <= 1024 // 2
+            assert len(links) < 1024 - 64
         finally:
             for _, writer in crowd:
                 writer.close()
