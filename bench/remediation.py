@@ -26,9 +26,9 @@ import aiohttp
 
 from remediator.controller import Controller
 from remediator.findings import FindingState, update
-from remediator.planner import PodInfo, Policy, plan
+from remediator.planner import Policy, plan
 from remediator.signals import Prometheus, Source
-from simulator.fleet import Fleet
+from simulator.fleet import Fleet, pods_for
 from simulator.processes import free_port
 from simulator.prometheus import PrometheusMissing, PrometheusServer, binary
 
@@ -64,24 +64,6 @@ def backfill(fleet: Fleet, end: float, into: Path) -> Path:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def pods_for(findings) -> dict[str, PodInfo]:
-    """The API server's answer for the finding pods: running, owned, old enough."""
-    return {
-        f.pod_uid: PodInfo(
-            f.namespace,
-            f.pod,
-            f.pod_uid,
-            f.node,
-            0.0,
-            owner_kind="ReplicaSet",
-            owner_name=f"{f.pod}-rs",
-            workload=f"Deployment/{f.namespace}/{f.pod}",
-            resources=frozenset({"nvidia.com/gpu", "nvidia.com/mig-1g.20gb"}),
-        )
-        for f in findings
-    }
 
 
 async def cycle(way: str, prom: PrometheusServer, client: Prometheus, at: float) -> dict:

@@ -21,6 +21,7 @@ from functools import cached_property
 from typing import TextIO
 
 from exporter import catalogue as c
+from remediator.planner import PodInfo
 
 GIB = 1 << 30
 SLICES, PROFILE = 4, "1g.20gb"  # a slice of an H100-80GB
@@ -199,3 +200,22 @@ class Fleet:
 
 def _pod(labels: dict) -> dict:
     return {k: labels[k] for k in ("namespace", "pod", "pod_uid")}
+
+
+def pods_for(findings) -> dict[str, PodInfo]:
+    """The API server's word on the finding pods, as for a fleet's pods: running where
+    the series say, owned by a Deployment's ReplicaSet, old enough, asking for GPUs."""
+    return {
+        f.pod_uid: PodInfo(
+            f.namespace,
+            f.pod,
+            f.pod_uid,
+            f.node,
+            0.0,
+            owner_kind="ReplicaSet",
+            owner_name=f"{f.pod}-rs",
+            workload=f"Deployment/{f.namespace}/{f.pod}",
+            resources=frozenset({"nvidia.com/gpu", f"nvidia.com/mig-{PROFILE}"}),
+        )
+        for f in findings
+    }

@@ -6,7 +6,6 @@ remediator would write them."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import time
 
@@ -17,11 +16,11 @@ from alerts import rules
 from remediator import queries as q
 from remediator.controller import Controller
 from remediator.findings import FindingState, update
-from remediator.planner import PodInfo, Policy, plan
+from remediator.planner import Policy, plan
 from remediator.queries import Windows
 from remediator.signals import Prometheus
-from simulator.fleet import Fleet
-from simulator.processes import free_port
+from simulator.fleet import Fleet, pods_for
+from simulator.processes import free_port, until
 from simulator.prometheus import VERSIONS, PrometheusServer, binary
 
 # caps high enough that the cycle's moves use up the free GPUs: later pods find no fit
@@ -42,23 +41,6 @@ def backfilled(tmp_path_factory):
         capture_output=True,
     )
     return d / "blocks", end
-
-
-def pods_for(findings) -> dict[str, PodInfo]:
-    return {
-        f.pod_uid: PodInfo(
-            f.namespace,
-            f.pod,
-            f.pod_uid,
-            f.node,
-            0.0,
-            owner_kind="ReplicaSet",
-            owner_name=f"{f.pod}-rs",
-            workload=f"Deployment/{f.namespace}/{f.pod}",
-            resources=frozenset({"nvidia.com/gpu", "nvidia.com/mig-1g.20gb"}),
-        )
-        for f in findings
-    }
 
 
 def decided(findings, signals, at):
@@ -107,15 +89,16 @@ async def test_recording_rules_are_read_only_when_they_are_ours(version):
         aiohttp.ClientSession() as session,
     ):
         ours = Prometheus(prom.url, session)
-        deadline = time.monotonic() + 60
-        while (found := await ours.recorded(time.time())) != frozenset(q.RECORDED):
-            assert time.monotonic() < deadline, found
-            await asyncio.sleep(0.5)
+
+        async def all_recorded():  # once the rule group has run
+            return await ours.recorded(time.time()) == frozenset(q.RECORDED)
+
+        await until(all_recorded, "every recording rule read")
         # another finding window: the sustained records say something else
         other = Prometheus(prom.url, session, windows=Windows("5m", "1h"))
         assert await other.recorded(time.time()) == {"slice_sm"}
         # long after the rules last ran, they are not believed
         assert await ours.recorded(time.time() + 600) == frozenset()
-    read = dict(q.detection(Windows(), q.DEFAULT_SELECTOR, found))
+    read = dict(q.detection(Windows(), q.DEFAULT_SELECTOR, frozenset(q.RECORDED)))
     assert read["cross_numa_sustained"] == 'numaguard:pod_cross_numa:sustained{job="numaguard"}'
     assert "cross_numa_seen" not in read
