@@ -3,7 +3,8 @@ verifier, once per interval, on the leader only. Doubtful data (Prometheus or th
 server not answering as they should) ends the cycle with no action.
 
 Everything a guard needs to remember lives in the cluster (the workloads' history,
-written by the actuator): this object keeps only what saves repeating an Event."""
+written by the actuator): this object keeps only what saves repeating an Event, the open
+findings' hysteresis, and which slices to follow between two looks for slices to size."""
 
 from __future__ import annotations
 

@@ -152,7 +152,6 @@ REQUIRED_LABELS["zone_candidates"] = ("node", "numa_node")
 
 # What later rounds ask about each kind of thing round one named
 SEEN = {"cross_numa": "cross_numa_seen", "starved": "starved_seen"}
-AGES = ("cross_numa_age", "starved_age")
 SLICES = ("slice_sm", "slice_sm_peak", "slice_memory_peak", "slice_memory_total", "slice_age")
 LLC = ("llc_share", "llc_age")
 HOLDINGS = ("pod_exclusive_cpus", "pod_memory", "holders")
