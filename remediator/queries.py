@@ -198,12 +198,10 @@ def detection(
     def read(name: str) -> str:
         return selected(RECORDED[name], selector) if name in recorded else e[name]
 
-    out = [
-        (f"{k}_sustained", read(f"{k}_sustained"))
-        if f"{k}_sustained" in recorded
-        else (SEEN[k], e[SEEN[k]])
-        for k in SEEN
-    ]
+    out = []
+    for kind, seen in SEEN.items():
+        sustained = f"{kind}_sustained"
+        out.append((sustained, read(sustained)) if sustained in recorded else (seen, e[seen]))
     if sizing is not None:
         low, saturated, memory_full = sizing
         sm = f"({read('slice_sm')})"

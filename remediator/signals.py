@@ -165,9 +165,8 @@ class Prometheus:
             groups = body["data"]["groups"]
             found = set()
             for group in groups:
-                late = at - datetime.fromisoformat(group["lastEvaluation"]).timestamp() > 2 * float(
-                    group["interval"]
-                )
+                evaluated = datetime.fromisoformat(group["lastEvaluation"]).timestamp()
+                late = at - evaluated > 2 * float(group["interval"])
                 for rule in group["rules"]:
                     query = normal.get(rule.get("name"))
                     if (

@@ -89,8 +89,8 @@ class _KeptFiles:
             self.fds[path], self.used[path] = fd, self.cycle
             return True
 
-    def sweep(self) -> int:
-        """A new cycle: close what the last one did not read; how many stay open."""
+    def sweep(self) -> None:
+        """A new cycle: close what the last one did not read."""
         with self.lock:
             gone = [
                 p for p, c in self.used.items() if c < self.cycle and self.fds[p] not in self.busy
@@ -100,10 +100,8 @@ class _KeptFiles:
                 del self.used[p]
             self.cycle += 1
             self.limit = self._limit()
-            kept = len(self.fds)
         for fd in fds:
             os.close(fd)
-        return kept
 
 
 KEPT = _KeptFiles()

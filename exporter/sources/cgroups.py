@@ -104,10 +104,10 @@ class CgroupSource:
                 issues.append(Issue("timeout", pod_rel, "a read of its files has not returned"))
             else:
                 todo.append((qos, pod_uid, pod_rel))
-        if todo and len(self._stuck) >= MAX_STUCK_READS:
-            issues.append(Issue("timeout", "", "too many reads stuck: pods left unread"))
-            todo = []
         while todo:
+            if len(self._stuck) >= MAX_STUCK_READS:
+                issues.append(Issue("timeout", "", "too many reads stuck: pods left unread"))
+                break
             todo = self._read_pods(layout, todo, known, containers, issues)
         shared = self._shared_pool(layout, containers, issues)
         return PodsReading(tuple(containers), shared, issues)
@@ -142,9 +142,6 @@ class CgroupSource:
                 self._stuck[pod_uid] = worker
                 issues.append(Issue("timeout", pod_rel, f"no answer in {self.read_timeout:g}s"))
                 rest = todo[i + 1 :]
-                if rest and len(self._stuck) >= MAX_STUCK_READS:
-                    issues.append(Issue("timeout", "", "too many reads stuck: pods left unread"))
-                    rest = []
                 break
         for pod_containers, pod_issues in results:
             containers.extend(pod_containers)

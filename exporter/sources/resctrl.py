@@ -225,7 +225,7 @@ class ResctrlSource:
         lists: dict[str, str] = {}
         for tasks_file in tasks_files:
             problems: list[Issue] = []
-            text = read_parsed(problems, tasks_file, str)  # parsed only if changed
+            text = read_parsed(problems, tasks_file, str)  # as text: parsed if it changed
             # a container that just ended is no problem; an unreadable list is
             issues.extend(p for p in problems if p.reason != "missing")
             if text is not None:
