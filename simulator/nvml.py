@@ -175,6 +175,7 @@ class FakeGpu:
     temperature_c: int = 40
     mig: list[FakeSlice] | None = None  # None: MIG off
     processes: list[Process] = field(default_factory=list)
+    slices_made: int = 0  # a MIG device's UUID is never given twice, as the driver does
 
     @property
     def memory_total_bytes(self) -> int:
@@ -224,8 +225,11 @@ class FakeNvml:
             self.set_mig(index, mig)
         return gpu
 
-    def set_mig(self, gpu_index: int, profiles: list[str] | None) -> list[FakeSlice]:
-        """Re-partition a GPU (None: MIG off). New GPU instance ids, as the driver gives."""
+    def set_mig(
+        self, gpu_index: int, profiles: list[str] | None, uuids: list[str] | None = None
+    ) -> list[FakeSlice]:
+        """Re-partition a GPU (None: MIG off). New GPU instance ids and new UUIDs, as
+        the driver gives (``uuids``: those another fake gave, to show the same node)."""
         gpu = self.gpus[gpu_index]
         # GPU counters never go back: what the old slices did stays in the GPU's own
         _add_slices(gpu.activity.integrals, gpu, gpu.mig or [])
@@ -237,18 +241,14 @@ class FakeNvml:
         slices = []
         used_ids = {s.gi_id for s in gpu.mig or []}
         next_id = max(used_ids, default=0) + 1
-        for name in profiles:
+        for i, name in enumerate(profiles):
             profile = gpu.model.profile(name)
-            slices.append(
-                FakeSlice(
-                    profile,
-                    next_id,
-                    0,
-                    start,
-                    f"MIG-{_uuid(0x316, self.node_id, gpu_index << 16 | next_id)}",
-                    Activity(self.clock),
-                )
-            )
+            if uuids:
+                uuid = uuids[i]
+            else:
+                gpu.slices_made += 1
+                uuid = f"MIG-{_uuid(0x316, self.node_id, gpu_index << 16 | gpu.slices_made)}"
+            slices.append(FakeSlice(profile, next_id, 0, start, uuid, Activity(self.clock)))
             start += profile.memory_slices
             next_id += 1
         if start > 8:
@@ -272,7 +272,7 @@ class FakeNvml:
         d = json.loads(text)
         nvml = cls(clock, d.get("node_id", 0))
         for g in d["gpus"]:
-            nvml.add_gpu(g["model"], g["numa_node"], g.get("mig"))
+            nvml.add_gpu(g["model"], g["numa_node"])
         nvml.apply(text)
         return nvml
 
@@ -281,10 +281,13 @@ class FakeNvml:
         processes and MIG layouts change in place, as on a running node (GPM counters
         carry on)."""
         for i, (gpu, g) in enumerate(zip(self.gpus, json.loads(text)["gpus"], strict=True)):
-            if [s.profile.name for s in gpu.mig or []] != (g.get("mig") or []) or (
-                gpu.mig is None
-            ) != (g.get("mig") is None):
-                self.set_mig(i, g.get("mig"))
+            described = [sd["uuid"] for sd in g.get("slices", []) if "uuid" in sd]
+            if (
+                [s.profile.name for s in gpu.mig or []] != (g.get("mig") or [])
+                or (gpu.mig is None) != (g.get("mig") is None)
+                or (described and described != [s.uuid for s in gpu.mig or []])
+            ):
+                self.set_mig(i, g.get("mig"), described or None)
             _set_rates(gpu.activity, g.get("activity", {}))
             gpu.memory_used_bytes = g.get("memory_used_bytes", 0)
             gpu.processes = [Process(**p) for p in g.get("processes", [])]
@@ -326,6 +329,7 @@ class FakeNvml:
                 d["mig"] = [s.profile.name for s in gpu.mig]
                 d["slices"] = [
                     {
+                        "uuid": s.uuid,
                         "activity": s.activity.rates,
                         "memory_used_bytes": s.memory_used_bytes,
                         "processes": [vars(p) for p in s.processes],

@@ -250,6 +250,72 @@ async def test_slices_appear_and_disappear_between_cycles(gpu_node):
     assert node.collection.health[GPU].success
 
 
+# What a UUID fixes (a GPU's name, PCI address and NUMA node; a slice's instance ids,
+# profile, SM count and placement): asked of NVML once, not every cycle.
+STATIC = (
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetAttributes_v2",
+    "nvmlGpuInstanceGetInfo",
+    "nvmlDeviceGetGpuInstanceProfileInfoByIdV",
+)
+
+
+def static_calls(nvml: FakeNvml, gpu: int) -> dict[str, int]:
+    return {f: nvml.calls[f, gpu] for f in STATIC}
+
+
+def info_series(got: dict) -> set:
+    return {k for k in got if k[0] in ("numaguard_gpu_info", "numaguard_mig_info")}
+
+
+async def test_what_a_uuid_fixes_is_asked_once_and_afresh_for_new_slices(gpu_node):
+    node = gpu_node()
+    first = await node.cycle()
+    asked = {g: static_calls(node.nvml, g) for g in range(8)}
+    assert asked[1]["nvmlDeviceGetAttributes_v2"] == len(node.nvml.gpus[1].mig)
+    again = await node.cycle()
+    assert {g: static_calls(node.nvml, g) for g in range(8)} == asked
+    assert info_series(again) == info_series(first)
+    assert node.nvml.calls["nvmlDeviceGetMemoryInfo", 1] > asked[1]["nvmlDeviceGetName"] * 2
+
+    # MIG off and on with the same profiles: new slices, new UUIDs, asked afresh
+    profiles = [s.profile.name for s in node.nvml.gpus[1].mig]
+    old = {s.uuid for s in node.nvml.gpus[1].mig}
+    node.nvml.set_mig(1, None)
+    node.nvml.set_mig(1, profiles)
+    assert not old & {s.uuid for s in node.nvml.gpus[1].mig}
+    got = await node.cycle()
+    assert node.nvml.calls["nvmlDeviceGetAttributes_v2", 1] == 2 * len(profiles)
+    assert static_calls(node.nvml, 0) == asked[0]
+    for i, sl in enumerate(node.nvml.gpus[1].mig):
+        labels = slice_labels(node, 1, i)
+        assert got[series("numaguard_mig_multiprocessors", **labels)] == sl.profile.sm_count
+        info = [
+            k for k in got if k[0] == "numaguard_mig_info" and dict(k[1])["mig_uuid"] == sl.uuid
+        ]
+        assert [dict(k[1])["gi_id"] for k in info] == [str(sl.gi_id)]
+    assert not [k for k in got if dict(k[1]).get("mig_uuid") in old]
+
+
+async def test_what_failed_to_be_learnt_is_asked_again(gpu_node):
+    node = gpu_node()
+    node.nvml.fail("nvmlDeviceGetAttributes_v2", 1)
+    got = await node.cycle()
+    labels = slice_labels(node, 1, 0)
+    assert series("numaguard_mig_multiprocessors", **labels) not in got
+    assert got[series("numaguard_collector_errors_total", collector=GPU, reason="nvml")] > 0
+    node.nvml.failures.clear()
+    got = await node.cycle()
+    sm_count = node.nvml.gpus[1].mig[0].profile.sm_count
+    assert got[series("numaguard_mig_multiprocessors", **labels)] == sm_count
+    assert node.collection.health[GPU].success
+    asked = static_calls(node.nvml, 1)
+    await node.cycle()
+    assert static_calls(node.nvml, 1) == asked  # learnt now: not asked again
+
+
 def a100_node(clock):
     host = presets.two_socket()
     host.pods = []

@@ -102,6 +102,28 @@ class GpuReading:
     issues: list[Issue] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class _GpuStatic:
+    """What a GPU's UUID fixes: asked once, not every cycle."""
+
+    name: str
+    pci_address: str
+    numa_node: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _SliceStatic:
+    """What a MIG device's UUID fixes: the driver gives a new UUID to every slice it
+    creates, so a re-partitioned GPU's slices are asked afresh."""
+
+    gi_id: int
+    ci_id: int
+    profile: str
+    sm_count: int | None
+    placement_start: int | None
+    placement_size: int | None
+
+
 class GpuUnavailable(Exception):
     """No NVML driver here: run without GPU metrics."""
 
@@ -125,6 +147,9 @@ class NvmlSource:
         self._in_flight: dict[int, Future] = {}
         self._identity: dict[int, GpuRecord] = {}  # last good reading, to name a down GPU
         self._gpm_support: dict[str, bool] = {}  # by GPU uuid
+        # GPU index -> UUID -> what it fixes, for the GPU and slices seen last cycle;
+        # only what was learnt without an error is kept
+        self._static: dict[int, dict[str, _GpuStatic | _SliceStatic]] = {}
         # GPU index -> (GPM sample, when taken) per GPU or slice
         self._samples: dict[int, dict[tuple, tuple[Any, float]]] = {}
 
@@ -186,8 +211,10 @@ class NvmlSource:
         call = _Caller(self.nvml, f"gpu{index}", issues)
         samples = self._samples.setdefault(index, {})
         used: set[tuple] = set()
+        known = self._static.get(index, {})
+        self._static[index] = seen = {}
         try:
-            record = self._gpu(index, call, samples, used)
+            record = self._gpu(index, call, samples, used, known, seen)
         except _Lost:
             return self._down(index, "gpu_lost"), [Issue("gpu_lost", f"gpu{index}", "GPU is lost")]
         finally:
@@ -198,20 +225,15 @@ class NvmlSource:
         self._identity[index] = record
         return record, issues
 
-    def _gpu(self, index: int, call: _Caller, samples: dict, used: set) -> GpuRecord | None:
+    def _gpu(
+        self, index: int, call: _Caller, samples: dict, used: set, known: dict, seen: dict
+    ) -> GpuRecord | None:
         n = self.nvml
         handle = call.optional(n.nvmlDeviceGetHandleByIndex, index)
         uuid = handle and call.optional(n.nvmlDeviceGetUUID, handle)
         if not uuid:
             return None
-        name = call.optional(n.nvmlDeviceGetName, handle) or ""
-        pci = call.optional(n.nvmlDeviceGetPciInfo, handle)
-        address = ""
-        if pci is not None:
-            try:
-                address = sysfs_pci_address(pci.busId)
-            except ParseError as err:
-                call.issues.append(Issue("parse", f"gpu{index}/busId", str(err)))
+        static = _learnt(known, seen, uuid, call, self._gpu_static, handle)
         mig_mode = call.optional(n.nvmlDeviceGetMigMode, handle)
         mig = bool(mig_mode and mig_mode[0] == n.NVML_DEVICE_MIG_ENABLE)
         memory = call.optional(n.nvmlDeviceGetMemoryInfo, handle)
@@ -240,7 +262,9 @@ class NvmlSource:
         slices: tuple[SliceRecord, ...] = ()
         processes, holders = None, ()
         if mig:
-            slices = tuple(self._slices(call, handle, uuid, gpm, samples, used, owners))
+            slices = tuple(
+                self._slices(call, handle, uuid, gpm, samples, used, owners, known, seen)
+            )
         else:
             pids = self._pids(call, handle)
             processes = None if pids is None else len(pids)
@@ -248,9 +272,9 @@ class NvmlSource:
         return GpuRecord(
             index,
             uuid,
-            name,
-            address,
-            self._numa_node(call, handle, address),
+            static.name,
+            static.pci_address,
+            static.numa_node,
             True,
             "",
             mig,
@@ -264,7 +288,18 @@ class NvmlSource:
             slices,
         )
 
-    def _slices(self, call, parent, gpu_uuid, gpm, samples, used, cache):
+    def _gpu_static(self, call: _Caller, handle) -> _GpuStatic:
+        name = call.optional(self.nvml.nvmlDeviceGetName, handle) or ""
+        pci = call.optional(self.nvml.nvmlDeviceGetPciInfo, handle)
+        address = ""
+        if pci is not None:
+            try:
+                address = sysfs_pci_address(pci.busId)
+            except ParseError as err:
+                call.issues.append(Issue("parse", f"{call.where}/busId", str(err)))
+        return _GpuStatic(name, address, self._numa_node(call, handle, address))
+
+    def _slices(self, call, parent, gpu_uuid, gpm, samples, used, cache, known, seen):
         n = self.nvml
         for slot in range(call.optional(n.nvmlDeviceGetMaxMigDeviceCount, parent) or 0):
             handle = call.optional(
@@ -273,44 +308,64 @@ class NvmlSource:
             if handle is None:
                 continue
             uuid = call.optional(n.nvmlDeviceGetUUID, handle)
-            gi_id = call.optional(n.nvmlDeviceGetGpuInstanceId, handle)
-            ci_id = call.optional(n.nvmlDeviceGetComputeInstanceId, handle)
-            if uuid is None or gi_id is None or ci_id is None:
+            static = uuid and _learnt(known, seen, uuid, call, self._slice_static, parent, handle)
+            if not static:
                 continue  # cannot name it: the issue is recorded
-            attributes = call.optional(n.nvmlDeviceGetAttributes_v2, handle)
-            instance = call.optional(n.nvmlDeviceGetGpuInstanceById, parent, gi_id)
-            info = instance and call.optional(n.nvmlGpuInstanceGetInfo, instance)
-            profile_info = info and call.optional(
-                n.nvmlDeviceGetGpuInstanceProfileInfoById, parent, info.profileId
-            )
-            profile = ""
-            if profile_info:
-                try:
-                    profile = parse_profile_name(profile_info.name)
-                except ParseError as err:
-                    call.issues.append(Issue("parse", f"{call.where}/profile", str(err)))
             memory = call.optional(n.nvmlDeviceGetMemoryInfo, handle)
             if gpm:
                 activity = self._gpm(
-                    call, samples, used, (gpu_uuid, uuid), n.nvmlGpmMigSampleGet, parent, gi_id
+                    call,
+                    samples,
+                    used,
+                    (gpu_uuid, uuid),
+                    n.nvmlGpmMigSampleGet,
+                    parent,
+                    static.gi_id,
                 )
             else:
                 activity = UNSUPPORTED  # A100: NVML has no utilization for a MIG slice
             pids = self._pids(call, handle)
             yield SliceRecord(
                 uuid,
-                profile,
-                gi_id,
-                ci_id,
-                attributes.multiprocessorCount if attributes else None,
-                info.placement.start if info else None,
-                info.placement.size if info else None,
+                static.profile,
+                static.gi_id,
+                static.ci_id,
+                static.sm_count,
+                static.placement_start,
+                static.placement_size,
                 memory.total if memory is not None else None,
                 memory.used if memory is not None else None,
                 activity,
                 None if pids is None else len(pids),
                 self._holders(pids or (), cache),
             )
+
+    def _slice_static(self, call: _Caller, parent, handle) -> _SliceStatic | None:
+        n = self.nvml
+        gi_id = call.optional(n.nvmlDeviceGetGpuInstanceId, handle)
+        ci_id = call.optional(n.nvmlDeviceGetComputeInstanceId, handle)
+        if gi_id is None or ci_id is None:
+            return None
+        attributes = call.optional(n.nvmlDeviceGetAttributes_v2, handle)
+        instance = call.optional(n.nvmlDeviceGetGpuInstanceById, parent, gi_id)
+        info = instance and call.optional(n.nvmlGpuInstanceGetInfo, instance)
+        profile_info = info and call.optional(
+            n.nvmlDeviceGetGpuInstanceProfileInfoById, parent, info.profileId
+        )
+        profile = ""
+        if profile_info:
+            try:
+                profile = parse_profile_name(profile_info.name)
+            except ParseError as err:
+                call.issues.append(Issue("parse", f"{call.where}/profile", str(err)))
+        return _SliceStatic(
+            gi_id,
+            ci_id,
+            profile,
+            attributes.multiprocessorCount if attributes else None,
+            info.placement.start if info else None,
+            info.placement.size if info else None,
+        )
 
     def _gpm(self, call: _Caller, samples: dict, used: set, key: tuple, take, *args) -> Activity:
         """Take this cycle's GPM sample for one GPU or slice; metrics against the last one."""
@@ -396,6 +451,19 @@ class NvmlSource:
             reason,
             known.mig_enabled,  # the same info series as when it was up
         )
+
+
+def _learnt(known: dict, seen: dict, uuid: str, call: _Caller, ask: Callable, *args):
+    """What ``uuid`` fixes: known from an earlier cycle, else asked now — and kept for
+    the next only when no call failed on the way (an error is asked again)."""
+    static = known.get(uuid)
+    if static is None:
+        failed = len(call.issues)
+        static = ask(call, *args)
+        if static is None or len(call.issues) > failed:
+            return static
+    seen[uuid] = static
+    return static
 
 
 def _in_thread(fn: Callable, *args) -> Future:
