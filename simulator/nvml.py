@@ -268,7 +268,7 @@ class FakeNvml:
     def from_description(cls, text: str, clock: Callable[[], float] = time.monotonic):
         """A node from JSON: ``{"node_id", "gpus": [{"model", "numa_node", "mig":
         [profiles], "activity": {...}, "memory_used_bytes", "processes": [{"pid",
-        "used_bytes"}], "slices": [{"activity", "memory_used_bytes", "processes"}]}]}``."""
+        "used_bytes"}], "slices": [{"uuid", "activity", "memory_used_bytes", "processes"}]}]}``."""
         d = json.loads(text)
         nvml = cls(clock, d.get("node_id", 0))
         for g in d["gpus"]:
