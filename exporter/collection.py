@@ -1,11 +1,13 @@
-"""One collection cycle: run the sources concurrently (each in a worker thread, bounded
-by a timeout), build the NodeSnapshot, render the exposition once. Scrapes are served
-from those rendered bytes and never wait on a source."""
+"""One collection cycle: run the sources concurrently (each in a worker thread, or on the
+event loop for one that only waits on a socket, bounded by a timeout), build the
+NodeSnapshot, render the exposition once. Scrapes are served from those rendered bytes
+and never wait on a source."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import inspect
 import logging
 import platform
 import time
@@ -48,7 +50,7 @@ _MAX_LOGGED_PROBLEMS = 10_000
 
 
 class Source(Protocol):
-    def read(self, *inputs: Any) -> Any: ...
+    def read(self, *inputs: Any) -> Any: ...  # or a coroutine function
 
 
 @dataclass
@@ -151,7 +153,8 @@ class Collection:
         return snap, self.render(snap)
 
     async def _read(self, name: str, *inputs):
-        """Run one source off the event loop; None when it failed or timed out."""
+        """Run one source off the event loop (a coroutine one on it); None when it failed
+        or timed out."""
         health = self.health[name]
         started = time.monotonic()
         future, _ = self._in_flight.get(name, (None, 0.0))
@@ -163,7 +166,11 @@ class Collection:
         if future is None:
             # A thread cannot be cancelled: a read that timed out keeps running, and
             # we wait for it instead of piling up another.
-            future = asyncio.ensure_future(asyncio.to_thread(self.sources[name].read, *inputs))
+            read = self.sources[name].read
+            if inspect.iscoroutinefunction(read):  # it waits on a socket: on the loop
+                future = asyncio.ensure_future(read(*inputs))
+            else:
+                future = asyncio.ensure_future(asyncio.to_thread(read, *inputs))
             self._in_flight[name] = (future, self.monotonic())
         reading = None
         try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from exporter.readers.cgroup import CpuThrottling, Pressure
 from exporter.readers.numa import NodeMeminfo
@@ -14,11 +13,9 @@ from exporter.readers.podresources import ContainerResources
 from exporter.sources.cgroups import ContainerReading, PodsReading
 from exporter.sources.gpu import GpuReading, GpuRecord, SliceRecord
 from exporter.sources.host import HostReading, L3Domain
+from exporter.sources.kubelet import KubeletReading
 from exporter.sources.resctrl import ResctrlReading
 from exporter.traffic import ResctrlState, build_resctrl
-
-if TYPE_CHECKING:  # the kubelet source imports grpc, which only kubelet nodes need
-    from exporter.sources.kubelet import KubeletReading
 
 MIB = 1 << 20
 

@@ -132,13 +132,15 @@ async def test_server_errors_are_retried(cluster):
     assert [e.status for e in proxy.log[:3]] == [500, 500, 200]
 
 
-def test_the_exporter_never_loads_the_kubernetes_package():
+def test_the_exporter_never_loads_the_kubernetes_package_nor_grpcio():
     """Its three kinds of API call go over aiohttp: the kubernetes package (~23 MiB of
     RSS to import) is the remediator's alone; pydantic (~9 MiB with its kin) is loaded
-    only to check a --web.config.file."""
+    only to check a --web.config.file; the kubelet is asked through grpclib, not grpcio
+    (~10 MiB more, and threads of its own)."""
     probe = (
-        "import sys, exporter.cli, exporter.server, exporter.webconfig\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'kubernetes', 'pydantic'}))\n"
+        "import sys, exporter.cli, exporter.server, exporter.webconfig, exporter.sources.kubelet\n"
+        "loaded = {m.split('.')[0] for m in sys.modules}\n"
+        "print(sorted(loaded & {'kubernetes', 'pydantic', 'grpc'}))\n"
     )
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -252,15 +253,61 @@ async def test_kubelet_errors_and_old_kubelets(node):
     assert not [k for k in got if k[0].startswith("numaguard_zone_")]
 
 
+async def test_something_else_on_the_kubelet_socket(node):
+    """A socket left by a dead kubelet, a peer that speaks something other than HTTP/2
+    and one that never answers: each is a failed read with its reason, the collector
+    carries on, and the kubelet is found again once it is back."""
+    await node.kubelet.stop()
+
+    def errors(got: dict, reason: str) -> float:
+        errors = series("numaguard_collector_errors_total", collector=POD_RESOURCES, reason=reason)
+        return got[errors]
+
+    async def peer(answer: bytes | None) -> asyncio.Server:
+        async def talk(reader, writer):
+            if answer is None:
+                await reader.read()  # never answers, until the client goes
+            else:
+                writer.write(answer)
+                await writer.drain()
+            writer.close()
+
+        return await asyncio.start_unix_server(talk, node.kubelet.socket_path)
+
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(node.kubelet.socket_path)  # bound, never listening: connection refused
+    stale.close()
+    got = await node.cycle()
+    assert errors(got, "kubelet") == 1
+    Path(node.kubelet.socket_path).unlink()
+    http1 = b"HTTP/1.1 400 Bad Request\r\n\r\n"
+    for answer, reason, count in ((http1, "kubelet", 2), (None, "timeout", 1)):
+        server = await peer(answer)
+        try:
+            got = await node.cycle()
+        finally:
+            server.close()
+            await server.wait_closed()
+        assert errors(got, reason) == count
+        assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 0
+        # the devices are still attributed, by their processes
+        assert {s for _, _, s in node.holders(got).values()} == {"process"}
+        Path(node.kubelet.socket_path).unlink()
+    await node.kubelet.start()
+    got = await node.cycle()
+    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    assert {s for _, _, s in node.holders(got).values()} == {"kubelet"}
+
+
 async def test_answers_are_read_again_only_when_they_change(node):
     source = node.kubelet_source
-    first = await asyncio.to_thread(source.read)
-    again = await asyncio.to_thread(source.read)
+    first = await source.read()
+    again = await source.read()
     # the same bytes: last cycle's reading, not parsed again
     assert again.pods is first.pods and again.allocatable is first.allocatable
     gone = first.pods[0].name
     node.host.pods = [p for p in node.host.pods if p.name != gone]
-    changed = await asyncio.to_thread(source.read)
+    changed = await source.read()
     assert {p.name for p in changed.pods} == {p.name for p in first.pods} - {gone}
 
 
