@@ -6,6 +6,8 @@ sense of raises ParseError; the caller counts it and carries on.
 
 from __future__ import annotations
 
+import functools
+
 # The kernel's NR_CPUS and MAX_NUMNODES are far below this; a larger id is garbage and
 # would otherwise let one bad file allocate a huge set.
 MAX_ID = 1 << 16
@@ -15,8 +17,13 @@ class ParseError(ValueError):
     """The file's text is not what the kernel writes there."""
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_id_list(text: str) -> frozenset[int]:
-    """A kernel list such as cpulist or cpuset.cpus: ``0-3,8,10-11``; empty means none."""
+    """A kernel list such as cpulist or cpuset.cpus: ``0-3,8,10-11``; empty means none.
+
+    Remembered by text (the result is immutable): a node's hundreds of cpusets are a few
+    lists that rarely change, the shared pool's above all, and a 224-CPU one costs
+    ~13-27 us to parse against ~0.1 to look up."""
     text = text.strip()
     if not text:
         return frozenset()
