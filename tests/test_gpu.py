@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 import time
 
 import pynvml
@@ -498,6 +499,38 @@ async def test_hung_nvml_marks_that_gpu_down_and_metrics_keep_answering(gpu_node
     # the stuck call was not made again while it hung
     assert stuck_calls == 1
     assert after[series("numaguard_gpu_up", **gpu_labels(node, 2))] == 1
+
+
+def test_gpus_are_read_in_turn_and_a_slow_one_holds_up_no_other(gpu_node):
+    """One thread reads the GPUs one after another (parallel threads passed the GIL to
+    and fro at every NVML call); when a read makes no progress for HANDOFF_SECONDS, the
+    GPUs after it go on in another thread, all within the one deadline."""
+    node = gpu_node(device_timeout=1.5)
+    threads: dict[int, int] = {}
+    read_gpu = node.source._read_gpu
+
+    def recorded(index: int):
+        threads[index] = threading.get_ident()
+        return read_gpu(index)
+
+    node.source._read_gpu = recorded
+    count = len(node.nvml.gpus)
+    node.source.read()
+    assert sorted(threads) == list(range(count)) and len(set(threads.values())) == 1
+    threads.clear()
+    node.nvml.hang("nvmlDeviceGetPowerUsage", 1)
+    node.nvml.hang("nvmlDeviceGetPowerUsage", 2)
+    started = time.monotonic()
+    reading = node.source.read()
+    took = time.monotonic() - started
+    up = {g.index: g.up for g in reading.gpus}
+    assert up == {i: i not in (1, 2) for i in range(count)}
+    assert [i.reason for i in reading.issues] == ["timeout", "timeout"]
+    # the GPUs before the first hung one, those between, those after: three threads
+    assert len({threads[0], threads[1]}) == 1
+    assert len({threads[1], threads[2], threads[3]}) == 3
+    assert len({threads[i] for i in range(3, count)}) == 1
+    assert took < 1.5 + 0.5  # one deadline, not one per hung GPU
 
 
 async def test_pods_on_devices_and_device_remote(gpu_node):
