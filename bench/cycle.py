@@ -49,7 +49,7 @@ TARGET_RATIO = 3.0
 INTERVAL_S = 15.0
 
 
-def files_read_by_one_cycle(collection: Collection) -> list[str]:
+def files_read_by_one_cycle(collection: Collection, loop) -> list[str]:
     """The paths a cycle reads, recorded by wrapping the one function that reads files."""
     seen: list[str] = []
     original = sources.read_text
@@ -58,10 +58,10 @@ def files_read_by_one_cycle(collection: Collection) -> list[str]:
         seen.append(path)
         return original(path)
 
-    asyncio.run(collection.run_once())  # the first cycle also reads what is then cached
+    loop.run_until_complete(collection.run_once())  # the first also reads what is then cached
     sources.read_text = recording
     try:
-        asyncio.run(collection.run_once())
+        loop.run_until_complete(collection.run_once())
     finally:
         sources.read_text = original
     return seen
@@ -268,10 +268,10 @@ def main() -> None:
             # cgroup (the tree has them, as a node does) is then not read
             metadata=lambda: names,
         )
-        paths = files_read_by_one_cycle(collection)
+        loop = asyncio.new_event_loop()  # one, as in the exporter: the kubelet's channel is on it
+        paths = files_read_by_one_cycle(collection, loop)
         monitored = len(kernel.group_names())
 
-        loop = asyncio.new_event_loop()
         ours = cpu_ms(lambda: loop.run_until_complete(collection.run_once()), args.cycles)
         render = cpu_ms(lambda: collection.render(collection.snapshot), args.cycles)
         baseline = cpu_ms(lambda: read_only(paths), args.cycles)
