@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import subprocess
@@ -201,6 +202,7 @@ class TimedNvml(SimpleNamespace):
         if not (name.startswith("nvml") and callable(target)):
             return target
 
+        @functools.wraps(target)  # the source learns missing functions by name
         def timed(*args):
             start = time.thread_time()
             try:

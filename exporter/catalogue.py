@@ -584,8 +584,9 @@ GPU_INFO = _m(
     "gpu_info",
     "gauge",
     "A GPU NVML sees; value 1. numa_node is where its PCIe root hangs (empty: unknown); "
-    "mig_mode is enabled or disabled.",
-    (*GPU, "model", "pci_bus_id", "numa_node", "mig_mode"),
+    "mig_mode is enabled or disabled; driver_version and nvml_version are the node's "
+    "(empty: NVML would not say).",
+    (*GPU, "model", "pci_bus_id", "numa_node", "mig_mode", "driver_version", "nvml_version"),
     "gpu",
 )
 GPU_UP = _m(

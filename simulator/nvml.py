@@ -39,6 +39,21 @@ class Profile:
     sm_count: int
     memory_mib: int
 
+    @property
+    def index(self) -> int:
+        """NVML's NVML_GPU_INSTANCE_PROFILE_* for it (what nvmlDeviceGetGpuInstanceProfileInfoV
+        takes): by compute slices; a 1g with two memory slices is 1_SLICE_REV2."""
+        compute = int(self.name.split("g.")[0])
+        if compute == 1 and self.memory_slices == 2:
+            return N.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2
+        return {
+            1: N.NVML_GPU_INSTANCE_PROFILE_1_SLICE,
+            2: N.NVML_GPU_INSTANCE_PROFILE_2_SLICE,
+            3: N.NVML_GPU_INSTANCE_PROFILE_3_SLICE,
+            4: N.NVML_GPU_INSTANCE_PROFILE_4_SLICE,
+            7: N.NVML_GPU_INSTANCE_PROFILE_7_SLICE,
+        }[compute]
+
 
 @dataclass(frozen=True)
 class Model:
@@ -102,6 +117,33 @@ MODELS = {
             ("7g.141gb", 0, 8, 132, 130560),
         ),
     ),
+}
+
+@dataclass(frozen=True)
+class DriverBranch:
+    """What one driver branch's ``libnvidia-ml.so`` serves: its versions, and the C
+    symbols of those this fake implements that it does not export (from ``nvml.h`` of
+    the CUDA release the branch shipped with). A missing symbol fails as on a real
+    library: pynvml raises FunctionNotFound, or NVMLLibraryMismatchError for an
+    unversioned wrapper."""
+
+    name: str
+    driver_version: str  # nvmlSystemGetDriverVersion
+    nvml_version: str  # nvmlSystemGetNVMLVersion: CUDA major, then the driver version
+    lacks: frozenset[str] = frozenset()
+
+
+_BY_ID = "nvmlDeviceGetGpuInstanceProfileInfoByIdV"  # NVML 13.0 (R580) on
+_NUMA_NODE = "nvmlDeviceGetNumaNodeId"  # NVML 12.4 (R550) on
+BRANCHES = {
+    b.name: b
+    for b in (
+        DriverBranch("R525", "525.147.05", "12.525.147.05", frozenset({_BY_ID, _NUMA_NODE})),
+        DriverBranch("R535", "535.261.03", "12.535.261.03", frozenset({_BY_ID, _NUMA_NODE})),
+        DriverBranch("R550", "550.163.01", "12.550.163.01", frozenset({_BY_ID})),
+        DriverBranch("R570", "570.172.08", "12.570.172.08", frozenset({_BY_ID})),
+        DriverBranch("R580", "580.95.05", "13.580.95.05"),
+    )
 }
 
 # What a GPU or slice is doing: GPM metric -> activity in 0..1 (PCIe: bytes/s).
@@ -185,12 +227,17 @@ class FakeGpu:
 class FakeNvml:
     """Stands in for pynvml's ``nvmlLib``; ``install()`` puts it in place."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, node_id: int = 0) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        node_id: int = 0,
+        branch: DriverBranch = BRANCHES["R580"],
+    ) -> None:
         self.clock = clock
         self.node_id = node_id  # keeps UUIDs apart between the nodes of a simulated cluster
+        self.branch = branch
         self._followed: tuple[str, float] | None = None  # (description file, its mtime)
         self.gpus: list[FakeGpu] = []
-        self.driver_version = "570.86.15"
         self.failures: dict[tuple[str, int | None], int] = {}  # (C function, gpu) -> code
         self.hangs: set[tuple[str, int | None]] = set()
         self.release = threading.Event()  # set to let hung calls return
@@ -266,11 +313,12 @@ class FakeNvml:
 
     @classmethod
     def from_description(cls, text: str, clock: Callable[[], float] = time.monotonic):
-        """A node from JSON: ``{"node_id", "gpus": [{"model", "numa_node", "mig":
+        """A node from JSON: ``{"node_id", "branch", "gpus": [{"model", "numa_node", "mig":
         [profiles], "activity": {...}, "memory_used_bytes", "processes": [{"pid",
-        "used_bytes"}], "slices": [{"uuid", "activity", "memory_used_bytes", "processes"}]}]}``."""
+        "used_bytes"}], "slices": [{"uuid", "activity", "memory_used_bytes", "processes"}]}]}``
+        (``branch``: a name in BRANCHES, R580 when absent)."""
         d = json.loads(text)
-        nvml = cls(clock, d.get("node_id", 0))
+        nvml = cls(clock, d.get("node_id", 0), BRANCHES[d.get("branch", "R580")])
         for g in d["gpus"]:
             nvml.add_gpu(g["model"], g["numa_node"])
         nvml.apply(text)
@@ -337,7 +385,8 @@ class FakeNvml:
                     for s in gpu.mig
                 ]
             gpus.append(d)
-        return json.dumps({"node_id": self.node_id, "gpus": gpus}, indent=1)
+        description = {"node_id": self.node_id, "branch": self.branch.name, "gpus": gpus}
+        return json.dumps(description, indent=1)
 
     # -- installing ---------------------------------------------------------------
 
@@ -360,7 +409,7 @@ class FakeNvml:
 
     def __getattr__(self, name: str):
         impl = getattr(type(self), "_" + name, None)
-        if impl is None:
+        if impl is None or name in self.__dict__.get("branch", BRANCHES["R580"]).lacks:
             raise AttributeError(name)  # pynvml turns this into FunctionNotFound
 
         def c_function(*args):
@@ -419,7 +468,11 @@ class FakeNvml:
         return N.NVML_SUCCESS
 
     def _nvmlSystemGetDriverVersion(self, buf, size) -> int:
-        buf.value = self.driver_version.encode()
+        buf.value = self.branch.driver_version.encode()
+        return N.NVML_SUCCESS
+
+    def _nvmlSystemGetNVMLVersion(self, buf, size) -> int:
+        buf.value = self.branch.nvml_version.encode()
         return N.NVML_SUCCESS
 
     def _nvmlDeviceGetCount_v2(self, count) -> int:
@@ -582,21 +635,42 @@ class FakeNvml:
         return N.NVML_SUCCESS
 
     def _nvmlDeviceGetGpuInstanceProfileInfoByIdV(self, handle, profile_id, info) -> int:
+        return self._profile_info(
+            handle, info, lambda p: p.id == profile_id, N.NVML_ERROR_INVALID_ARGUMENT
+        )
+
+    def _nvmlDeviceGetGpuInstanceProfileInfoV(self, handle, profile, info) -> int:
+        if not 0 <= profile < N.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            return N.NVML_ERROR_INVALID_ARGUMENT
+        # a profile this GPU does not have
+        return self._profile_info(
+            handle, info, lambda p: p.index == profile, N.NVML_ERROR_NOT_SUPPORTED
+        )
+
+    def _profile_info(self, handle, info, match: Callable[[Profile], bool], missing: int) -> int:
         gpu, sl = self._device(handle)
         if gpu is None or sl is not None:
             return N.NVML_ERROR_INVALID_ARGUMENT
+        i = info._obj
+        if i.version != N.nvmlGpuInstanceProfileInfo_v2:
+            return N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
         for p in gpu.model.profiles:
-            if p.id == profile_id:
-                i = info._obj
+            if match(p):
                 i.id = p.id
                 i.sliceCount = p.memory_slices
                 i.multiprocessorCount = p.sm_count
                 i.memorySizeMB = p.memory_mib
                 i.name = f"MIG {p.name}".encode()
                 return N.NVML_SUCCESS
-        return N.NVML_ERROR_INVALID_ARGUMENT
+        return missing
 
     def _nvmlDeviceGetComputeRunningProcesses_v3(self, handle, count, procs) -> int:
+        return self._processes(handle, count, procs)
+
+    def _nvmlDeviceGetComputeRunningProcesses_v2(self, handle, count, procs) -> int:
+        return self._processes(handle, count, procs)  # the same fields for what we set
+
+    def _processes(self, handle, count, procs) -> int:
         gpu, sl = self._device(handle)
         if gpu is None:
             return N.NVML_ERROR_INVALID_ARGUMENT

@@ -9,6 +9,7 @@ import asyncio
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pynvml
 import pytest
@@ -21,7 +22,7 @@ from exporter.sources.gpu import NvmlSource
 from exporter.sources.host import HostSource
 from simulator import presets
 from simulator.host import GIB, MIB
-from simulator.nvml import FakeNvml
+from simulator.nvml import BRANCHES, DriverBranch, FakeNvml
 from simulator.processes import exporter_process, get, log_of
 from tests.conftest import NODE, metadata_of, samples, series
 
@@ -65,13 +66,20 @@ class GpuNode:
         return g.uuid if mig is None else g.mig[mig].uuid
 
 
+@pytest.fixture(params=sorted(BRANCHES))
+def branch(request) -> DriverBranch:
+    """Every GPU test runs on each driver branch the fake emulates."""
+    return BRANCHES[request.param]
+
+
 @pytest.fixture
-def gpu_node(fake_root):
+def gpu_node(fake_root, branch):
     nodes = []
 
     def build(nvml_and_host=None, device_timeout: float = 5.0, clock=None) -> GpuNode:
         clock = clock or Clock()
         host, nvml = nvml_and_host(clock) if nvml_and_host else presets.gpu_node(clock)
+        nvml.branch = branch
         root = fake_root(host)
         installed = nvml.installed()
         installed.__enter__()
@@ -84,6 +92,11 @@ def gpu_node(fake_root):
         node.nvml.release.set()
         node.source.close()
         installed.__exit__(None, None, None)
+
+
+def versions(node: GpuNode) -> dict:
+    b = node.nvml.branch
+    return {"driver_version": b.driver_version, "nvml_version": b.nvml_version}
 
 
 def gpu_labels(node: GpuNode, gpu: int) -> dict:
@@ -114,6 +127,7 @@ async def test_gpus_and_slices_exactly(gpu_node):
                 pci_bus_id="0000:18:00.0",
                 numa_node="0",
                 mig_mode="disabled",
+                **versions(node),
             )
         ]
         == 1
@@ -127,6 +141,7 @@ async def test_gpus_and_slices_exactly(gpu_node):
                 pci_bus_id="0000:58:00.0",
                 numa_node="1",
                 mig_mode="disabled",
+                **versions(node),
             )
         ]
         == 1
@@ -370,6 +385,7 @@ async def test_a_gpu_lost_mid_cycle(gpu_node):
                 pci_bus_id="0000:48:00.0",
                 numa_node="0",
                 mig_mode="disabled",
+                **versions(node),
             )
         ]
         == 1
@@ -417,10 +433,22 @@ def mixed_node(clock):
     return host, nvml
 
 
-def test_the_list_of_called_functions_is_complete(fake_root):
+def called_on(branch: DriverBranch) -> list[str]:
+    """CALLED as a driver of ``branch`` is asked: without ByIdV, the profiles by index."""
+    called = [f for f in CALLED if f not in branch.lacks]
+    if "nvmlDeviceGetGpuInstanceProfileInfoByIdV" in branch.lacks:
+        called.append("nvmlDeviceGetGpuInstanceProfileInfoV")
+    return called
+
+
+BRANCH_CALLS = [(BRANCHES[b], f) for b in sorted(BRANCHES) for f in called_on(BRANCHES[b])]
+
+
+def test_the_list_of_called_functions_is_complete(fake_root, branch):
     """Every function the source really calls is in CALLED, so the error tests cover all."""
     clock = Clock()
     host, nvml = mixed_node(clock)
+    nvml.branch = branch
     root = fake_root(host)
     with nvml.installed():
         source = NvmlSource(pynvml, str(root.root), clock=clock)
@@ -430,12 +458,17 @@ def test_the_list_of_called_functions_is_complete(fake_root):
         source.read()
         source.close()
     called = {name for name, _ in nvml.calls}
-    setup = {"nvmlInitWithFlags", "nvmlSystemGetDriverVersion", "nvmlShutdown"}
+    setup = {
+        "nvmlInitWithFlags",
+        "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetNVMLVersion",
+        "nvmlShutdown",
+    }
     enumeration = {"nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2"}
-    assert called - setup - enumeration == set(CALLED)
+    assert called - setup - enumeration == set(called_on(branch))
 
 
-@pytest.mark.parametrize("function", CALLED)
+@pytest.mark.parametrize(("branch", "function"), BRANCH_CALLS)
 async def test_not_supported_on_any_call_is_no_error(gpu_node, function):
     node = gpu_node(mixed_node)
     node.nvml.fail(function, code=pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -453,7 +486,7 @@ async def test_not_supported_on_any_call_is_no_error(gpu_node, function):
     assert node.collection.health[GPU].errors["nvml"] == 0
 
 
-@pytest.mark.parametrize("function", CALLED)
+@pytest.mark.parametrize(("branch", "function"), BRANCH_CALLS)
 async def test_an_nvml_error_on_any_call_is_counted(gpu_node, function):
     node = gpu_node(mixed_node)
     node.nvml.fail(function, code=pynvml.NVML_ERROR_UNKNOWN)
@@ -531,6 +564,65 @@ def test_gpus_are_read_in_turn_and_a_slow_one_holds_up_no_other(gpu_node):
     assert len({threads[1], threads[2], threads[3]}) == 3
     assert len({threads[i] for i in range(3, count)}) == 1
     assert took < 1.5 + 0.5  # one deadline, not one per hung GPU
+
+
+async def test_each_driver_branch_says_what_it_supports(gpu_node):
+    """What an older driver's library lacks is learnt once and left unknown, not an
+    error: all GPUs up and the collector successful on every branch, MIG profiles named
+    by index where there is no ByIdV (before R580), the NUMA node of a GPU whose sysfs
+    entry says nothing taken from NVML from R550, unknown before."""
+    node = gpu_node(mixed_node)
+    await node.cycle()
+    got = await node.cycle()
+    branch = node.nvml.branch
+    assert got[series("numaguard_collector_success", collector=GPU)] == 1
+    assert node.collection.health[GPU].errors["nvml"] == 0
+    infos = {dict(k[1])["gpu"]: dict(k[1]) for k in got if k[0] == "numaguard_gpu_info"}
+    assert len(infos) == 9
+    assert {(i["driver_version"], i["nvml_version"]) for i in infos.values()} == {
+        (branch.driver_version, branch.nvml_version)
+    }
+    has_numa_call = "nvmlDeviceGetNumaNodeId" not in branch.lacks
+    assert infos["8"]["numa_node"] == ("1" if has_numa_call else "")  # the A100
+    assert infos["0"]["numa_node"] == "0"  # from sysfs, on every branch
+    for g, gpu in enumerate(node.nvml.gpus):
+        assert got[series("numaguard_gpu_up", **gpu_labels(node, g))] == 1
+        for m, _ in enumerate(gpu.mig or []):
+            sms = got[series("numaguard_mig_multiprocessors", **slice_labels(node, g, m))]
+            assert sms == gpu.mig[m].profile.sm_count
+    a100 = gpu_labels(node, 8)
+    assert got[series("numaguard_gpu_utilization_supported", **a100, kind="graphics")] == 1
+    assert got[series("numaguard_gpu_utilization_supported", **a100, kind="sm")] == 0
+    h100 = gpu_labels(node, 0)
+    assert got[series("numaguard_gpu_utilization_supported", **h100, kind="sm")] == 1
+    # the fallback is asked once per GPU, not every cycle
+    by_index = sum(
+        v for (f, _), v in node.nvml.calls.items() if f == "nvmlDeviceGetGpuInstanceProfileInfoV"
+    )
+    await node.cycle()
+    again = sum(
+        v for (f, _), v in node.nvml.calls.items() if f == "nvmlDeviceGetGpuInstanceProfileInfoV"
+    )
+    assert again == by_index and (by_index > 0) == (
+        "nvmlDeviceGetGpuInstanceProfileInfoByIdV" in branch.lacks
+    )
+
+
+async def test_a_driver_without_v3_process_lists_is_asked_v2(gpu_node):
+    """Before R510 there is no nvmlDeviceGetComputeRunningProcesses_v3, and pynvml's
+    unversioned call raises NVMLLibraryMismatchError (not an NVMLError): the source asks
+    _v2 and the devices' pods are found as before."""
+    node = gpu_node()
+    lacks = node.nvml.branch.lacks | {"nvmlDeviceGetComputeRunningProcesses_v3"}
+    node.nvml.branch = replace(node.nvml.branch, name="no-v3", lacks=lacks)
+    await node.cycle()
+    got = await node.cycle()
+    assert got[series("numaguard_collector_success", collector=GPU)] == 1
+    holders = {dict(k[1])["pod"] for k in got if k[0] == "numaguard_gpu_holder_info"}
+    assert {"trainer", "infer-a", "notebook-2", "dra-job"} <= holders
+    # two cycles, each asking the count and then the list
+    assert node.nvml.calls["nvmlDeviceGetComputeRunningProcesses_v2", 0] == 4
+    assert not [k for k in node.nvml.calls if k[0] == "nvmlDeviceGetComputeRunningProcesses_v3"]
 
 
 async def test_pods_on_devices_and_device_remote(gpu_node):

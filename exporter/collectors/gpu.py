@@ -26,7 +26,8 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
         if not gpu.uuid:
             continue  # never named: nothing else to say about it
         mig_mode = {True: "enabled", False: "disabled", None: ""}[gpu.mig_enabled]
-        add(c.GPU_INFO, 1, *ids, gpu.name, gpu.pci_address, numa, mig_mode)
+        versions = (snap.gpus.driver_version, snap.gpus.nvml_version)
+        add(c.GPU_INFO, 1, *ids, gpu.name, gpu.pci_address, numa, mig_mode, *versions)
         if not gpu.up:
             continue
         add(c.GPU_POWER, gpu.power_watts, *ids)

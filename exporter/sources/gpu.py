@@ -15,6 +15,7 @@ fake (simulator.nvml), which serves the C calls from a description.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -36,6 +37,8 @@ from exporter.readers.nvml import (
     sysfs_pci_address,
 )
 from exporter.sources import Issue, read_parsed
+
+log = logging.getLogger(__name__)
 
 UTILIZATION_KINDS = tuple(GPM_UTILIZATION)
 _ALL_UNSUPPORTED = dict.fromkeys(UTILIZATION_KINDS, False)
@@ -102,6 +105,8 @@ class GpuRecord:
 class GpuReading:
     gpus: tuple[GpuRecord, ...]
     issues: list[Issue] = field(default_factory=list)
+    driver_version: str = ""  # "" when NVML would not say
+    nvml_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +154,12 @@ class NvmlSource:
         self._in_flight: dict[int, Future] = {}
         self._identity: dict[int, GpuRecord] = {}  # last good reading, to name a down GPU
         self._gpm_support: dict[str, bool] = {}  # by GPU uuid
+        # C functions this driver's library does not export (older branches): learnt
+        # once, then not called; what they give is unknown, and no error
+        self._missing: set[str] = set()
+        # GPU uuid -> GPU instance profile id -> name, where the driver has no ByIdV
+        self._profile_names: dict[str, dict[int, str]] = {}
+        self.driver_version = self.nvml_version = ""
         # GPU index -> UUID -> what it fixes, for the GPU and slices seen last cycle;
         # only what was learnt without an error is kept
         self._static: dict[int, dict[str, _GpuStatic | _SliceStatic]] = {}
@@ -162,6 +173,16 @@ class NvmlSource:
             n.nvmlInit()
         except (n.NVMLError_LibraryNotFound, n.NVMLError_DriverNotLoaded) as err:
             raise GpuUnavailable(str(err)) from None
+        issues: list[Issue] = []
+        call = _Caller(n, "nvml", issues, self._missing)
+        self.driver_version = _text(call.optional(n.nvmlSystemGetDriverVersion))
+        self.nvml_version = _text(call.optional(n.nvmlSystemGetNVMLVersion))
+        log.info(
+            "NVML %s, driver %s",
+            self.nvml_version or "(version unknown)",
+            self.driver_version or "(version unknown)",
+            extra={"driver_version": self.driver_version, "nvml_version": self.nvml_version},
+        )
 
     def close(self, timeout: float = 5.0) -> None:
         """Wait a while for reads in flight; shut NVML down unless one is still stuck."""
@@ -178,7 +199,9 @@ class NvmlSource:
         try:
             count = n.nvmlDeviceGetCount()
         except n.NVMLError as err:
-            return GpuReading((), [Issue("nvml", "nvmlDeviceGetCount", str(err))])
+            return GpuReading(
+                (), [Issue("nvml", "nvmlDeviceGetCount", str(err))], *self._versions()
+            )
         deadline = time.monotonic() + self.device_timeout
         futures = {}
         todo = []
@@ -207,13 +230,16 @@ class NvmlSource:
                 del self._in_flight[index]
             gpus.append(record)
             issues.extend(gpu_issues)
-        return GpuReading(tuple(gpus), issues)
+        return GpuReading(tuple(gpus), issues, *self._versions())
+
+    def _versions(self) -> tuple[str, str]:
+        return self.driver_version, self.nvml_version
 
     # -- one GPU, in a worker thread -----------------------------------------------
 
     def _read_gpu(self, index: int) -> tuple[GpuRecord, list[Issue]]:
         issues: list[Issue] = []
-        call = _Caller(self.nvml, f"gpu{index}", issues)
+        call = _Caller(self.nvml, f"gpu{index}", issues, self._missing)
         samples = self._samples.setdefault(index, {})
         used: set[tuple] = set()
         known = self._static.get(index, {})
@@ -313,7 +339,9 @@ class NvmlSource:
             if handle is None:
                 continue
             uuid = call.optional(n.nvmlDeviceGetUUID, handle)
-            static = uuid and _learnt(known, seen, uuid, call, self._slice_static, parent, handle)
+            static = uuid and _learnt(
+                known, seen, uuid, call, self._slice_static, parent, gpu_uuid, handle
+            )
             if not static:
                 continue  # cannot name it: the issue is recorded
             memory = call.optional(n.nvmlDeviceGetMemoryInfo, handle)
@@ -345,7 +373,7 @@ class NvmlSource:
                 self._holders(pids or (), cache),
             )
 
-    def _slice_static(self, call: _Caller, parent, handle) -> _SliceStatic | None:
+    def _slice_static(self, call: _Caller, parent, gpu_uuid: str, handle) -> _SliceStatic | None:
         n = self.nvml
         gi_id = call.optional(n.nvmlDeviceGetGpuInstanceId, handle)
         ci_id = call.optional(n.nvmlDeviceGetComputeInstanceId, handle)
@@ -354,15 +382,7 @@ class NvmlSource:
         attributes = call.optional(n.nvmlDeviceGetAttributes_v2, handle)
         instance = call.optional(n.nvmlDeviceGetGpuInstanceById, parent, gi_id)
         info = instance and call.optional(n.nvmlGpuInstanceGetInfo, instance)
-        profile_info = info and call.optional(
-            n.nvmlDeviceGetGpuInstanceProfileInfoById, parent, info.profileId
-        )
-        profile = ""
-        if profile_info:
-            try:
-                profile = parse_profile_name(profile_info.name)
-            except ParseError as err:
-                call.issues.append(Issue("parse", f"{call.where}/profile", str(err)))
+        profile = self._profile_name(call, parent, gpu_uuid, info.profileId) if info else ""
         return _SliceStatic(
             gi_id,
             ci_id,
@@ -371,6 +391,45 @@ class NvmlSource:
             info.placement.start if info else None,
             info.placement.size if info else None,
         )
+
+    def _profile_name(self, call: _Caller, parent, gpu_uuid: str, profile_id: int) -> str:
+        """The profile's name by its id: ByIdV from R580; before it, the GPU's profiles
+        by NVML profile index (V), learnt once per GPU."""
+        n = self.nvml
+        if not call.lacks(n.nvmlDeviceGetGpuInstanceProfileInfoById):
+            info = call.optional(n.nvmlDeviceGetGpuInstanceProfileInfoById, parent, profile_id)
+            if not call.lacks(n.nvmlDeviceGetGpuInstanceProfileInfoById):
+                return _profile_name(call, info) if info else ""
+        names = self._profile_names.get(gpu_uuid)
+        if names is None:
+            names = self._profile_names_by_index(call, parent)
+            if names is None:
+                return ""
+            self._profile_names[gpu_uuid] = names
+        return names.get(profile_id, "")
+
+    def _profile_names_by_index(self, call: _Caller, parent) -> dict[int, str] | None:
+        """Profile id -> name for every profile index the GPU has; None when NVML failed
+        (asked again next time) or has no V either."""
+        n = self.nvml
+        names = {}
+        for index in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = n.nvmlDeviceGetGpuInstanceProfileInfo(parent, index)
+            except n.NVMLError_GpuIsLost:
+                raise _Lost from None
+            except (n.NVMLError_NotSupported, n.NVMLError_InvalidArgument):
+                continue  # a profile this GPU (or this driver) does not have
+            except (n.NVMLError_FunctionNotFound, n.NVMLLibraryMismatchError):
+                call.learn_missing("nvmlDeviceGetGpuInstanceProfileInfo")
+                return None
+            except n.NVMLError as err:
+                call.issues.append(Issue("nvml", f"{call.where}/profiles", str(err)))
+                return None
+            name = _profile_name(call, info)
+            if name:
+                names[info.id] = name
+        return names
 
     def _gpm(self, call: _Caller, samples: dict, used: set, key: tuple, take, *args) -> Activity:
         """Take this cycle's GPM sample for one GPU or slice; metrics against the last one."""
@@ -415,7 +474,11 @@ class NvmlSource:
         return Activity(*values)
 
     def _pids(self, call: _Caller, handle) -> list[int] | None:
-        processes = call.optional(self.nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+        n = self.nvml
+        ask = n.nvmlDeviceGetComputeRunningProcesses  # _v3: R510 on; _v2 before
+        processes = None if call.lacks(ask) else call.optional(ask, handle)
+        if call.lacks(ask):
+            processes = call.optional(n.nvmlDeviceGetComputeRunningProcesses_v2, handle)
         return None if processes is None else sorted({p.pid for p in processes})
 
     def _holders(self, pids, cache: dict[int, tuple[Holder, ...]]) -> tuple[Holder, ...]:
@@ -512,18 +575,36 @@ class _Caller:
     """Calls NVML for one GPU: a lost GPU aborts the read; NOT_SUPPORTED is a capability,
     not an error; any other NVML error is recorded and the value left unknown."""
 
-    def __init__(self, nvml: ModuleType, where: str, issues: list[Issue]) -> None:
+    def __init__(self, nvml: ModuleType, where: str, issues: list[Issue], missing: set[str]):
         self.nvml = nvml
         self.where = where
         self.issues = issues
+        self.missing = missing  # the source's: what the driver's library does not export
+
+    def lacks(self, fn: Callable) -> bool:
+        return fn.__name__ in self.missing
+
+    def learn_missing(self, name: str) -> None:
+        if name not in self.missing:
+            self.missing.add(name)
+            log.info(
+                "NVML of this driver has no %s: what it gives is left unknown",
+                name,
+                extra={"function": name},
+            )
 
     def optional(self, fn: Callable, *args, empty_ok: bool = False):
         n = self.nvml
+        if fn.__name__ in self.missing:
+            return None
         try:
             return fn(*args)
         except n.NVMLError_GpuIsLost:
             raise _Lost from None
         except n.NVMLError_NotSupported:
+            return None
+        except (n.NVMLError_FunctionNotFound, n.NVMLLibraryMismatchError):
+            self.learn_missing(fn.__name__)  # an older driver: a capability, not an error
             return None
         except n.NVMLError_NotFound:
             if not empty_ok:
@@ -532,3 +613,15 @@ class _Caller:
         except n.NVMLError as err:
             self.issues.append(Issue("nvml", f"{self.where}/{fn.__name__}", str(err)))
             return None
+
+
+def _profile_name(call: _Caller, info) -> str:
+    try:
+        return parse_profile_name(info.name)
+    except ParseError as err:
+        call.issues.append(Issue("parse", f"{call.where}/profile", str(err)))
+        return ""
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
