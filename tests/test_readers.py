@@ -172,9 +172,13 @@ def test_nvml_answers():
     assert parse_profile_name(b"MIG 1g.10gb") == "1g.10gb"
     assert parse_profile_name("MIG 1g.10gb+me") == "1g.10gb+me"
     assert parse_profile_name("MIG 7g.141gb") == "7g.141gb"
+    # every variant NVIDIA's MIG user guide and mig-parted's default configuration name
+    variants = ("1g.24gb-me", "1g.24gb+gfx", "1g.24gb+me.all", "2g.48gb+me.all", "4g.96gb+gfx")
+    for name in (*variants, "1g.6gb+me", "2g.12gb+me", "7g.269gb", "3g.139gb"):
+        assert parse_profile_name(f"MIG {name}") == name
     assert sysfs_pci_address(b"00000000:1B:00.0") == "0000:1b:00.0"
     assert sysfs_pci_address("0000:c1:00.0") == "0000:c1:00.0"
-    for bad in ("", "MIG", "1g", "MIG 1g.10gb junk"):
+    for bad in ("", "MIG", "1g", "MIG 1g.10gb junk", "MIG 1g.10gb+", "MIG 1g.10gb-+"):
         with pytest.raises(ParseError):
             parse_profile_name(bad)
     for bad in ("", "00000000:1B:00", "0:1:2.3", "zzzz:1b:00.0"):

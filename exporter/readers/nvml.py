@@ -21,13 +21,15 @@ GPM_UTILIZATION = {
 GPM_PCIE = {"tx": 20, "rx": 21}  # MiB/s
 GPM_METRIC_IDS = (*GPM_UTILIZATION.values(), *GPM_PCIE.values())
 
-_PROFILE = re.compile(r"(?:MIG )?(\d+g\.\d+gb(?:\+[a-z0-9.]+)?)")
+# 1g.10gb, and its variants by engines: +me (with media), -me (without), +me.all, +gfx
+# (RTX PRO Blackwell); a suffix not yet known is kept as it is, never dropped
+_PROFILE = re.compile(r"(?:MIG )?(\d+g\.\d+gb(?:[+-][a-z][a-z0-9]*(?:\.[a-z0-9]+)*)*)")
 _BUS_ID = re.compile(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])")
 
 
 def parse_profile_name(name: str | bytes) -> str:
     """``MIG 1g.10gb`` (nvmlDeviceGetGpuInstanceProfileInfo) -> ``1g.10gb``, the name the
-    device plugin uses in ``nvidia.com/mig-1g.10gb``."""
+    device plugin uses in ``nvidia.com/mig-1g.10gb``; ``MIG 1g.24gb-me`` -> ``1g.24gb-me``."""
     text = name.decode("ascii", "replace") if isinstance(name, bytes) else name
     m = _PROFILE.fullmatch(text.strip())
     if m is None:
