@@ -405,7 +405,9 @@ RESCTRL_RMIDS = _m(
     "resctrl_rmids",
     "gauge",
     "Monitoring IDs (RMIDs) by state: used (the default group, control groups and "
-    "monitoring groups, ours or not) and free.",
+    "monitoring groups, ours or not), free (not in use; some may still be in limbo), and "
+    "limbo (only when the kernel refused a group with EBUSY: freed, but not yet reusable; "
+    "free is then 0).",
     ("state",),
     "resctrl",
 )

@@ -51,6 +51,7 @@ class ResctrlState:
     unmonitored: frozenset[str]
     unreadable_total: Mapping[str, int]
     rmid_exhaustions_total: int
+    rmids_in_limbo: bool  # the kernel said the RMIDs not in use are in limbo
 
     @property
     def available(self) -> bool:
@@ -113,6 +114,7 @@ def build_resctrl(
         unmonitored=reading.unmonitored,
         unreadable_total=reading.unreadable_total,
         rmid_exhaustions_total=reading.rmid_exhaustions_total,
+        rmids_in_limbo=reading.rmids_in_limbo,
     )
 
 

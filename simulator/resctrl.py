@@ -45,8 +45,11 @@ class FakeResctrl(ResctrlOps):
         num_rmids: int = 256,
         events: tuple[str, ...] = EVENTS,
         snc: dict[int, list[int]] | None = None,
+        limbo: bool = False,
     ) -> None:
-        """``snc``: L3 domain -> its NUMA nodes, when Sub-NUMA Clustering is on."""
+        """``snc``: L3 domain -> its NUMA nodes, when Sub-NUMA Clustering is on.
+        ``limbo``: a removed group's RMID is not free until ``release_limbo()``, as the
+        kernel keeps it while the cache still holds lines it counted."""
         self.base = Path(root) / "sys/fs/resctrl"
         self.host = host
         self.num_rmids = num_rmids
@@ -57,6 +60,8 @@ class FakeResctrl(ResctrlOps):
         self.groups: dict[str, _Group] = {}  # monitoring groups under mon_groups/
         # (group name or None for the default group, domain, node, event) -> word
         self.unreadable: dict[tuple[str | None, int, int | None, str], str] = {}
+        self.limbo_on = limbo
+        self.in_limbo = 0  # RMIDs freed but not yet reusable
         self.last_cmd_status = "ok"
 
     # -- the kernel's side of the exporter's writes --------------------------------
@@ -65,7 +70,10 @@ class FakeResctrl(ResctrlOps):
         name = self._group_name(path)
         if name in self.groups:
             raise FileExistsError(errno.EEXIST, "File exists", path)
-        if 1 + len(self.groups) >= self.num_rmids:
+        if 1 + len(self.groups) + self.in_limbo >= self.num_rmids:
+            if self.in_limbo:  # the kernel's alloc_rmid(): some will come back
+                self._status("Out of RMIDs")
+                raise OSError(errno.EBUSY, "Device or resource busy", path)
             self._status("Out of RMIDs")
             raise OSError(errno.ENOSPC, "No space left on device", path)
         self.groups[name] = _Group()
@@ -77,6 +85,7 @@ class FakeResctrl(ResctrlOps):
         if name not in self.groups:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
         self.default.tasks |= self.groups.pop(name).tasks
+        self.in_limbo += int(self.limbo_on)
         shutil.rmtree(self.base / "mon_groups" / name, ignore_errors=True)
         self._write_default_tasks()
         # its counts leave the default group's sums with it
@@ -97,6 +106,10 @@ class FakeResctrl(ResctrlOps):
         _put(self.base / "mon_groups" / name / "tasks", _lines(self.groups[name].tasks))
 
     # -- what tests do to the node ---------------------------------------------------
+
+    def release_limbo(self) -> None:
+        """The cache lines the freed RMIDs counted are gone: they can be reused."""
+        self.in_limbo = 0
 
     def add_traffic(
         self,

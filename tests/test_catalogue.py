@@ -49,6 +49,8 @@ ALLOWED_LABELS = {
     "collector",
     "version",
     "python_version",
+    "driver_version",  # one value a node: its NVIDIA driver's
+    "nvml_version",
     "mode",
     "state",
     "model",

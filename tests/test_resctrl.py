@@ -370,6 +370,36 @@ async def test_the_kernel_refuses_foreign_moves(tmp_path):
     got = await node.cycle()
     assert got[series("numaguard_collector_errors_total", collector="resctrl", reason="write")] >= 1
     assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "trainer-aligned")] == 1
+    # its group holds none of its threads: unknown, never the 0 B/s the group reads
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "web")] == 0
+    assert not [k for k in got if ("pod", "web") in k[1] and "traffic" in k[0]]
+    assert not [k for k in got if ("pod", "web") in k[1] and "llc" in k[0]]
+    node.kernel.move_task = original  # the other tool lets go
+    got = await node.cycle()
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "web")] == 1
+
+
+async def test_rmids_in_limbo_are_a_wait_not_an_error(tmp_path):
+    """A removed group's RMID stays in limbo while the cache holds lines it counted; the
+    kernel then answers mkdir with EBUSY: RMIDs exhausted for now (no write error, none
+    shown free), the pod unmonitored, and monitored once the RMID comes back."""
+    host = presets.two_socket()
+    node = Node(tmp_path, host, num_rmids=3, limbo=True)  # default group + 2
+    await node.cycle()  # the two Guaranteed pods get groups; web does not (ENOSPC)
+    host.pods.remove(host.pod("trainer-split"))
+    got = await node.cycle()  # its group goes, its RMID into limbo: web gets EBUSY
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "web")] == 0
+    assert got[series("numaguard_resctrl_rmid_exhaustions_total")] == 2
+    assert got[series("numaguard_resctrl_rmids", state="free")] == 0
+    assert got[series("numaguard_resctrl_rmids", state="limbo")] == 1
+    assert got[series("numaguard_collector_errors_total", collector="resctrl", reason="write")] == 0
+    assert got[series("numaguard_collector_success", collector="resctrl")] == 1
+    # nothing else is given up for an RMID that comes back by itself
+    assert f"numaguard-{node.uid('trainer-aligned')}" in node.kernel.group_names()
+    node.kernel.release_limbo()
+    got = await node.cycle()
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "web")] == 1
+    assert not [k for k in got if k[0] == "numaguard_resctrl_rmids" and ("state", "limbo") in k[1]]
 
 
 async def test_over_the_pod_guard_no_group_is_removed(fake_root):

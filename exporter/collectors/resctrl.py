@@ -26,7 +26,12 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
 
     if state.num_rmids is not None and state.rmids_used is not None:
         add(c.RESCTRL_RMIDS, state.rmids_used, "used")
-        add(c.RESCTRL_RMIDS, max(0, state.num_rmids - state.rmids_used), "free")
+        not_used = max(0, state.num_rmids - state.rmids_used)
+        if state.rmids_in_limbo:  # none free until the kernel lets them go
+            add(c.RESCTRL_RMIDS, 0, "free")
+            add(c.RESCTRL_RMIDS, not_used, "limbo")
+        else:
+            add(c.RESCTRL_RMIDS, not_used, "free")
     add(c.RESCTRL_UNMONITORED, len(state.unmonitored))
     add(c.RESCTRL_EXHAUSTIONS, state.rmid_exhaustions_total)
     for reason in ("unavailable", "error", "unassigned"):

@@ -73,6 +73,9 @@ class ResctrlReading:
     # group creations refused for want of RMIDs
     unreadable_total: dict[str, int] = field(default_factory=dict)
     rmid_exhaustions_total: int = 0
+    # the kernel said this cycle (EBUSY) that the RMIDs not in use wait in limbo: freed,
+    # but still counting cache lines of the group that had them
+    rmids_in_limbo: bool = False
     issues: list[Issue] = field(default_factory=list)
 
 
@@ -108,7 +111,7 @@ class ResctrlSource:
         # mounted with L3 monitoring, resctrl always has mon_data: without it, unknown
         domain_ids = _ids(self.root + "/mon_data", _DOMAIN_DIR, issues, required=True)
 
-        groups, unmonitored = self._groups(mode, pods, issues)
+        groups, unmonitored, limbo = self._groups(mode, pods, issues)
         ctrl_groups = [f"{self.root}/{n}" for n in subdirs(self.root) if n not in _NOT_GROUPS]
         node_dirs = [self.root, *ctrl_groups]  # all tasks of the node, between them
         domains = {
@@ -146,6 +149,7 @@ class ResctrlSource:
             unmonitored=unmonitored,
             unreadable_total=dict(self._unreadable),
             rmid_exhaustions_total=self._exhaustions,
+            rmids_in_limbo=limbo,
             issues=issues,
         )
 
@@ -162,9 +166,11 @@ class ResctrlSource:
 
     def _groups(
         self, mode: str, pods: PodsReading | None, issues: list[Issue]
-    ) -> tuple[dict[str, str], frozenset[str]]:
-        """Pod uid -> group directory for the pods monitored this cycle, and the uids
-        of pods left unmonitored."""
+    ) -> tuple[dict[str, str], frozenset[str], bool]:
+        """Pod uid -> group directory for the pods monitored this cycle, the uids of
+        pods left unmonitored, and whether the kernel said its free RMIDs are in limbo.
+        A pod is monitored only when all its threads are in its group: a group the
+        kernel would not move them into reads a made-up zero."""
         base = f"{self.root}/mon_groups"
         ours = {
             name[len(GROUP_PREFIX) :]: f"{base}/{name}"
@@ -176,12 +182,12 @@ class ResctrlSource:
             # Without this cycle's pods we cannot tell who is gone: touch nothing.
             known = set(ours) if wanted is None else {p.uid for p in wanted}
             monitored = {uid: path for uid, path in ours.items() if uid in known}
-            return monitored, frozenset(known - set(monitored))
+            return monitored, frozenset(known - set(monitored)), False
         by_uid = {p.uid: p for p in wanted}
         for uid in set(ours) - set(by_uid):  # the pod is gone
             self._write(issues, self.ops.rmdir, ours.pop(uid))
         ordered = sorted(wanted, key=lambda p: (p.priority, p.uid))
-        exhausted = False
+        exhausted = limbo = False
         for pod in ordered:
             if pod.uid in ours or exhausted:
                 continue
@@ -193,16 +199,24 @@ class ResctrlSource:
             except FileExistsError:
                 ours[pod.uid] = path
             except OSError as err:
-                if err.errno != errno.ENOSPC:
+                if err.errno not in (errno.ENOSPC, errno.EBUSY):
                     issues.append(Issue("write", path, err.strerror or ""))
                     continue
+                # out of RMIDs: ENOSPC, or EBUSY when the freed ones still sit in limbo
+                # (they come back by themselves, so nothing more is given up for them)
                 self._exhaustions += 1
                 exhausted = True
-                self._preempt_for(pod, ordered, ours, issues)
+                if err.errno == errno.EBUSY:
+                    limbo = True
+                else:
+                    self._preempt_for(pod, ordered, ours, issues)
         self._synced = {g: v for g, v in self._synced.items() if g in ours.values()}
-        for uid, path in ours.items():
-            self._assign_tasks(path, by_uid[uid].tasks_files, issues)
-        return ours, frozenset(by_uid) - set(ours)
+        monitored = {
+            uid: path
+            for uid, path in ours.items()
+            if self._assign_tasks(path, by_uid[uid].tasks_files, issues)
+        }
+        return monitored, frozenset(by_uid) - set(monitored), limbo
 
     def _preempt_for(self, pod: _Pod, ordered: list[_Pod], ours: dict[str, str], issues) -> None:
         """RMIDs ran out before ``pod`` got one: free the group of the least important
@@ -216,12 +230,12 @@ class ResctrlSource:
                     del ours[victim.uid]
                 return
 
-    def _assign_tasks(self, group: str, tasks_files: Iterable[str], issues: list[Issue]) -> None:
+    def _assign_tasks(self, group: str, tasks_files: Iterable[str], issues: list[Issue]) -> bool:
         """Move the pod's threads that are not in its group yet (threads come and go;
         new ones mostly inherit the group from the thread that made them). While the
         pod's thread lists read as when they were last all moved, the group's own list
         is not read again, but for every RESYNC_CYCLES-th cycle: a thread someone else
-        moved out comes back then."""
+        moved out comes back then. True when all the pod's threads are in the group."""
         lists: dict[str, str] = {}
         for tasks_file in tasks_files:
             problems: list[Issue] = []
@@ -233,16 +247,16 @@ class ResctrlSource:
         seen = tuple(sorted(lists.items()))
         synced = self._synced.get(group)
         if synced and synced[0] == seen and self._cycle - synced[1] < RESYNC_CYCLES:
-            return
+            return True
         inside = read_parsed(issues, f"{group}/tasks", parse_tids)
         if inside is None:
-            return
+            return False
         for tasks_file, text in lists.items():
             try:
                 tids = parse_tids(text)
             except ParseError as err:
                 issues.append(Issue("parse", tasks_file, str(err)))
-                return
+                return False
             for tid in sorted(tids - inside):
                 try:
                     self.ops.move_task(f"{group}/tasks", tid)
@@ -250,8 +264,9 @@ class ResctrlSource:
                     pass  # the thread exited meanwhile
                 except OSError as err:
                     issues.append(Issue("write", f"{group}/tasks", f"task {tid}: {err.strerror}"))
-                    return  # e.g. the pod's tasks sit in another control group
+                    return False  # e.g. the pod's tasks sit in another control group
         self._synced[group] = (seen, self._cycle)
+        return True
 
     def _write(self, issues: list[Issue], op, path: str) -> bool:
         try:
