@@ -523,7 +523,8 @@ NUMA_OCCUPANCY = _m(
 POD_MONITORED = _m(
     "pod_resctrl_monitored",
     "gauge",
-    "1 when the pod has a resctrl monitoring group; 0 when RMIDs ran out before it got one.",
+    "1 when the pod has a resctrl monitoring group holding all its threads; 0 when RMIDs "
+    "ran out before it got one, or the kernel would not move its threads into it.",
     POD,
     "resctrl",
 )
