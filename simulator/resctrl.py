@@ -71,10 +71,9 @@ class FakeResctrl(ResctrlOps):
         if name in self.groups:
             raise FileExistsError(errno.EEXIST, "File exists", path)
         if 1 + len(self.groups) + self.in_limbo >= self.num_rmids:
-            if self.in_limbo:  # the kernel's alloc_rmid(): some will come back
-                self._status("Out of RMIDs")
-                raise OSError(errno.EBUSY, "Device or resource busy", path)
             self._status("Out of RMIDs")
+            if self.in_limbo:  # the kernel's alloc_rmid(): some will come back
+                raise OSError(errno.EBUSY, "Device or resource busy", path)
             raise OSError(errno.ENOSPC, "No space left on device", path)
         self.groups[name] = _Group()
         self._status("ok")

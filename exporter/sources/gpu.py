@@ -173,8 +173,7 @@ class NvmlSource:
             n.nvmlInit()
         except (n.NVMLError_LibraryNotFound, n.NVMLError_DriverNotLoaded) as err:
             raise GpuUnavailable(str(err)) from None
-        issues: list[Issue] = []
-        call = _Caller(n, "nvml", issues, self._missing)
+        call = _Caller(n, "nvml", [], self._missing)  # a version NVML won't give stays ""
         self.driver_version = _text(call.optional(n.nvmlSystemGetDriverVersion))
         self.nvml_version = _text(call.optional(n.nvmlSystemGetNVMLVersion))
         log.info(
@@ -395,11 +394,10 @@ class NvmlSource:
     def _profile_name(self, call: _Caller, parent, gpu_uuid: str, profile_id: int) -> str:
         """The profile's name by its id: ByIdV from R580; before it, the GPU's profiles
         by NVML profile index (V), learnt once per GPU."""
-        n = self.nvml
-        if not call.lacks(n.nvmlDeviceGetGpuInstanceProfileInfoById):
-            info = call.optional(n.nvmlDeviceGetGpuInstanceProfileInfoById, parent, profile_id)
-            if not call.lacks(n.nvmlDeviceGetGpuInstanceProfileInfoById):
-                return _profile_name(call, info) if info else ""
+        by_id = self.nvml.nvmlDeviceGetGpuInstanceProfileInfoById
+        info = call.optional(by_id, parent, profile_id)  # None at once once known missing
+        if not call.lacks(by_id):
+            return _parsed_profile(call, info) if info else ""
         names = self._profile_names.get(gpu_uuid)
         if names is None:
             names = self._profile_names_by_index(call, parent)
@@ -426,7 +424,7 @@ class NvmlSource:
             except n.NVMLError as err:
                 call.issues.append(Issue("nvml", f"{call.where}/profiles", str(err)))
                 return None
-            name = _profile_name(call, info)
+            name = _parsed_profile(call, info)
             if name:
                 names[info.id] = name
         return names
@@ -476,7 +474,7 @@ class NvmlSource:
     def _pids(self, call: _Caller, handle) -> list[int] | None:
         n = self.nvml
         ask = n.nvmlDeviceGetComputeRunningProcesses  # _v3: R510 on; _v2 before
-        processes = None if call.lacks(ask) else call.optional(ask, handle)
+        processes = call.optional(ask, handle)
         if call.lacks(ask):
             processes = call.optional(n.nvmlDeviceGetComputeRunningProcesses_v2, handle)
         return None if processes is None else sorted({p.pid for p in processes})
@@ -615,7 +613,7 @@ class _Caller:
             return None
 
 
-def _profile_name(call: _Caller, info) -> str:
+def _parsed_profile(call: _Caller, info) -> str:
     try:
         return parse_profile_name(info.name)
     except ParseError as err:
