@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from exporter.readers.cgroup import CpuThrottling, Pressure
 from exporter.readers.numa import NodeMeminfo
+from exporter.readers.nvml import mig_resource
 from exporter.readers.podresources import ContainerResources
 from exporter.sources.cgroups import ContainerReading, PodsReading
 from exporter.sources.gpu import GpuReading, GpuRecord, SliceRecord
@@ -443,7 +444,7 @@ def _device_uses(
             )
     for gpu in gpus.gpus:
         found = [(None, gpu.holders, "nvidia.com/gpu", gpu.uuid)] + [
-            (s, s.holders, f"nvidia.com/mig-{s.profile}", s.uuid) for s in gpu.slices
+            (s, s.holders, mig_resource(s.profile), s.uuid) for s in gpu.slices
         ]
         for mig, holders, resource, uuid in found:
             if uuid in claimed:

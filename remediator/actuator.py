@@ -11,6 +11,7 @@ import logging
 import time
 from datetime import UTC, datetime
 
+from exporter.readers.nvml import mig_resource
 from remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL
 from remediator.kube import Kube
 from remediator.leader import LeaderElector
@@ -114,7 +115,7 @@ class Actuator:
         if not answer.ok:
             return "gone" if answer.status == 404 else "failed"
         containers = answer.body["spec"]["template"]["spec"]["containers"]
-        before, after = f"nvidia.com/mig-{old}", f"nvidia.com/mig-{new}"
+        before, after = mig_resource(old), mig_resource(new)
         changed = False
         for c in containers:
             for part in ("requests", "limits"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import aiohttp
 
+from exporter.readers.nvml import mig_resource
 from remediator import queries as q
 from remediator.actuator import Actuator
 from remediator.cluster import ClusterError, pending_workloads, pods_of, workload_pods
@@ -83,6 +84,7 @@ class Controller:
         # the slices whose sizing window said too large or too small, when last looked
         # for, and how many cycles ago that was
         self.slices: set[str] | None = None
+        self.slice_gpus: set[str] = set()  # their GPUs, whose models size them
         self.since_sizing = 0
 
     async def cycle(self, write: bool = True) -> CycleReport:
@@ -151,7 +153,9 @@ class Controller:
         thresholds = (d.low_utilization, d.saturated, d.memory_full) if sizing else None
         found = await ask(q.detection(w, selector, await p.recorded(at), thresholds))
         if sizing:
-            self.slices, self.since_sizing = set(found["slice_candidates"]["mig_uuid"]), 0
+            candidates = found["slice_candidates"]
+            self.slices, self.since_sizing = set(candidates["mig_uuid"]), 0
+            self.slice_gpus = set(candidates.get("gpu_uuid", ())) - {""}
         self.since_sizing += 1
         # round two: what the verdicts' pods, slices and nodes need to be findings
         before = list(self.state.open.values())
@@ -168,6 +172,7 @@ class Controller:
         starved = {f.node for f in before if f.kind == "starved"}
         starved |= {n for k in ("sustained", "seen") for n in found[f"starved_{k}"]["node"]}
         second += self._scoped((*q.SLICES, "holders"), "mig_uuid", self.slices)
+        second += self._scoped(["gpu_models"], "gpu_uuid", self.slice_gpus)
         second += self._scoped(q.LLC, "node", starved)
         found = merged(found, await ask(second))
         state = update(self.state, found, d)
@@ -181,7 +186,7 @@ class Controller:
                 need = need_of(held, f.pod_uid)
                 needs.append((need.cpus, need.memory, tuple(need.devices.items())))
             elif intent_of(f) == "resize":
-                needs.append((0.0, 0.0, ((f"nvidia.com/mig-{f.recommended}", 1),)))
+                needs.append((0.0, 0.0, ((mig_resource(f.recommended), 1),)))
         policy = self.policy
         zones = await ask(
             q.zone_candidates(
@@ -339,7 +344,7 @@ class Controller:
         if not throughout or not peak:
             return None  # its series did not yet cover the whole period
         if pending.kind in ("oversized", "undersized"):
-            wanted = f"nvidia.com/mig-{pending.recommended}"
+            wanted = mig_resource(pending.recommended)
             held = any(r.get("resource") == wanted for r in throughout)
             return "held" if held else "did_not_hold"
         limit = self.detection.llc_dominant_share if pending.kind == "noisy_neighbour" else 1

@@ -3,27 +3,19 @@
 A finding opens when its condition held over the whole window (``*_sustained``) and
 stays open while it was seen at all in the window (``*_seen``); it closes only when the
 window holds no trace of it. Detection findings compare what a MIG slice did over the
-sizing window with the profiles of its GPU family.
+sizing window with the profiles of its GPU's family (mig.py).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import pandas as pd
 
+from remediator.mig import family_of, geometry
 from remediator.signals import Signals
 from remediator.validation import FORBID_EXTRA, Ratio
 
-# MIG profiles per GPU memory family (SPEC §3), smallest first: (name, compute slices of
-# 7, memory GB as the name says)
-FAMILIES = [
-    ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
-    ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
-    ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
-]
-_PROFILE = re.compile(r"(\d+)g\.(\d+)gb")
 GIB = 1 << 30
 
 
@@ -150,7 +142,8 @@ def sizing_findings(signals: Signals, detection: Detection) -> list[Finding]:
     if sm.empty:
         return []
     key = ["node", "mig_uuid"]
-    df = sm[[*key, "instance", "mig_profile", "value"]].rename(columns={"value": "sm"})
+    columns = [*key, "gpu_uuid", "instance", "mig_profile", "value"]
+    df = sm.reindex(columns=columns, fill_value="").rename(columns={"value": "sm"})
     for name, column in (
         ("slice_sm_peak", "sm_peak"),
         ("slice_memory_peak", "memory_peak"),
@@ -167,21 +160,23 @@ def sizing_findings(signals: Signals, detection: Detection) -> list[Finding]:
     holders = holders.reindex(columns=columns, fill_value="")
     holders = holders[holders["mig_uuid"] != ""].drop_duplicates(key)
     df = df.merge(holders, on=key)
+    gpu = ["node", "gpu_uuid"]
+    models = signals["gpu_models"].reindex(columns=[*gpu, "model"], fill_value="")
+    df = df.merge(models.drop_duplicates(gpu), on=gpu, how="left").fillna({"model": ""})
     out = []
     for row in df.itertuples(index=False):
-        family = next((f for f in FAMILIES if row.mig_profile in f), None)
+        family = family_of(row.model, row.mig_profile)
         if family is None:
-            continue
-        saturated = (
-            row.sm >= detection.saturated
-            or row.memory_peak >= detection.memory_full * row.memory_total
-        )
-        if saturated:
-            bigger = family[family.index(row.mig_profile) + 1 :]
-            kind, recommended = "undersized", (bigger[0] if bigger else "")
+            continue  # a GPU or a profile we cannot size: no guess
+        sizes = family.sizes(row.mig_profile)
+        memory_full = row.memory_peak >= detection.memory_full * row.memory_total
+        compute_full = row.sm >= detection.saturated
+        if compute_full or memory_full:
+            kind = "undersized"
+            recommended = next_larger(sizes, row.mig_profile, compute_full, memory_full)
         elif row.sm < detection.low_utilization:
             kind = "oversized"
-            recommended = smallest_fit(family, row.mig_profile, row.sm, row.memory_peak, detection)
+            recommended = smallest_fit(sizes, row.mig_profile, row.sm, row.memory_peak, detection)
         else:
             continue
         if not recommended or recommended == row.mig_profile:
@@ -205,13 +200,13 @@ def sizing_findings(signals: Signals, detection: Detection) -> list[Finding]:
 
 
 def smallest_fit(
-    family: list[str], current: str, sm: float, memory_peak: float, detection: Detection
+    sizes: list[str], current: str, sm: float, memory_peak: float, detection: Detection
 ) -> str:
     """The smallest profile whose compute and memory cover what the slice used, plus
     headroom."""
-    used_slices = sm * _geometry(current)[0]
-    for profile in family:
-        slices, gb = _geometry(profile)
+    used_slices = sm * geometry(current)[0]
+    for profile in sizes:
+        slices, gb = geometry(profile)
         if slices >= used_slices * (1 + detection.headroom) and gb * 1e9 >= memory_peak * (
             1 + detection.headroom
         ):
@@ -219,9 +214,16 @@ def smallest_fit(
     return current
 
 
-def _geometry(profile: str) -> tuple[int, int]:
-    m = _PROFILE.fullmatch(profile)
-    return (int(m[1]), int(m[2])) if m else (7, 0)
+def next_larger(sizes: list[str], current: str, more_compute: bool, more_memory: bool) -> str:
+    """The smallest profile with more of what ran out and no less of the rest ("": none)."""
+    compute, memory = geometry(current)
+    for profile in sizes:
+        c, m = geometry(profile)
+        if c < compute or m < memory or (c, m) == (compute, memory):
+            continue
+        if (not more_compute or c > compute) and (not more_memory or m > memory):
+            return profile
+    return ""
 
 
 def _rows(df: pd.DataFrame):

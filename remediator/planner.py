@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from pydantic import TypeAdapter, ValidationError
 
+from exporter.readers.nvml import mig_resource
 from remediator.findings import Finding
 from remediator.signals import Signals
 from remediator.validation import FORBID_EXTRA, Count, Factor, Flag, Names, Seconds, Text
@@ -334,7 +335,7 @@ def _opted_in(pod: PodInfo | None) -> bool:
 
 def _advice(f: Finding) -> str:
     if f.kind in ("oversized", "undersized"):
-        return f"use nvidia.com/mig-{f.recommended} instead of {f.profile} ({f.kind})"
+        return f"use {mig_resource(f.recommended)} instead of {f.profile} ({f.kind})"
     return f"GPU starved by {f.reason} on an aligned pod: give the feeder more CPU"
 
 
@@ -498,7 +499,7 @@ class Evidence:
         if not pod.resources:
             return "evidence_mismatch", "the pod requests no device"
         if f.kind in ("oversized", "undersized"):
-            wanted = f"nvidia.com/mig-{f.profile}"
+            wanted = mig_resource(f.profile)
             if (f.node, f.device) not in self.slices:
                 return "evidence_mismatch", f"no slice {f.device} on {f.node}"
             if wanted not in pod.resources:
@@ -665,14 +666,14 @@ class Capacity:
             self.devices[resource][zone] -= count
 
     def free_slice(self, profile: str) -> int | None:
-        free = self.devices.get(f"nvidia.com/mig-{profile}")
+        free = self.devices.get(mig_resource(profile))
         if free is None:
             return None
         found = np.flatnonzero(free > 0)
         return int(found[0]) if found.size else None
 
     def take_slice(self, zone: int, profile: str) -> None:
-        self.devices[f"nvidia.com/mig-{profile}"][zone] -= 1
+        self.devices[mig_resource(profile)][zone] -= 1
 
     def name(self, zone: int) -> tuple[str, str]:
         return self.zones[zone]

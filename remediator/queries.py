@@ -97,6 +97,7 @@ def expressions(
         "slice_memory_total": m(c.MIG_MEMORY_TOTAL),
         "slice_age": f"time() - timestamp({sm})",
         "holders": m(c.GPU_HOLDER),
+        "gpu_models": m(c.GPU_INFO),  # a profile's geometry depends on the GPU's model
         # what a pod holds, per NUMA node: its exclusive CPUs and its memory
         "pod_exclusive_cpus": (
             f"sum by (node, namespace, pod, pod_uid, numa_node) ({m(c.CONTAINER_CPUS)} "
@@ -134,6 +135,7 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     "slice_memory_total": ("node", "mig_uuid"),
     "slice_age": ("node", "instance", "mig_uuid"),
     "holders": ("node", "pod_uid", "resource", "gpu_uuid", "source"),
+    "gpu_models": ("node", "gpu_uuid", "model"),
     "pod_exclusive_cpus": ("node", "pod_uid", "numa_node"),
     "pod_memory": ("node", "pod_uid", "numa_node"),
     # a zone without numa_node is a device on several NUMA nodes: no aligned room
