@@ -414,8 +414,8 @@ RESCTRL_RMIDS = _m(
 RESCTRL_UNMONITORED = _m(
     "resctrl_unmonitored_pods",
     "gauge",
-    "Pods left without a monitoring group (RMIDs exhausted); their traffic is not zero, "
-    "it is unknown.",
+    "Pods whose traffic is not monitored (RMIDs or assignable counters exhausted, or "
+    "their threads not movable); their traffic is not zero, it is unknown.",
     (),
     "resctrl",
 )
@@ -432,6 +432,24 @@ RESCTRL_UNREADABLE = _m(
     "Monitoring values the kernel would not give, by reason (unavailable, error, "
     "unassigned); they are left out, never shown as numbers.",
     ("reason",),
+    "resctrl",
+)
+RESCTRL_MBM_COUNTERS = _m(
+    "resctrl_mbm_counters",
+    "gauge",
+    "Assignable memory-bandwidth counters per L3 domain, by state (used, free); only on "
+    "CPUs whose MBM counts through them (AMD ABMC, mbm_assign_mode mbm_event). A group "
+    "without a counter for an event is not counted at all.",
+    ("l3_domain", "state"),
+    "resctrl",
+)
+RESCTRL_MBM_PARTIAL = _m(
+    "resctrl_mbm_totals_partial",
+    "gauge",
+    "1 when some monitoring group's traffic in the L3 domain is counted by no assignable "
+    "counter (AMD ABMC): the domain's and its NUMA nodes' traffic then leave it out; 0 "
+    "when every group is counted. Only on CPUs with assignable counters.",
+    ("l3_domain",),
     "resctrl",
 )
 L3_INFO = _m(
@@ -524,7 +542,9 @@ POD_MONITORED = _m(
     "pod_resctrl_monitored",
     "gauge",
     "1 when the pod has a resctrl monitoring group holding all its threads; 0 when RMIDs "
-    "ran out before it got one, or the kernel would not move its threads into it.",
+    "ran out before it got one, the kernel would not move its threads into it, or (AMD "
+    "ABMC) no counter counts its traffic: its LLC occupancy may still be shown, its "
+    "traffic is unknown, never 0.",
     POD,
     "resctrl",
 )

@@ -52,6 +52,8 @@ class ResctrlState:
     unreadable_total: Mapping[str, int]
     rmid_exhaustions_total: int
     rmids_in_limbo: bool  # the kernel said the RMIDs not in use are in limbo
+    mbm_counters: Mapping[int, tuple[int, int]]  # ABMC: domain -> (counters, free)
+    partial_domains: frozenset[int]  # ABMC: domains whose totals miss a group's traffic
 
     @property
     def available(self) -> bool:
@@ -115,6 +117,8 @@ def build_resctrl(
         unreadable_total=reading.unreadable_total,
         rmid_exhaustions_total=reading.rmid_exhaustions_total,
         rmids_in_limbo=reading.rmids_in_limbo,
+        mbm_counters=reading.mbm_counters,
+        partial_domains=reading.partial_domains,
     )
 
 

@@ -119,6 +119,7 @@ MODELS = {
     ),
 }
 
+
 @dataclass(frozen=True)
 class DriverBranch:
     """What one driver branch's ``libnvidia-ml.so`` serves: its versions, and the C

@@ -7,6 +7,12 @@ returns its tasks to the default group, and writing a task id moves that task (E
 for a task that does not exist). Traffic is added per pod or to the rest of the node
 and lands where the kernel would count it: in the group holding the pod's tasks, and
 always in the default group's totals, which sum every group of the node.
+
+With ``abmc_counters`` it is an AMD CPU with assignable counters (``mbm_event`` mode):
+each L3 domain has that many counters, one counts one MBM event of one group; ``mkdir``
+assigns them while some are free (as ``mbm_assign_on_mkdir`` does), writes to a group's
+``mbm_L3_assignments`` assign (``e``) and release (``_``) them, ENOSPC when none is free,
+and an event without a counter reads ``Unassigned`` and is missing from the totals.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from exporter.sources.resctrl import GROUP_PREFIX, ResctrlOps
 from simulator.host import FakeHost
 
 EVENTS = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
+MBM_EVENTS = ("mbm_total_bytes", "mbm_local_bytes")
 
 
 @dataclass
@@ -46,6 +53,7 @@ class FakeResctrl(ResctrlOps):
         events: tuple[str, ...] = EVENTS,
         snc: dict[int, list[int]] | None = None,
         limbo: bool = False,
+        abmc_counters: int | None = None,
     ) -> None:
         """``snc``: L3 domain -> its NUMA nodes, when Sub-NUMA Clustering is on.
         ``limbo``: a removed group's RMID is not free until ``release_limbo()``, as the
@@ -63,6 +71,11 @@ class FakeResctrl(ResctrlOps):
         self.limbo_on = limbo
         self.in_limbo = 0  # RMIDs freed but not yet reusable
         self.last_cmd_status = "ok"
+        self.abmc_counters = abmc_counters
+        # ABMC: group name (None: the default group) -> the (event, domain) it counts
+        self.assigned: dict[str | None, set[tuple[str, int]]] = {None: set()}
+        if abmc_counters is not None:
+            self._assign_all(None)
 
     # -- the kernel's side of the exporter's writes --------------------------------
 
@@ -77,6 +90,10 @@ class FakeResctrl(ResctrlOps):
             raise OSError(errno.ENOSPC, "No space left on device", path)
         self.groups[name] = _Group()
         self._status("ok")
+        if self.abmc_counters is not None:
+            self.assigned[name] = set()
+            self._assign_all(name)
+            self._write_counters()
         self._write_group(name)
 
     def rmdir(self, path: str) -> None:
@@ -84,11 +101,14 @@ class FakeResctrl(ResctrlOps):
         if name not in self.groups:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
         self.default.tasks |= self.groups.pop(name).tasks
+        self.assigned.pop(name, None)
         self.in_limbo += int(self.limbo_on)
         shutil.rmtree(self.base / "mon_groups" / name, ignore_errors=True)
         self._write_default_tasks()
         # its counts leave the default group's sums with it
         self._write_mon_data(self.base / "mon_data", None, self._node_sums())
+        if self.abmc_counters is not None:
+            self._write_counters()
 
     def move_task(self, tasks_file: str, tid: int) -> None:
         name = self._group_name(os.path.dirname(tasks_file))
@@ -103,6 +123,46 @@ class FakeResctrl(ResctrlOps):
         self.default.tasks.discard(tid)
         self.groups[name].tasks.add(tid)
         _put(self.base / "mon_groups" / name / "tasks", _lines(self.groups[name].tasks))
+
+    def assign(self, assignments_file: str, line: str) -> None:
+        """``event:domain=state;...`` to a group's ``mbm_L3_assignments`` (``*``: every
+        domain): ``e`` takes a free counter of the domain, ``_`` gives it back."""
+        name = self._group_name(os.path.dirname(assignments_file))
+        if self.abmc_counters is None or name not in self.groups:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", assignments_file)
+        event, _, states = line.strip().partition(":")
+        changes = [part.partition("=") for part in states.split(";")]
+        if event not in MBM_EVENTS or event not in self.events or not changes:
+            self._status(f"Invalid event {event}")
+            raise OSError(errno.EINVAL, "Invalid argument", assignments_file)
+        held = self.assigned[name]
+        for domain, sep, state in changes:
+            domains = self.domains if domain == "*" else [int(domain)] if domain.isdigit() else []
+            if not sep or state not in ("e", "_") or not set(domains) <= set(self.domains):
+                self._status("Invalid domain or state")
+                raise OSError(errno.EINVAL, "Invalid argument", assignments_file)
+            for d in domains:
+                if state == "_":
+                    held.discard((event, d))
+                elif (event, d) not in held:
+                    if self.free_counters(d) == 0:
+                        self._status("Out of MBM assignable counters")
+                        raise OSError(errno.ENOSPC, "No space left on device", assignments_file)
+                    held.add((event, d))
+        self._status("ok")
+        self._write_counters()
+        self._write_group(name)
+        self._write_mon_data(self.base / "mon_data", None, self._node_sums())
+
+    def free_counters(self, domain: int) -> int:
+        used = sum(d == domain for pairs in self.assigned.values() for _, d in pairs)
+        return (self.abmc_counters or 0) - used
+
+    def _assign_all(self, name: str | None) -> None:
+        for event in MBM_EVENTS:
+            for d in self.domains:
+                if event in self.events and self.free_counters(d) > 0:
+                    self.assigned[name].add((event, d))
 
     # -- what tests do to the node ---------------------------------------------------
 
@@ -144,6 +204,10 @@ class FakeResctrl(ResctrlOps):
         _put(info / "L3_MON/num_rmids", str(self.num_rmids))
         _put(info / "L3_MON/mon_features", "\n".join(self.events))
         _put(info / "L3_MON/max_threshold_occupancy", "1048576")
+        if self.abmc_counters is not None:
+            _put(info / "L3_MON/mbm_assign_mode", "[mbm_event]\ndefault")
+            _put(info / "L3_MON/mbm_assign_on_mkdir", "1")
+            self._write_counters()
         self._status(self.last_cmd_status)
         self._write_default_tasks()
         self._write_mon_data(self.base / "mon_data", None, self._node_sums())
@@ -162,6 +226,23 @@ class FakeResctrl(ResctrlOps):
         _put(d / "tasks", _lines(group.tasks))
         _put(d / "cpus_list", "")
         self._write_mon_data(d / "mon_data", name, group.counters)
+        if self.abmc_counters is not None:
+            _put(d / "mbm_L3_assignments", self._assignments(name))
+
+    def _write_counters(self) -> None:
+        info = self.base / "info/L3_MON"
+        _put(info / "num_mbm_cntrs", ";".join(f"{d}={self.abmc_counters}" for d in self.domains))
+        free = ";".join(f"{d}={self.free_counters(d)}" for d in self.domains)
+        _put(info / "available_mbm_cntrs", free)
+        _put(self.base / "mbm_L3_assignments", self._assignments(None))
+
+    def _assignments(self, name: str | None) -> str:
+        held = self.assigned[name]
+        return "\n".join(
+            f"{e}:" + ";".join(f"{d}={'e' if (e, d) in held else '_'}" for d in self.domains)
+            for e in MBM_EVENTS
+            if e in self.events
+        )
 
     def _write_default_tasks(self) -> None:
         grouped = set().union(*(g.tasks for g in self.groups.values()))
@@ -196,16 +277,29 @@ class FakeResctrl(ResctrlOps):
         }
         for event in self.events:
             word = self.unreadable.get((group, domain, node, event))
+            # the default group's files sum its groups: Unassigned only if none counts it
+            counting = [group] if group is not None else list(self.assigned)
+            if word is None and not self._counted(counting, event, domain):
+                word = "Unassigned"
             _put(d / event, word if word is not None else str(values[event]))
 
+    def _counted(self, groups: list[str | None], event: str, domain: int) -> bool:
+        """Whether a counter counts the event in the domain for any of ``groups``
+        (None: the default group); always, but under ABMC."""
+        if self.abmc_counters is None or event not in MBM_EVENTS:
+            return True
+        return any((event, domain) in self.assigned.get(n, ()) for n in groups)
+
     def _node_sums(self) -> dict[tuple[int, int | None], _Counters]:
-        """The default group counts every task of the node, its groups' included."""
+        """The default group counts every task of the node, its groups' included (under
+        ABMC: those events of them that a counter counts)."""
         sums: dict[tuple[int, int | None], _Counters] = {}
-        for group in (self.default, *self.groups.values()):
+        for name, group in ((None, self.default), *self.groups.items()):
             for key, c in group.counters.items():
                 s = sums.setdefault(key, _Counters())
-                s.total += c.total
-                s.local += c.local
+                domain = key[0]
+                s.total += c.total if self._counted([name], "mbm_total_bytes", domain) else 0
+                s.local += c.local if self._counted([name], "mbm_local_bytes", domain) else 0
                 s.occupancy += c.occupancy
         return sums
 

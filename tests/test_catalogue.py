@@ -77,10 +77,13 @@ def test_names_and_labels_follow_conventions():
 
 async def test_everything_exported_is_declared_with_its_labels(fake_root):
     seen = set()
-    for preset in (presets.two_socket, presets.four_node_v1):
+    # the second with AMD's assignable counters, fewer than its groups need
+    for preset, counters in ((presets.two_socket, None), (presets.four_node_v1, 4)):
         host = preset()
         root = fake_root(host)
-        kernel = FakeResctrl(root.root, host, num_rmids=len(host.pods)).write()
+        kernel = FakeResctrl(
+            root.root, host, num_rmids=len(host.pods), abmc_counters=counters
+        ).write()
         collection = make_collection(root, metadata=metadata_of(host), resctrl=kernel)
         await collection.run_once()
         for node in host.nodes:

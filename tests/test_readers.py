@@ -33,6 +33,15 @@ from exporter.readers.numa import (
     parse_vmstat_balancing,
 )
 from exporter.readers.nvml import gpm_values, parse_profile_name, sysfs_pci_address
+from exporter.readers.resctrl import (
+    parse_assign_mode,
+    parse_assignments,
+    parse_cache_size,
+    parse_domain_counts,
+    parse_mon_value,
+    parse_tids,
+    parse_word_list,
+)
 
 NUMA_STAT_V2 = """anon N0=1048576 N1=4096
 file N0=524288 N1=0
@@ -232,6 +241,13 @@ READERS = [
     parse_proc_cgroup,
     parse_profile_name,
     sysfs_pci_address,
+    parse_mon_value,
+    parse_word_list,
+    parse_tids,
+    parse_cache_size,
+    parse_assign_mode,
+    parse_domain_counts,
+    parse_assignments,
 ]
 VALID = [
     "0-3,8",
@@ -248,7 +264,33 @@ VALID = [
     PROC_CGROUP_V2,
     "MIG 2g.20gb",
     "00000000:18:00.0",
+    "1234\n",
+    "llc_occupancy\nmbm_total_bytes\n",
+    "1\n2\n",
+    "32768K\n",
+    "[mbm_event]\ndefault\n",
+    "0=32;1=32\n",
+    "mbm_total_bytes:0=e;1=_\nmbm_local_bytes:0=e;1=e\n",
 ]
+
+
+def test_abmc_files_read_as_the_kernel_writes_them():
+    assert parse_assign_mode("[mbm_event]\ndefault\n") == "mbm_event"
+    assert parse_assign_mode("mbm_event\n[default]\n") == "default"
+    assert parse_domain_counts("0=32;1=30\n") == {0: 32, 1: 30}
+    assert parse_assignments("mbm_total_bytes:0=e;1=_\nmbm_local_bytes:0=_;1=e\n") == {
+        "mbm_total_bytes": {0: True, 1: False},
+        "mbm_local_bytes": {0: False, 1: True},
+    }
+    for bad in ("mbm_event\ndefault\n", ""):
+        with pytest.raises(ParseError):
+            parse_assign_mode(bad)
+    for bad in ("0:32", "0=", "=3", "0=-1"):
+        with pytest.raises(ParseError):
+            parse_domain_counts(bad)
+    for bad in ("mbm_total_bytes", "mbm_total_bytes:0=ee", "x y:0=e", "mbm_total_bytes:a=e"):
+        with pytest.raises(ParseError):
+            parse_assignments(bad)
 
 
 def _mangled(valid: str):

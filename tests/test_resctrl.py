@@ -4,6 +4,8 @@ are exact."""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 import exporter.sources as sources
@@ -452,3 +454,102 @@ async def test_tasks_are_synced_again_only_when_threads_change_or_every_few_cycl
         assert f"{node.kernel.base}/mon_groups/{group}/tasks" in reads
     finally:
         sources.read_text = original
+
+
+def counters(got: dict, domain: str) -> tuple[float, float]:
+    return (
+        got[series("numaguard_resctrl_mbm_counters", l3_domain=domain, state="used")],
+        got[series("numaguard_resctrl_mbm_counters", l3_domain=domain, state="free")],
+    )
+
+
+async def test_abmc_counters_go_by_priority_and_an_uncounted_pod_is_unknown(tmp_path):
+    """AMD's assignable counters: 6 per domain, 2 of them the default group's; with two
+    MBM events a group, two pods' groups are counted. The Guaranteed pods come first;
+    web's group reads Unassigned: unmonitored, no traffic series (its LLC occupancy,
+    which needs no counter, still shown), and the node totals are said to be partial."""
+    node = Node(tmp_path, presets.two_socket(), abmc_counters=6)
+    await node.cycle()
+    k = node.kernel
+    web = f"numaguard-{node.uid('web')}"
+    assert k.assigned[web] == set()
+    k.add_traffic(node.uid("trainer-aligned"), 0, total=30 * GIB, local=27 * GIB)
+    k.add_traffic(node.uid("web"), 0, total=6 * GIB, local=6 * GIB)
+    k.set_occupancy(node.uid("web"), 1, 4 * MIB)
+    got = await node.cycle()
+    assert counters(got, "0") == (6, 0) and counters(got, "1") == (6, 0)
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "trainer-aligned")] == 1
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "web")] == 0
+    assert got[series("numaguard_resctrl_unmonitored_pods")] == 1
+    assert not [k for k in got if ("pod", "web") in k[1] and "traffic" in k[0]]
+    llc = pod_series(node, "numaguard_pod_llc_occupancy_bytes", "web", l3_domain="1")
+    assert got[llc] == 4 * MIB
+    # web's 6 GiB are in no counter: domain 0 counts the trainer's 30 only, and says so
+    assert got[series("numaguard_l3_memory_traffic_bytes_total", l3_domain="0")] == 30 * GIB
+    assert got[series("numaguard_resctrl_mbm_totals_partial", l3_domain="0")] == 1
+    assert got[series("numaguard_resctrl_unreadable_values_total", reason="unassigned")] >= 2
+    assert got[series("numaguard_collector_errors_total", collector="resctrl", reason="write")] == 0
+    assert got[series("numaguard_collector_success", collector="resctrl")] == 1
+
+
+async def test_abmc_a_guaranteed_pod_takes_the_counters_of_a_burstable_one(tmp_path):
+    host = presets.two_socket()
+    late = host.pod("trainer-split")
+    host.pods.remove(late)
+    node = Node(tmp_path, host, abmc_counters=6)
+    got = await node.cycle()
+    assert got[series("numaguard_resctrl_mbm_totals_partial", l3_domain="0")] == 0
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "web")] == 1
+    host.pods.append(late)
+    await node.cycle()  # its group is made with no counter free: web's are taken back
+    split, web = (f"numaguard-{node.uid(p)}" for p in ("trainer-split", "web"))
+    events = {(e, d) for e in ("mbm_total_bytes", "mbm_local_bytes") for d in (0, 1)}
+    assert node.kernel.assigned[split] == events
+    assert node.kernel.assigned[web] == set()
+    got = await node.cycle()
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "trainer-split")] == 1
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "web")] == 0
+    assert got[series("numaguard_resctrl_mbm_totals_partial", l3_domain="1")] == 1
+    # and back when a counted pod goes
+    host.pods.remove(host.pod("trainer-aligned"))
+    await node.cycle()
+    got = await node.cycle()
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "web")] == 1
+    assert got[series("numaguard_resctrl_mbm_totals_partial", l3_domain="1")] == 0
+
+
+async def test_abmc_read_only_assigns_nothing_and_still_says_what_is_uncounted(tmp_path):
+    node = Node(tmp_path, presets.two_socket(), abmc_counters=6)
+    await node.cycle()  # managed: web's group has no counter
+    node.mode = "read-only"
+    node.collection = node.new_collection()
+    assigned = {g: set(p) for g, p in node.kernel.assigned.items()}
+    got = await node.cycle()
+    assert node.kernel.assigned == assigned
+    assert got[pod_series(node, "numaguard_pod_resctrl_monitored", "web")] == 0
+    assert got[series("numaguard_resctrl_mbm_totals_partial", l3_domain="0")] == 1
+    assert counters(got, "0") == (6, 0)
+
+
+def test_the_fake_kernel_refuses_counters_it_does_not_have(tmp_path):
+    host = presets.two_socket()
+    root = FakeHostRoot(tmp_path / "host", host).write()
+    kernel = FakeResctrl(root.root, host, abmc_counters=2).write()  # the default group's
+    group = kernel.base / "mon_groups/numaguard-x"
+    kernel.mkdir(str(group))
+    assert (group / "mon_data/mon_L3_00/mbm_total_bytes").read_text() == "Unassigned\n"
+    with pytest.raises(OSError) as err:
+        kernel.assign(f"{group}/mbm_L3_assignments", "mbm_total_bytes:0=e")
+    assert err.value.errno == errno.ENOSPC
+    assert kernel.last_cmd_status == "Out of MBM assignable counters"
+    # occupancy needs no counter, and a domain must exist
+    for line in ("llc_occupancy:0=e", "mbm_total_bytes:7=e", "mbm_total_bytes:0=x"):
+        with pytest.raises(OSError) as err:
+            kernel.assign(f"{group}/mbm_L3_assignments", line)
+        assert err.value.errno == errno.EINVAL
+    # the default group gives one back: the group can take it
+    kernel.assigned[None].discard(("mbm_total_bytes", 0))
+    kernel.assign(f"{group}/mbm_L3_assignments", "mbm_total_bytes:0=e")
+    assert (group / "mbm_L3_assignments").read_text() == (
+        "mbm_total_bytes:0=e;1=_\nmbm_local_bytes:0=_;1=_\n"
+    )

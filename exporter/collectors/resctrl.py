@@ -37,8 +37,13 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
     for reason in ("unavailable", "error", "unassigned"):
         add(c.RESCTRL_UNREADABLE, state.unreadable_total.get(reason, 0), reason)
 
+    for d, (counters, free) in state.mbm_counters.items():
+        add(c.RESCTRL_MBM_COUNTERS, counters - free, str(d), "used")
+        add(c.RESCTRL_MBM_COUNTERS, free, str(d), "free")
     for d in state.domains:
         domain = str(d.id)
+        if state.mbm_counters:
+            add(c.RESCTRL_MBM_PARTIAL, int(d.id in state.partial_domains), domain)
         add(
             c.L3_INFO,
             1,
@@ -73,11 +78,12 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
     for pod in snap.pods:
         labels = c.LabelPrefix(c.POD, (pod.namespace, pod.name, pod.uid))
         traffic = state.pods.get(pod.uid)
-        if traffic is None:
-            if pod.uid in state.unmonitored:
-                f[c.POD_MONITORED.name].add_under(labels, 0)
+        unmonitored = pod.uid in state.unmonitored
+        if traffic is None and not unmonitored:
             continue
-        f[c.POD_MONITORED.name].add_under(labels, 1)
+        f[c.POD_MONITORED.name].add_under(labels, 0 if unmonitored else 1)
+        if traffic is None:
+            continue
         for d, t in traffic.domains.items():
             for spec, value in (
                 (c.POD_TRAFFIC, t.total_bytes),

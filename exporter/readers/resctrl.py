@@ -52,6 +52,43 @@ def parse_word_list(text: str) -> frozenset[str]:
     return words
 
 
+def parse_assign_mode(text: str) -> str:
+    """``info/L3_MON/mbm_assign_mode``: the modes one a line, the one in effect in
+    brackets (``[mbm_event]`` on AMD's assignable counters, else ``[default]``)."""
+    for word in text.split():
+        if len(word) > 2 and word[0] == "[" and word[-1] == "]":
+            return word[1:-1]
+    raise ParseError("no mode in brackets")
+
+
+def parse_domain_counts(text: str) -> dict[int, int]:
+    """``info/L3_MON/num_mbm_cntrs`` and ``available_mbm_cntrs``: ``0=32;1=32``."""
+    counts = {}
+    for part in text.strip().split(";"):
+        domain, sep, count = part.partition("=")
+        if not sep:
+            raise ParseError(f"not domain=count: {part[:40]!r}")
+        counts[_count(domain)] = _count(count)
+    return counts
+
+
+def parse_assignments(text: str) -> dict[str, dict[int, bool]]:
+    """A group's ``mbm_L3_assignments``: per MBM event, per L3 domain, whether a counter
+    is assigned (``mbm_total_bytes:0=e;1=_``, one event a line; ``_`` is none)."""
+    out: dict[str, dict[int, bool]] = {}
+    for line in text.split():
+        event, sep, states = line.partition(":")
+        if not sep or not event.replace("_", "").isalnum():
+            raise ParseError(f"not event:domain=state: {line[:40]!r}")
+        out[event] = {}
+        for part in states.split(";"):
+            domain, sep, state = part.partition("=")
+            if not sep or len(state) != 1:
+                raise ParseError(f"not domain=state: {part[:40]!r}")
+            out[event][_count(domain)] = state != "_"
+    return out
+
+
 def parse_cache_size(text: str) -> int:
     """``cache/indexN/size``: ``32768K``."""
     text = text.strip()

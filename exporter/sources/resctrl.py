@@ -6,6 +6,13 @@ In ``manage`` mode the source owns the groups named ``numaguard-<pod uid>`` unde
 last), keeps their tasks in step with the pods' cgroups, reuses them after a restart
 and removes those of pods that are gone. In ``read-only`` mode it only reads the groups
 it finds. Writes go through ``ResctrlOps`` so the simulator can act as the kernel.
+
+On AMD's assignable bandwidth counters (ABMC: ``mbm_assign_mode`` is ``[mbm_event]``)
+a group's traffic is counted only while a hardware counter is assigned to each of its
+MBM events, and there are far fewer counters than RMIDs. The source assigns them to its
+groups by the same priority as RMIDs, a group without them is unmonitored (its traffic
+reads ``Unassigned``, never 0), and a domain where any group goes uncounted has partial
+node totals, which the reading says.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from exporter.readers.resctrl import (
     EVENTS,
     MonValues,
     Unreadable,
+    parse_assign_mode,
+    parse_assignments,
+    parse_domain_counts,
     parse_mon_value,
     parse_tids,
     parse_word_list,
@@ -36,6 +46,7 @@ _DOMAIN_DIR = re.compile(r"mon_L3_(\d+)")
 _SUB_DIR = re.compile(r"mon_sub_L3_(\d+)")
 # resctrl's own directories at its root; any other directory is a CTRL_MON group
 _NOT_GROUPS = frozenset({"info", "mon_groups", "mon_data"})
+MBM_EVENTS = ("mbm_total_bytes", "mbm_local_bytes")  # what ABMC counters count
 # cycles between two full task syncs of a group whose pod's thread lists did not change
 RESYNC_CYCLES = 10
 
@@ -51,11 +62,19 @@ class ResctrlOps:
 
     def move_task(self, tasks_file: str, tid: int) -> None:
         # One id per write: older kernels take no lists.
-        fd = os.open(tasks_file, os.O_WRONLY)
-        try:
-            os.write(fd, str(tid).encode())
-        finally:
-            os.close(fd)
+        _write_file(tasks_file, str(tid))
+
+    def assign(self, assignments_file: str, line: str) -> None:
+        """One ``event:domain=state;...`` line to a group's ``mbm_L3_assignments``."""
+        _write_file(assignments_file, line)
+
+
+def _write_file(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +95,10 @@ class ResctrlReading:
     # the kernel said this cycle (EBUSY) that the RMIDs not in use wait in limbo: freed,
     # but still counting cache lines of the group that had them
     rmids_in_limbo: bool = False
+    # ABMC only: L3 domain -> (assignable counters, of which free), and the domains
+    # whose totals leave out some group's traffic for want of a counter
+    mbm_counters: dict[int, tuple[int, int]] = field(default_factory=dict)
+    partial_domains: frozenset[int] = frozenset()
     issues: list[Issue] = field(default_factory=list)
 
 
@@ -114,6 +137,13 @@ class ResctrlSource:
         groups, unmonitored, limbo = self._groups(mode, pods, issues)
         ctrl_groups = [f"{self.root}/{n}" for n in subdirs(self.root) if n not in _NOT_GROUPS]
         node_dirs = [self.root, *ctrl_groups]  # all tasks of the node, between them
+        counters, partial = {}, frozenset()
+        if self._counter_mode(issues) == "mbm_event":
+            priority = {p.uid: p.priority for p in _pods(pods)} if pods is not None else {}
+            counters, partial, uncounted = self._mbm_counters(
+                mode, groups, priority, node_dirs, domain_ids, features, issues
+            )
+            unmonitored |= uncounted
         domains = {
             d: sum_mon_values(
                 [self._values(f"{g}/mon_data/mon_L3_{d:02d}", features, issues) for g in node_dirs]
@@ -150,6 +180,8 @@ class ResctrlSource:
             unreadable_total=dict(self._unreadable),
             rmid_exhaustions_total=self._exhaustions,
             rmids_in_limbo=limbo,
+            mbm_counters=counters,
+            partial_domains=partial,
             issues=issues,
         )
 
@@ -161,6 +193,14 @@ class ResctrlSource:
         if self.mode == "auto":
             return "manage" if os.access(f"{self.root}/mon_groups", os.W_OK) else "read-only"
         return self.mode
+
+    def _counter_mode(self, issues: list[Issue]) -> str:
+        """``mbm_event`` on assignable counters; ``default`` where the file is absent
+        (every RMID counts by itself)."""
+        path = f"{self.root}/info/L3_MON/mbm_assign_mode"
+        if not os.path.exists(path):
+            return "default"
+        return read_parsed(issues, path, parse_assign_mode) or "unknown"
 
     # -- groups ------------------------------------------------------------------
 
@@ -278,6 +318,90 @@ class ResctrlSource:
             return False
         return True
 
+    # -- assignable counters (ABMC) ----------------------------------------------
+
+    def _mbm_counters(
+        self,
+        mode: str,
+        groups: dict[str, str],
+        priority: dict[str, int],
+        node_dirs: list[str],
+        domain_ids: list[int],
+        features: frozenset[str],
+        issues: list[Issue],
+    ) -> tuple[dict[int, tuple[int, int]], frozenset[int], frozenset[str]]:
+        """Counters per domain (all, free), the domains with partial totals, and our
+        groups left without a counter for some MBM event (their pods: unmonitored). In
+        manage mode counters go to our groups by priority first."""
+        info = f"{self.root}/info/L3_MON"
+        total = read_parsed(issues, f"{info}/num_mbm_cntrs", parse_domain_counts) or {}
+        free = read_parsed(issues, f"{info}/available_mbm_cntrs", parse_domain_counts)
+        pairs = frozenset((e, d) for e in MBM_EVENTS if e in features for d in domain_ids)
+        lacking = {uid: self._lacking(path, pairs, issues) for uid, path in groups.items()}
+        if mode == "manage" and free is not None:
+            self._assign(groups, priority, lacking, pairs, dict(free), issues)
+            free = read_parsed(issues, f"{info}/available_mbm_cntrs", parse_domain_counts)
+        partial = {d for lack in lacking.values() for _, d in lack}
+        ours = set(groups.values())
+        for g in node_dirs:  # the others' groups count in the node's totals too
+            others = [f"{g}/mon_groups/{n}" for n in subdirs(f"{g}/mon_groups")]
+            for path in [g, *(o for o in others if o not in ours)]:
+                partial |= {d for _, d in self._lacking(path, pairs, issues)}
+        counters = {d: (n, (free or {}).get(d, 0)) for d, n in total.items()}
+        return counters, frozenset(partial), frozenset(u for u, lack in lacking.items() if lack)
+
+    @staticmethod
+    def _lacking(group: str, pairs: frozenset, issues: list[Issue]) -> set[tuple[str, int]]:
+        """The (event, domain) pairs no counter of ``group`` counts (all, if unknown)."""
+        held = read_parsed(issues, f"{group}/mbm_L3_assignments", parse_assignments)
+        if held is None:
+            return set(pairs)
+        return {(e, d) for e, d in pairs if not held.get(e, {}).get(d, False)}
+
+    def _assign(self, groups, priority, lacking, pairs, free: dict[int, int], issues) -> None:
+        """Counters to the groups lacking them, most important first; when they run out,
+        those of the least important group ranked below the one waiting are taken back
+        (one group a cycle, so nothing thrashes)."""
+        ranked = sorted(groups, key=lambda uid: (priority.get(uid, 1), uid))
+        taken_back = False
+        for uid in ranked:
+            if not lacking[uid]:
+                continue
+            if not _fits(lacking[uid], free) and not taken_back:
+                taken_back = True
+                rank = priority.get(uid, 1)
+                below = [v for v in ranked if priority.get(v, 1) > rank and lacking[v] != pairs]
+                victim = below[-1] if below else None
+                if victim is not None:
+                    released = self._set(groups[victim], pairs - lacking[victim], "_", issues)
+                    for _, d in released:
+                        free[d] = free.get(d, 0) + 1
+                    lacking[victim] |= released
+            if not _fits(lacking[uid], free):
+                return
+            assigned = self._set(groups[uid], lacking[uid], "e", issues)
+            for _, d in assigned:
+                free[d] -= 1
+            lacking[uid] -= assigned
+            if lacking[uid]:
+                return  # the kernel had fewer than it said
+
+    def _set(self, group: str, pairs, state: str, issues: list[Issue]) -> set[tuple[str, int]]:
+        """Assign (``e``) or release (``_``) the counters of ``pairs``, one event a write;
+        the pairs done."""
+        done: set[tuple[str, int]] = set()
+        for event in sorted({e for e, _ in pairs}):
+            domains = sorted(d for e, d in pairs if e == event)
+            line = f"{event}:" + ";".join(f"{d}={state}" for d in domains)
+            try:
+                self.ops.assign(f"{group}/mbm_L3_assignments", line)
+            except OSError as err:
+                if err.errno != errno.ENOSPC:  # out of counters: a wait, not an error
+                    issues.append(Issue("write", f"{group}/mbm_L3_assignments", err.strerror or ""))
+                break
+            done |= {(event, d) for d in domains}
+        return done
+
     # -- values ------------------------------------------------------------------
 
     def _values(self, directory: str, features: frozenset[str], issues: list[Issue]) -> MonValues:
@@ -302,6 +426,11 @@ def _pods(reading: PodsReading) -> list[_Pod]:
         _Pod(uid, 0 if qos[uid] == "guaranteed" else 1, tuple(files))
         for uid, files in tasks.items()
     ]
+
+
+def _fits(need: set[tuple[str, int]], free: dict[int, int]) -> bool:
+    per_domain = Counter(d for _, d in need)
+    return all(free.get(d, 0) >= n for d, n in per_domain.items())
 
 
 def _ids(path: str, pattern: re.Pattern, issues: list[Issue], required: bool = False) -> list[int]:
