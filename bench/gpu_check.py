@@ -4,14 +4,18 @@ any failure. Reads only: it changes no MIG layout, clock or other GPU setting.
 
     python bench/gpu_check.py            # on a machine with an NVIDIA driver
 
-Compared: GPU count and UUIDs, MIG slice UUIDs, frame buffer size per GPU, that GPM
-utilization is reported where supported, and — under a short load on GPU 0 when PyTorch
-with CUDA is importable — whole-GPU graphics activity against nvidia-smi's utilization.
+Compared: the driver version, GPU count and UUIDs, MIG slice UUIDs and each slice's
+profile, frame buffer size per GPU, that GPM utilization is reported where supported,
+and — under a short load on GPU 0 when PyTorch with CUDA is importable — whole-GPU
+graphics activity against nvidia-smi's utilization. Printed first: the driver branch and
+which of the NVML functions that differ between branches the library exports, so one
+run says which of the exporter's fallbacks this driver takes.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import re
 import subprocess
 import sys
@@ -28,6 +32,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 MIB = 1 << 20
 UTILIZATION_TOLERANCE = 0.15  # different sampling windows: NVML's vs our interval
+# NVML functions some driver branches lack, which the exporter falls back from
+BRANCH_SYMBOLS = (
+    "nvmlDeviceGetGpuInstanceProfileInfoByIdV",  # R580 on
+    "nvmlDeviceGetGpuInstanceProfileInfoV",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetNumaNodeId",  # R550 on
+    "nvmlGpmQueryDeviceSupport",  # R520 on
+    "nvmlGpmMigSampleGet",
+    "nvmlSystemGetNVMLVersion",
+)
 
 
 @dataclass
@@ -57,16 +72,33 @@ def parse_smi_xml(text: str) -> dict[str, SmiGpu]:
     return out
 
 
-def parse_smi_list(text: str) -> set[str]:
-    """``nvidia-smi -L`` -> the MIG device UUIDs."""
-    return set(re.findall(r"\(UUID: (MIG-[0-9a-fA-F-]+)\)", text))
+def parse_smi_driver(text: str) -> str:
+    """``nvidia-smi -q -x`` -> the driver version."""
+    return ET.fromstring(text).findtext("driver_version", "").strip()
+
+
+def parse_smi_list(text: str) -> dict[str, str]:
+    """``nvidia-smi -L`` -> MIG device UUID -> its profile (``MIG 1g.10gb Device 0:``)."""
+    found = re.findall(r"MIG (\S+)\s+Device\s+\d+: \(UUID: (MIG-[0-9a-fA-F-]+)\)", text)
+    return {uuid: profile for profile, uuid in found}
+
+
+def exported_symbols(library: str = "libnvidia-ml.so.1") -> dict[str, bool]:
+    """Which of BRANCH_SYMBOLS the driver's NVML library exports."""
+    lib = ctypes.CDLL(library)
+    return {name: hasattr(lib, name) for name in BRANCH_SYMBOLS}
 
 
 def compare(
-    smi: dict[str, SmiGpu], smi_migs: set[str], scraped: bytes, loaded: set[str]
+    smi: dict[str, SmiGpu],
+    smi_migs: dict[str, str],
+    scraped: bytes,
+    loaded: set[str],
+    driver: str = "",
 ) -> list[tuple[str, str, str, bool]]:
-    """(check, nvidia-smi says, numaguard says, passed) rows. ``loaded``: UUIDs of GPUs
-    that ran a load while the utilization was taken."""
+    """(check, nvidia-smi says, numaguard says, passed) rows. ``smi_migs``: MIG UUID ->
+    profile; ``loaded``: UUIDs of GPUs that ran a load while the utilization was taken;
+    ``driver``: nvidia-smi's driver version, when known."""
     samples: dict[str, list[tuple[dict, float]]] = {}
     for family in text_string_to_metric_families(scraped.decode()):
         for s in family.samples:
@@ -80,6 +112,10 @@ def compare(
         }
 
     rows = []
+    info = [labels for labels, _ in samples.get("numaguard_gpu_info", [])]
+    if driver:
+        got = {labels.get("driver_version", "") for labels in info}
+        rows.append(("driver version", driver, ",".join(sorted(got)) or "-", got == {driver}))
     ours = values("numaguard_gpu_info")
     rows.append(("GPU count", str(len(smi)), str(len(ours)), len(smi) == len(ours)))
     rows.append(("GPU UUIDs", _short(smi), _short(ours), set(smi) == set(ours)))
@@ -103,8 +139,11 @@ def compare(
                 ok,
             )
         )
-    migs = {labels["mig_uuid"] for labels, _ in samples.get("numaguard_mig_info", [])}
-    rows.append(("MIG slice UUIDs", _short(smi_migs), _short(migs), migs == smi_migs))
+    migs = {labels["mig_uuid"]: labels for labels, _ in samples.get("numaguard_mig_info", [])}
+    rows.append(("MIG slice UUIDs", _short(smi_migs), _short(migs), set(migs) == set(smi_migs)))
+    for uuid, profile in sorted(smi_migs.items()):
+        got = migs.get(uuid, {}).get("mig_profile", "-")
+        rows.append((f"profile {uuid[:16]}", profile, got, got == profile))
     supported = values("numaguard_gpu_utilization_supported", kind="sm")
     for uuid in sorted(smi):
         if supported.get(uuid) == 1:
@@ -193,14 +232,20 @@ def main() -> int:
         cwd=Path(__file__).resolve().parent.parent,
     )
     try:
+        symbols = exported_symbols()
+    except OSError as err:
+        print(f"no NVML library: {err}")
+        return 1
+    for name, present in symbols.items():
+        print(f"{'exports' if present else 'lacks  '}  {name}")
+    try:
         loaded, thread = _load(args.load_seconds)
         time.sleep(args.load_seconds / 2 if thread else 4.0)  # cycles under the load
         scraped = urllib.request.urlopen(url, timeout=10).read()
-        smi = parse_smi_xml(
-            subprocess.run(
-                ["nvidia-smi", "-q", "-x"], check=True, capture_output=True, text=True
-            ).stdout
-        )
+        smi_xml = subprocess.run(
+            ["nvidia-smi", "-q", "-x"], check=True, capture_output=True, text=True
+        ).stdout
+        smi, driver = parse_smi_xml(smi_xml), parse_smi_driver(smi_xml)
         migs = parse_smi_list(
             subprocess.run(["nvidia-smi", "-L"], check=True, capture_output=True, text=True).stdout
         )
@@ -209,7 +254,8 @@ def main() -> int:
     finally:
         exporter.terminate()
         exporter.wait(timeout=10)
-    rows = compare(smi, migs, scraped, loaded)
+    print(f"driver {driver} (branch R{driver.split('.')[0]})")
+    rows = compare(smi, migs, scraped, loaded, driver)
     width = max(len(r[0]) for r in rows)
     print(f"{'check':<{width}}  {'nvidia-smi':<28}  {'numaguard':<28}  result")
     for check, want, got, ok in rows:

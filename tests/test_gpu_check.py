@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pynvml
 
-from bench.gpu_check import compare, parse_smi_list, parse_smi_xml
+from bench.gpu_check import compare, parse_smi_driver, parse_smi_list, parse_smi_xml
 from exporter.sources.gpu import NvmlSource
 from simulator import presets
 from simulator.host import MIB
@@ -23,7 +23,10 @@ def smi_xml(nvml) -> str:
         </utilization></gpu>"""
         for g in nvml.gpus
     )
-    return f"<nvidia_smi_log><attached_gpus>{len(nvml.gpus)}</attached_gpus>{gpus}</nvidia_smi_log>"
+    return (
+        f"<nvidia_smi_log><driver_version>{nvml.branch.driver_version}</driver_version>"
+        f"<attached_gpus>{len(nvml.gpus)}</attached_gpus>{gpus}</nvidia_smi_log>"
+    )
 
 
 def smi_list(nvml) -> str:
@@ -31,7 +34,7 @@ def smi_list(nvml) -> str:
     for i, g in enumerate(nvml.gpus):
         lines.append(f"GPU {i}: {g.model.name} (UUID: {g.uuid})")
         for j, s in enumerate(g.mig or []):
-            lines.append(f"  MIG {s.profile.name} Device {j}: (UUID: {s.uuid})")
+            lines.append(f"  MIG {s.profile.name:<11} Device  {j}: (UUID: {s.uuid})")
     return "\n".join(lines)
 
 
@@ -49,15 +52,21 @@ async def test_the_check_passes_when_they_agree_and_fails_each_difference(fake_r
         gpus.close()
     scraped = collection.exposition.text
     smi = parse_smi_xml(smi_xml(nvml))
+    driver = parse_smi_driver(smi_xml(nvml))
     migs = parse_smi_list(smi_list(nvml))
-    assert len(smi) == 8 and len(migs) == 13
+    assert len(smi) == 8 and len(migs) == 13 and driver == nvml.branch.driver_version
+    assert sorted(set(migs.values())) == ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb"]
     loaded = {nvml.gpus[0].uuid}  # graphics 0.95 on both sides
-    rows = compare(smi, migs, scraped, loaded)
+    rows = compare(smi, migs, scraped, loaded, driver)
     assert all(ok for *_, ok in rows), [r for r in rows if not r[3]]
-    assert len(rows) == 3 + 8 + 1 + 8 + 1
+    assert len(rows) == 1 + 3 + 8 + 1 + 13 + 8 + 1
 
-    def failed(smi_, migs_, loaded_=loaded) -> set[str]:
-        return {r[0] for r in compare(smi_, migs_, scraped, loaded_) if not r[3]}
+    def failed(smi_, migs_, loaded_=loaded, driver_=driver) -> set[str]:
+        return {r[0] for r in compare(smi_, migs_, scraped, loaded_, driver_) if not r[3]}
+
+    assert failed(smi, migs, driver_="999.1.2") == {"driver version"}
+    slice_ = nvml.gpus[2].mig[0].uuid
+    assert failed(smi, {**migs, slice_: "7g.80gb"}) == {f"profile {slice_[:16]}"}
 
     fewer = dict(smi)
     fewer.pop(nvml.gpus[7].uuid)
@@ -65,7 +74,8 @@ async def test_the_check_passes_when_they_agree_and_fails_each_difference(fake_r
     bigger = parse_smi_xml(smi_xml(nvml))
     bigger[nvml.gpus[3].uuid].memory_total_bytes += 2 * MIB
     assert failed(bigger, migs) == {f"memory {nvml.gpus[3].uuid[:12]}"}
-    assert failed(smi, migs - {nvml.gpus[2].mig[0].uuid}) == {"MIG slice UUIDs"}
+    fewer_migs = {u: p for u, p in migs.items() if u != slice_}
+    assert failed(smi, fewer_migs) == {"MIG slice UUIDs"}
     idle = parse_smi_xml(smi_xml(nvml))
     idle[nvml.gpus[0].uuid].utilization = 0.1
     assert failed(idle, migs) == {f"load {nvml.gpus[0].uuid[:12]}"}
