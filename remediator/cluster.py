@@ -10,7 +10,7 @@ from datetime import datetime
 
 from remediator.findings import Finding
 from remediator.kube import Kube
-from remediator.planner import HISTORY_OWNERS, PodInfo, WorkloadHistory
+from remediator.planner import DRA, HISTORY_OWNERS, PodInfo, WorkloadHistory
 
 HISTORY_ANNOTATION = "numaguard.io/history"  # the workload's history, JSON
 PENDING_LABEL = "numaguard.io/pending"  # "true" while an action awaits verification
@@ -173,7 +173,7 @@ def _extended_resources(spec: dict) -> frozenset[str]:
         if "/" in name and not name.split("/")[0].endswith("kubernetes.io")
     }
     if spec.get("resourceClaims"):
-        names.add("resource.k8s.io")
+        names.add(DRA)
     return frozenset(names)
 
 

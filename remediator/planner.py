@@ -39,6 +39,7 @@ GUARDS = (
     "unsupported_owner",
     "system_critical",
     "local_storage",
+    "resource_claims",
     "too_young",
     "gave_up",
     "pdb_blocked",
@@ -84,6 +85,9 @@ DEPENDS_ON = {
 CAPACITY_DEPENDS_ON = ("host_numa", "pod_resources")
 
 
+DRA = "resource.k8s.io"  # in PodInfo.resources: the pod has ResourceClaims
+
+
 @dataclass(frozen=True)
 class PodInfo:
     """What the API server says about a pod, as far as the guards need it."""
@@ -106,7 +110,7 @@ class PodInfo:
     mismatch: str = ""  # why the API server's objects contradict each other (owner uids)
     history: WorkloadHistory | None = None  # as kept on its workload
     # extended resources its containers request (nvidia.com/gpu, nvidia.com/mig-...), and
-    # "resource.k8s.io" when it has DRA claims
+    # DRA when it has ResourceClaims
     resources: frozenset[str] = frozenset()
 
 
@@ -356,6 +360,10 @@ def _guard(pod, policy, history, now) -> tuple[str | None, str]:
         return "system_critical", pod.priority_class or str(pod.priority)
     if pod.local_storage and not policy.allow_local_storage:
         return "local_storage", "emptyDir or hostPath data would be lost"
+    if DRA in pod.resources:
+        # The scheduler allocates claims with no regard to NUMA, and a shared claim
+        # keeps its devices: no eviction can be shown to bring the pod back aligned.
+        return "resource_claims", "its devices come from DRA ResourceClaims"
     if now - pod.created < policy.min_pod_age_seconds:
         return "too_young", f"{now - pod.created:.0f}s old"
     h = history.get(pod.workload)

@@ -197,6 +197,7 @@ def test_one_free_zone_is_given_once():
         ("system_critical", pod_info("p", priority=2_000_001_000), Policy()),
         ("system_critical", pod_info("p", priority_class="system-node-critical"), Policy()),
         ("local_storage", pod_info("p", local_storage=True), Policy()),
+        ("resource_claims", pod_info("p", resources=frozenset({"resource.k8s.io"})), Policy()),
         ("too_young", pod_info("p", created=NOW - 60), Policy()),
     ],
 )
