@@ -705,8 +705,9 @@ GPU_HOLDER = _m(
     "gauge",
     "A pod container using a GPU (mig_uuid empty) or MIG slice; value 1. resource is the "
     "extended resource it stands for (for a DRA claim: its driver); numa_node is the "
-    "device's; source says how it was found: kubelet (PodResources allocation) or process "
-    "(a process of the container runs on a device the kubelet says nothing about).",
+    "device's; source says how it was found: kubelet (PodResources allocation), claim "
+    "(the pod's DRA ResourceClaim, where the kubelet does not report claims) or process "
+    "(a process of the container runs on a device neither says anything about).",
     (*GPU, "mig_uuid", "resource", "numa_node", *CONTAINER, "source"),
     "gpu",
 )

@@ -21,6 +21,7 @@ from exporter import catalogue as c
 from exporter.collectors import capacity, gpu, host_numa, pods, resctrl
 from exporter.exposition import render
 from exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
+from exporter.readers.dra import DraView
 from exporter.sources import READ_FAILURES, Issue
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class Collection:
         node_name: str,
         sources: Mapping[str, Source],
         metadata: Callable[[], Mapping[str, PodMeta] | None] = lambda: None,
+        dra: Callable[[], DraView | None] = lambda: None,
         thresholds: Thresholds = Thresholds(),
         timeout_seconds: float = 10.0,
         clock: Callable[[], float] = time.time,
@@ -106,6 +108,7 @@ class Collection:
         self.node_name = node_name
         self.sources = dict(sources)
         self.metadata = metadata
+        self.dra = dra
         self.thresholds = thresholds
         self.timeout = timeout_seconds
         self.clock = clock  # snapshot timestamps, the base of every rate
@@ -133,11 +136,13 @@ class Collection:
             by_name[RESCTRL] = await self._read(RESCTRL, None if self.limited else pods)
         # Off the event loop too: tens of milliseconds of CPU would stall scrapes.
         self.snapshot, self.exposition = await asyncio.to_thread(
-            self._snapshot_and_render, by_name, metadata
+            self._snapshot_and_render, by_name, metadata, self.dra()
         )
         return self.snapshot
 
-    def _snapshot_and_render(self, readings: dict, metadata) -> tuple[NodeSnapshot, Exposition]:
+    def _snapshot_and_render(
+        self, readings: dict, metadata, dra: DraView | None
+    ) -> tuple[NodeSnapshot, Exposition]:
         snap = build_snapshot(
             self.node_name,
             self.clock(),
@@ -149,6 +154,7 @@ class Collection:
             readings.get(RESCTRL),
             readings.get(GPU),
             readings.get(POD_RESOURCES),
+            dra,
         )
         return snap, self.render(snap)
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from exporter.readers.cgroup import CpuThrottling, Pressure
+from exporter.readers.dra import DraView, device_plugin_id
 from exporter.readers.numa import NodeMeminfo
 from exporter.readers.nvml import mig_resource
 from exporter.readers.podresources import ContainerResources
@@ -37,11 +38,13 @@ class Thresholds:
 
 @dataclass(frozen=True, slots=True)
 class PodMeta:
-    """What the API server says about a pod: names, and container id -> container name."""
+    """What the API server says about a pod: names, and container id -> container name;
+    its DRA ResourceClaims, by the claim object's name, with the containers using each."""
 
     namespace: str
     name: str
     containers: Mapping[str, str] = field(default_factory=dict)
+    claims: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,7 @@ class DeviceUse:
     namespace: str  # names are "" without API metadata
     pod: str
     container: str
-    source: str  # kubelet (PodResources) | process (NVML's process list)
+    source: str  # kubelet (PodResources) | claim (a DRA ResourceClaim) | process (NVML's)
     pod_state: PodState | None = None  # the pod as this cycle sees it, when its cgroup is
 
 
@@ -177,6 +180,7 @@ def build_snapshot(
     resctrl: ResctrlReading | None = None,
     gpus: GpuReading | None = None,
     kubelet: KubeletReading | None = None,
+    dra: DraView | None = None,
 ) -> NodeSnapshot:
     """Combine this cycle's readings; a reading that failed (None) contributes nothing.
 
@@ -205,7 +209,7 @@ def build_snapshot(
             previous.resctrl if previous else None,
             timestamp - previous.timestamp if previous else None,
         )
-    uses = _device_uses(gpus, pod_states, granted, metadata or {}) if gpus else ()
+    uses = _device_uses(gpus, pod_states, granted, metadata or {}, dra) if gpus else ()
     starvation: tuple[Starvation, ...] = ()
     if uses:
         pod_states = _with_device_verdicts(pod_states, uses)
@@ -400,48 +404,54 @@ def _device_uses(
     pods: tuple[PodState, ...],
     granted: Mapping[tuple[str, str, str], ContainerResources] | None,
     metadata: Mapping[str, PodMeta],
+    dra: DraView | None,
 ) -> tuple[DeviceUse, ...]:
-    """Who uses which GPU or slice: the kubelet's allocations first; NVML's processes for
-    the devices the kubelet says nothing about (no kubelet, or devices handed out some
-    other way, such as a privileged pod that sees them all)."""
-    units: dict[str, tuple[GpuRecord, SliceRecord | None]] = {}
-    for gpu in gpus.gpus:
-        if gpu.uuid:
-            units[gpu.uuid] = (gpu, None)
-            units[str(gpu.index)] = (gpu, None)  # device plugins configured with indices
-            units[f"gpu-{gpu.index}"] = (gpu, None)  # DRA device names
-        for s in gpu.slices:
-            units[s.uuid] = (gpu, s)
-            units[f"MIG-{gpu.uuid}/{s.gi_id}/{s.ci_id}"] = (gpu, s)  # old device plugins
+    """Who uses which GPU or slice: the kubelet's allocations first (device plugins'
+    ids, and DRA devices by what their ResourceSlice says they are), then the node's
+    pods' ResourceClaims for what the kubelet did not name; NVML's processes for the
+    devices neither says anything about (no kubelet, or devices handed out some other
+    way, such as a privileged pod that sees them all)."""
+    find = _DeviceFinder(gpus, dra)
     by_uid = {p.uid: p for p in pods}
     by_name = {(m.namespace, m.name): (uid, m) for uid, m in metadata.items()}
     uses: list[DeviceUse] = []
-    claimed: set[str] = set()
-    for (namespace, pod, container), given in (granted or {}).items():
-        uid, meta = by_name.get((namespace, pod), ("", None))
+    seen: set[tuple[str, str, str]] = set()  # (pod, container, device uuid)
+
+    def use(unit, resource, uid, meta, namespace, pod, container, source) -> None:
+        uuid = unit[1].uuid if unit[1] else unit[0].uuid
+        if (uid or f"{namespace}/{pod}", container, uuid) in seen:
+            return
+        seen.add((uid or f"{namespace}/{pod}", container, uuid))
         container_id = (
             next((cid for cid, n in meta.containers.items() if n == container), "") if meta else ""
         )
-        found = [(d.resource, i) for d in given.devices for i in d.ids]
-        found += [(c.driver, c.device) for c in given.claims]
-        for resource, device in found:
-            unit = units.get(device)
-            if unit is None:
-                continue  # not a GPU NVML knows (another resource, or no GPU backend)
-            claimed.add(unit[1].uuid if unit[1] else unit[0].uuid)
-            uses.append(
-                DeviceUse(
-                    unit[0],
-                    unit[1],
-                    resource,
-                    uid,
-                    container_id,
-                    namespace,
-                    pod,
-                    container,
-                    "kubelet",
-                )
+        uses.append(
+            DeviceUse(
+                unit[0], unit[1], resource, uid, container_id, namespace, pod, container, source
             )
+        )
+
+    for (namespace, pod, container), given in (granted or {}).items():
+        uid, meta = by_name.get((namespace, pod), ("", None))
+        for d in given.devices:
+            for device_id in d.ids:
+                unit = find.plugin_device(device_id)
+                if unit is not None:
+                    use(unit, d.resource, uid, meta, namespace, pod, container, "kubelet")
+        for c in given.claims:
+            unit = find.dra_device(c.driver, c.pool, c.device)
+            if unit is not None:
+                use(unit, c.driver, uid, meta, namespace, pod, container, "kubelet")
+    told = {(pod, uuid) for pod, _, uuid in seen}  # what the kubelet said goes first
+    for uid, meta in metadata.items():
+        for claim, containers in meta.claims.items():
+            for a in dra.allocations.get((meta.namespace, claim), ()) if dra else ():
+                unit = find.dra_device(a.driver, a.pool, a.device)
+                if unit is None or (uid, (unit[1] or unit[0]).uuid) in told:
+                    continue
+                for container in containers:
+                    use(unit, a.driver, uid, meta, meta.namespace, meta.name, container, "claim")
+    claimed = {uuid for _, _, uuid in seen}
     for gpu in gpus.gpus:
         found = [(None, gpu.holders, "nvidia.com/gpu", gpu.uuid)] + [
             (s, s.holders, mig_resource(s.profile), s.uuid) for s in gpu.slices
@@ -470,6 +480,49 @@ def _device_uses(
                     )
                 )
     return tuple(uses)
+
+
+class _DeviceFinder:
+    """The GPU or slice a device plugin's id or a DRA device names."""
+
+    def __init__(self, gpus: GpuReading, dra: DraView | None) -> None:
+        self.dra = dra
+        self.units: dict[str, tuple[GpuRecord, SliceRecord | None]] = {}
+        self.by_index: dict[int, GpuRecord] = {}
+        for gpu in gpus.gpus:
+            self.by_index[gpu.index] = gpu
+            if gpu.uuid:
+                self.units[gpu.uuid] = (gpu, None)
+                self.units[str(gpu.index)] = (gpu, None)  # device plugins given indices
+            for s in gpu.slices:
+                self.units[s.uuid] = (gpu, s)
+                self.units[f"MIG-{gpu.uuid}/{s.gi_id}/{s.ci_id}"] = (gpu, s)  # old plugins
+
+    def plugin_device(self, device_id: str) -> tuple[GpuRecord, SliceRecord | None] | None:
+        device_id, index, gi = device_plugin_id(device_id)
+        if index is None:
+            return self.units.get(device_id)
+        gpu = self.by_index.get(index)  # GKE's nvidia<index>[/gi<id>]
+        if gpu is None or gi is None:
+            return (gpu, None) if gpu else None
+        return next(((gpu, s) for s in gpu.slices if s.gi_id == gi), None)
+
+    def dra_device(self, driver: str, pool: str, name: str):
+        """By the UUID its ResourceSlice gives, or a MIG device made on demand by its
+        parent and placement; None when the node's slices do not say (no guess)."""
+        device = self.dra.devices.get((driver, pool, name)) if self.dra else None
+        if device is None:
+            return None
+        if device.uuid in self.units:
+            return self.units[device.uuid]
+        parent = self.units.get(device.parent_uuid)
+        if parent is None or device.placement is None:
+            return None
+        start, size = device.placement
+        found = (
+            s for s in parent[0].slices if (s.placement_start, s.placement_size) == (start, size)
+        )
+        return next(((parent[0], s) for s in found), None)
 
 
 def _starvation(

@@ -25,6 +25,7 @@ from exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from exporter.model import Thresholds
 from exporter.sources.apiserver import KubeconfigError, connect
 from exporter.sources.cgroups import CgroupSource
+from exporter.sources.dra import DraWatch
 from exporter.sources.gpu import GpuUnavailable, NvmlSource
 from exporter.sources.host import HostSource
 from exporter.sources.kube import PodMetadataWatch
@@ -185,11 +186,14 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 
     api = connect(settings.kubeconfig)
     tasks: list[asyncio.Task] = []
-    metadata = lambda: None  # noqa: E731
+    metadata = dra = lambda: None
     if api is not None:
         watch = PodMetadataWatch(api, settings.node_name)
         metadata = watch.current
         tasks.append(asyncio.create_task(watch.run(), name="pod-metadata"))
+        devices = DraWatch(api, settings.node_name, watch.current)
+        dra = devices.current
+        tasks.append(asyncio.create_task(devices.run(), name="dra"))
     else:
         log.info(
             "no kubeconfig and not in a cluster: pod series carry only pod_uid and container_id"
@@ -210,6 +214,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         settings.node_name,
         sources,
         metadata=metadata,
+        dra=dra,
         thresholds=settings.thresholds,
         timeout_seconds=settings.collector_timeout_seconds,
     )

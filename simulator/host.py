@@ -148,10 +148,15 @@ class FakeHost:
 
 def pod_metadata(host: FakeHost) -> dict[str, PodMeta]:
     """What the API server would tell the exporter about the fake host's pods."""
-    return {
-        p.uid: PodMeta(p.namespace, p.name, {host.container_id(p, c): c.name for c in p.containers})
-        for p in host.pods
-    }
+    out = {}
+    for p in host.pods:
+        claims: dict[str, tuple[str, ...]] = {}
+        for c in p.containers:
+            for claim in c.claims:
+                claims[claim.claim] = (*claims.get(claim.claim, ()), c.name)
+        containers = {host.container_id(p, c): c.name for c in p.containers}
+        out[p.uid] = PodMeta(p.namespace, p.name, containers, claims)
+    return out
 
 
 class FakeHostRoot:

@@ -8,6 +8,7 @@ import asyncio
 import shutil
 import socket
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -15,12 +16,13 @@ import pynvml
 import pytest
 
 from exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, POD_RESOURCES, Collection
+from exporter.readers.dra import Allocated
 from exporter.sources.cgroups import CgroupSource
 from exporter.sources.gpu import NvmlSource
 from exporter.sources.host import HostSource
 from exporter.sources.kubelet import PodResourcesSource
-from simulator import presets
-from simulator.host import GIB, FakeContainer, FakePod
+from simulator import dra, presets
+from simulator.host import GIB, FakeClaim, FakeContainer, FakePod
 from simulator.kubelet import FakeKubelet
 from tests.conftest import NODE, metadata_of, samples, series
 
@@ -47,6 +49,8 @@ class Node:
                 POD_RESOURCES: self.kubelet_source,
             },
             metadata=lambda: metadata_of(self.host),
+            # GPU 6 is the DRA driver's: its ResourceSlice names what gpu-6 is
+            dra=lambda: dra.view("node-0", nvml, [6]),
             clock=clock,
         )
 
@@ -373,3 +377,70 @@ async def test_a_gpu_starved_by_a_remote_and_pressured_host(node):
     await node.cycle()
     got = await node.cycle()
     assert {v for (p, _), v in starved(got).items() if p == "trainer-remote"} == {0}
+
+
+async def test_gke_and_time_sliced_device_ids_are_their_devices(node):
+    """GKE's device plugin names GPUs nvidia<index> and MIG slices nvidia<index>/gi<id>;
+    time-slicing (as on EKS) hands out replicas <uuid>::<n> of one device."""
+    g = node.nvml.gpus
+    trainer, infer_a = node.host.pod("trainer"), node.host.pod("infer-a")
+    remote = node.host.pod("trainer-remote")
+    trainer.containers[0].devices = {"nvidia.com/gpu": ["nvidia0"]}
+    infer_a.containers[0].devices = {"nvidia.com/mig-3g.40gb": [f"nvidia1/gi{g[1].mig[0].gi_id}"]}
+    remote.containers[0].devices = {"nvidia.com/gpu": [f"{g[4].uuid}::2"]}
+    await node.cycle()
+    holders = node.holders(await node.cycle())
+    assert holders[("trainer", g[0].uuid)] == ("nvidia.com/gpu", "0", "kubelet")
+    assert holders[("infer-a", g[1].mig[0].uuid)] == ("nvidia.com/mig-3g.40gb", "0", "kubelet")
+    assert holders[("trainer-remote", g[4].uuid)] == ("nvidia.com/gpu", "1", "kubelet")
+
+
+async def test_a_dra_device_is_what_its_resource_slice_says_never_a_guess(node):
+    g = node.nvml.gpus
+    view = dra.view("node-0", node.nvml, [2, 6])
+    node.collection.dra = lambda: view
+    job = node.host.pod("dra-job").containers[0]
+    # a MIG device the driver made on demand: no UUID in its slice, its placement in
+    # its name; the slice's parent is GPU 2 and it sits where notebook-1's slice does
+    made = dra.device_name(2, g[2].mig[1])
+    key = next(k for k in view.devices if k[2] == made)
+    device = view.devices.pop(key)
+    view.devices[(*key[:2], "gpu-2-mig-made")] = replace(device, name="gpu-2-mig-made", uuid="")
+    job.claims = [FakeClaim("gpu-claim", "gpu-2-mig-made", pool="node-0")]
+    await node.cycle()
+    holders = node.holders(await node.cycle())
+    assert holders[("dra-job", g[2].mig[1].uuid)] == ("gpu.nvidia.com", "0", "kubelet")
+    # a device no slice names: not the kubelet's to attribute (its process still is)
+    job.claims = [FakeClaim("gpu-claim", "gpu-6-unknown", pool="node-0")]
+    holders = node.holders(await node.cycle())
+    assert holders[("dra-job", g[6].uuid)] == ("nvidia.com/gpu", "1", "process")
+    # without the node's slices at all: the same, never the old gpu-<index> guess
+    node.collection.dra = lambda: None
+    job.claims = [FakeClaim("gpu-claim", "gpu-6", pool="node-0")]
+    holders = node.holders(await node.cycle())
+    assert holders[("dra-job", g[6].uuid)] == ("nvidia.com/gpu", "1", "process")
+
+
+async def test_claims_the_kubelet_does_not_report_come_from_the_api_server(node):
+    """A kubelet without PodResources' DRA support says nothing of claims: the pod's
+    claim, as the API server allocated it, names the device, for the containers that
+    use the claim."""
+    g = node.nvml.gpus
+    job = node.host.pod("dra-job")
+    job.containers[0].claims = []  # the kubelet does not report it
+    g[6].processes = []  # and nothing runs yet
+    allocated = (Allocated("gpu", "gpu.nvidia.com", "node-0", "gpu-6"),)
+    view = dra.view("node-0", node.nvml, [6], {(job.namespace, "gpu-claim"): allocated})
+    node.collection.dra = lambda: view
+    metadata = metadata_of(node.host)
+    metadata[job.uid] = replace(metadata[job.uid], claims={"gpu-claim": ("main",)})
+    node.collection.metadata = lambda: metadata
+    await node.cycle()
+    got = await node.cycle()
+    assert node.holders(got)[("dra-job", g[6].uuid)] == ("gpu.nvidia.com", "1", "claim")
+    assert verdicts(got, "device_remote")["dra-job"] == 0  # GPU 6 and its CPUs: node 1
+    # its CPUs moved to node 0: the claimed GPU is remote
+    job.containers[0].cpus = "24-27"
+    node.root.write()
+    got = await node.cycle()
+    assert verdicts(got, "device_remote")["dra-job"] == 1

@@ -25,6 +25,12 @@ from exporter.readers.cgroup import (
     parse_pressure,
     parse_proc_cgroup,
 )
+from exporter.readers.dra import (
+    Allocated,
+    device_plugin_id,
+    read_claim_allocation,
+    read_resource_slice,
+)
 from exporter.readers.numa import (
     NodeMeminfo,
     parse_distance,
@@ -317,3 +323,43 @@ def test_readers_never_raise_anything_but_parse_error(index, data):
 @pytest.mark.parametrize("index", range(len(READERS)))
 def test_valid_samples_parse(index):
     assert READERS[index](VALID[index]) is not None
+
+
+def test_resource_slices_of_every_served_version_read_alike():
+    device = {"name": "gpu-0-mig-9-4-4", "attributes": {"uuid": {"string": "MIG-a"}}}
+    device["attributes"]["gpu.nvidia.com/parentUUID"] = {"string": "GPU-p"}  # qualified
+    v1 = {"spec": {"driver": "gpu.nvidia.com", "pool": {"name": "n1"}, "devices": [device]}}
+    basic = {"name": device["name"], "basic": {"attributes": device["attributes"]}}
+    v1beta1 = {"spec": {**v1["spec"], "devices": [basic]}}
+    for obj in (v1, v1beta1):
+        (d,) = read_resource_slice(obj)
+        assert (d.driver, d.pool, d.name, d.uuid, d.parent_uuid) == (
+            "gpu.nvidia.com",
+            "n1",
+            "gpu-0-mig-9-4-4",
+            "MIG-a",
+            "GPU-p",
+        )
+        assert d.placement == (4, 4)
+    (d,) = read_resource_slice({"spec": {**v1["spec"], "devices": [{"name": "gpu-3"}]}})
+    assert (d.uuid, d.placement) == ("", None)  # says nothing: nothing made up
+    for bad in (
+        {},
+        {"spec": {"driver": "x", "pool": {}}},
+        {"spec": {**v1["spec"], "devices": [1]}},
+    ):
+        with pytest.raises(ParseError):
+            read_resource_slice(bad)
+
+
+def test_claim_allocations_and_device_plugin_ids():
+    result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-1"}
+    claim = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    assert read_claim_allocation(claim) == (Allocated("gpu", "gpu.nvidia.com", "n1", "gpu-1"),)
+    assert read_claim_allocation({"status": {}}) is None  # not allocated yet
+    with pytest.raises(ParseError):
+        read_claim_allocation({"status": {"allocation": {"devices": {"results": [{}]}}}})
+    assert device_plugin_id("GPU-abc::3") == ("GPU-abc", None, None)
+    assert device_plugin_id("nvidia2") == ("nvidia2", 2, None)
+    assert device_plugin_id("nvidia2/gi7") == ("nvidia2/gi7", 2, 7)
+    assert device_plugin_id("MIG-x") == ("MIG-x", None, None)

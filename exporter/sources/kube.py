@@ -1,5 +1,6 @@
-"""Pod metadata source: watches this node's pods on the API server and keeps pod UID ->
-namespace, name and container names for the snapshot to join."""
+"""Watches of the API server: this node's pods (pod UID -> namespace, name, container
+names and ResourceClaims, for the snapshot to join), and any other collection the same
+way (the node's ResourceSlices: dra.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Generic, TypeVar
 
 import aiohttp
 
 from exporter.model import PodMeta
+from exporter.readers import ParseError
 from exporter.sources.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
@@ -20,7 +23,16 @@ WATCH_SECONDS = 300  # the server ends each watch after this; we resume from its
 REQUEST_TIMEOUT_SECONDS = 30.0
 MAX_EVENT_BYTES = 16 << 20  # one watch event (a pod object); past it, list again
 # Every (API group, resource, verb) the exporter uses; deploy/ grants exactly these.
-API_USE = {("", "pods", "list"), ("", "pods", "watch")}
+API_USE = {
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("resource.k8s.io", "resourceslices", "list"),
+    ("resource.k8s.io", "resourceslices", "watch"),
+    ("resource.k8s.io", "resourceclaims", "get"),
+}
+
+
+T = TypeVar("T")
 
 
 class WatchExpired(Exception):
@@ -28,28 +40,56 @@ class WatchExpired(Exception):
 
 
 def pod_meta(pod: dict) -> tuple[str, PodMeta]:
-    """A pod object -> (uid, PodMeta) with container id (without runtime prefix) -> name."""
+    """A pod object -> (uid, PodMeta) with container id (without runtime prefix) -> name,
+    and its ResourceClaims: a claim named in the pod (``resourceClaimName``) or made for
+    it from a template (named in ``status.resourceClaimStatuses`` once made)."""
     containers: dict[str, str] = {}
-    status = pod.get("status") or {}
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
     for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
         for s in status.get(key) or ():
             if s.get("containerID"):
                 containers[s["containerID"].rpartition("://")[2]] = s["name"]
+    made = {
+        s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()
+    }
+    users: dict[str, list[str]] = {}
+    for key in ("containers", "initContainers"):
+        for c in spec.get(key) or ():
+            for claim in (c.get("resources") or {}).get("claims") or ():
+                users.setdefault(claim.get("name"), []).append(c.get("name", ""))
+    claims = {}
+    for claim in spec.get("resourceClaims") or ():
+        name = claim.get("resourceClaimName") or made.get(claim.get("name"))
+        if name:  # a template's claim not made yet has no devices yet
+            claims[name] = tuple(users.get(claim.get("name"), ()))
     meta = pod["metadata"]
-    return meta["uid"], PodMeta(meta["namespace"], meta["name"], containers)
+    return meta["uid"], PodMeta(meta["namespace"], meta["name"], containers, claims)
 
 
-class PodMetadataWatch:
-    """List, then watch, pods with ``spec.nodeName=<node>``; resync on any failure."""
+class ListWatch(Generic[T]):
+    """List, then watch, the objects of one collection matching a field selector; resync
+    on any failure. ``paths``: the collection under each API version to try, newest
+    first; the first the server serves (not 404) is used."""
 
-    def __init__(self, api: ApiServer, node_name: str) -> None:
+    def __init__(
+        self,
+        api: ApiServer,
+        paths: tuple[str, ...],
+        selector: str,
+        parse: Callable[[dict], tuple[str, T]],
+        what: str,
+    ) -> None:
         self.api = api
-        self.selector = f"spec.nodeName={node_name}"
-        self._pods: dict[str, PodMeta] | None = None
+        self.paths = paths
+        self.path = paths[0]
+        self.selector = selector
+        self.parse = parse
+        self.what = what
+        self._objects: dict[str, T] | None = None
 
-    def current(self) -> Mapping[str, PodMeta] | None:
-        """The pods as last seen; None until the first listing succeeded."""
-        return self._pods
+    def current(self) -> Mapping[str, T] | None:
+        """The objects as last seen, by key; None until the first listing succeeded."""
+        return self._objects
 
     async def run(self) -> None:
         backoff = 1.0
@@ -61,11 +101,12 @@ class PodMetadataWatch:
             except asyncio.CancelledError:
                 raise
             except WatchExpired as err:
-                log.info("pod metadata watch expired, listing again: %s", err)
+                log.info("%s watch expired, listing again: %s", self.what, err)
             except Exception as err:
-                # Names stay as last seen while we resync; they only fill labels.
+                # What was seen stays while we resync: it only fills labels.
                 log.warning(
-                    "pod metadata watch failed; retrying in %.0fs: %s",
+                    "%s watch failed; retrying in %.0fs: %s",
+                    self.what,
                     backoff,
                     err,
                     extra={"reason": type(err).__name__},
@@ -75,14 +116,23 @@ class PodMetadataWatch:
 
     async def _list(self) -> str:
         params = {"fieldSelector": self.selector}
-        async with self.api.request(
-            "GET", "/api/v1/pods", REQUEST_TIMEOUT_SECONDS, params=params
-        ) as r:
-            if r.status != 200:
-                raise RuntimeError(f"listing pods: HTTP {r.status}")
-            listing = await r.json()
-        self._pods = dict(pod_meta(p) for p in listing["items"])
-        return listing["metadata"]["resourceVersion"]
+        for path in self.paths:
+            async with self.api.request("GET", path, REQUEST_TIMEOUT_SECONDS, params=params) as r:
+                if r.status == 404 and path != self.paths[-1]:
+                    continue  # an older API server: its older version
+                if r.status != 200:
+                    raise RuntimeError(f"listing {self.what}: HTTP {r.status}")
+                listing = await r.json()
+            self.path = path
+            self._objects = dict(self._parsed(o) for o in listing["items"])
+            return listing["metadata"]["resourceVersion"]
+        raise AssertionError("unreachable: the last path answers or raises")
+
+    def _parsed(self, obj: dict) -> tuple[str, T]:
+        try:
+            return self.parse(obj)
+        except (ParseError, KeyError, TypeError, AttributeError) as err:
+            raise RuntimeError(f"a {self.what} object the exporter cannot read: {err}") from None
 
     async def _watch(self, version: str) -> None:
         """Follow changes from ``version``, resuming where each watch ends, until the
@@ -96,11 +146,11 @@ class PodMetadataWatch:
                 "allowWatchBookmarks": "true",
             }
             timeout = WATCH_SECONDS + REQUEST_TIMEOUT_SECONDS
-            async with self.api.request("GET", "/api/v1/pods", timeout, params=params) as r:
+            async with self.api.request("GET", self.path, timeout, params=params) as r:
                 if r.status == 410:
                     raise WatchExpired(f"resourceVersion {version}")
                 if r.status != 200:
-                    raise RuntimeError(f"watching pods: HTTP {r.status}")
+                    raise RuntimeError(f"watching {self.what}: HTTP {r.status}")
                 try:
                     async for event in _events(r.content):
                         version = self._apply(event) or version
@@ -113,14 +163,21 @@ class PodMetadataWatch:
         if kind == "ERROR":  # in-stream 410 Gone: the version was compacted away
             raise WatchExpired(obj.get("message", "watch error"))
         if kind in ("ADDED", "MODIFIED", "DELETED"):
-            uid, meta = pod_meta(obj)
-            pods = dict(self._pods or {})
+            key, value = self._parsed(obj)
+            objects = dict(self._objects or {})
             if kind == "DELETED":
-                pods.pop(uid, None)
+                objects.pop(key, None)
             else:
-                pods[uid] = meta
-            self._pods = pods
+                objects[key] = value
+            self._objects = objects
         return obj.get("metadata", {}).get("resourceVersion", "")
+
+
+class PodMetadataWatch(ListWatch[PodMeta]):
+    """This node's pods (``spec.nodeName=<node>``), by uid."""
+
+    def __init__(self, api: ApiServer, node_name: str) -> None:
+        super().__init__(api, ("/api/v1/pods",), f"spec.nodeName={node_name}", pod_meta, "pods")
 
 
 async def _events(stream: aiohttp.StreamReader) -> AsyncIterator[dict]:

@@ -1,0 +1,102 @@
+"""DRA source: which GPU or MIG slice each Dynamic Resource Allocation device of this node
+is, and which devices this node's pods' ResourceClaims were given.
+
+ResourceSlices are watched for ``spec.nodeName=<node>`` (``resource.k8s.io/v1``, else
+``v1beta2`` or ``v1beta1`` on older API servers). A claim is fetched by name when one of
+the node's pods names it and until it is allocated: claims are not node-scoped, and
+watching every claim of the cluster from every node would not scale. The kubelet's
+PodResources API names claimed devices too (when its DRA support is on); this covers
+kubelets that do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from exporter.model import PodMeta
+from exporter.readers import ParseError
+from exporter.readers.dra import (
+    Allocated,
+    DraDevice,
+    DraView,
+    read_claim_allocation,
+    read_resource_slice,
+)
+from exporter.sources.apiserver import ApiServer
+from exporter.sources.kube import REQUEST_TIMEOUT_SECONDS, ListWatch
+
+log = logging.getLogger(__name__)
+
+VERSIONS = ("v1", "v1beta2", "v1beta1")
+CLAIMS_EVERY_SECONDS = 5.0  # how often the pods' claims not yet known are fetched
+
+
+def _slice(obj: dict) -> tuple[str, tuple[DraDevice, ...]]:
+    return obj["metadata"]["name"], read_resource_slice(obj)
+
+
+class DraWatch:
+    def __init__(
+        self,
+        api: ApiServer,
+        node_name: str,
+        pods: Callable[[], Mapping[str, PodMeta] | None],
+    ) -> None:
+        self.api = api
+        self.pods = pods
+        self.slices = ListWatch(
+            api,
+            tuple(f"/apis/resource.k8s.io/{v}/resourceslices" for v in VERSIONS),
+            f"spec.nodeName={node_name}",
+            _slice,
+            "ResourceSlices",
+        )
+        self._claims: dict[tuple[str, str], tuple[Allocated, ...]] = {}
+
+    def current(self) -> DraView | None:
+        """None until the node's ResourceSlices were listed."""
+        slices = self.slices.current()
+        if slices is None:
+            return None
+        devices = {(d.driver, d.pool, d.name): d for ds in slices.values() for d in ds}
+        return DraView(devices, dict(self._claims))
+
+    async def run(self) -> None:
+        await asyncio.gather(self.slices.run(), self._follow_claims())
+
+    async def _follow_claims(self) -> None:
+        while True:
+            try:
+                await self.fetch_claims()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the claims known stay; asked again next time
+                log.warning("fetching ResourceClaims failed: %s", err)
+            await asyncio.sleep(CLAIMS_EVERY_SECONDS)
+
+    async def fetch_claims(self) -> None:
+        """Fetch the claims the node's pods name that are not known allocated yet, and
+        forget those no pod names any more."""
+        pods = self.pods()
+        if pods is None:
+            return
+        wanted = {(meta.namespace, claim) for meta in pods.values() for claim in meta.claims}
+        self._claims = {k: v for k, v in self._claims.items() if k in wanted}
+        version = self.slices.path.split("/")[3]  # the version the server serves
+        for namespace, name in sorted(wanted - set(self._claims)):
+            path = f"/apis/resource.k8s.io/{version}/namespaces/{namespace}/resourceclaims/{name}"
+            async with self.api.request("GET", path, REQUEST_TIMEOUT_SECONDS) as r:
+                if r.status == 404:
+                    continue  # gone, or not made yet
+                if r.status != 200:
+                    raise RuntimeError(f"GET ResourceClaim {namespace}/{name}: HTTP {r.status}")
+                obj = await r.json()
+            try:
+                allocated = read_claim_allocation(obj)
+            except ParseError as err:
+                log.warning("ResourceClaim %s/%s: %s", namespace, name, err)
+                continue
+            if allocated is not None:  # allocations do not change once made
+                self._claims[(namespace, name)] = allocated
