@@ -50,7 +50,7 @@ QOS = {"guaranteed": "Guaranteed", "burstable": "Burstable", "besteffort": "Best
 MIN_MEMORY = 64 << 20
 # what a cluster leaves behind in its namespaces, deleted when it stops
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
-LEFT_BEHIND = (*WORKLOAD_KINDS, "PodDisruptionBudget", "Event")
+LEFT_BEHIND = (*WORKLOAD_KINDS, "PodDisruptionBudget", "Event", "ResourceClaim")
 
 
 @dataclass

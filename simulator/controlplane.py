@@ -77,6 +77,10 @@ KINDS = {
     "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors", True),
     "PrometheusRule": ("/apis/monitoring.coreos.com/v1", "prometheusrules", True),
     "RuntimeClass": ("/apis/node.k8s.io/v1", "runtimeclasses", False),
+    # Dynamic Resource Allocation (simulator.dra publishes a node's GPUs)
+    "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
+    "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
+    "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
 }
 
 
@@ -191,6 +195,9 @@ class ControlPlane:
             f"--service-account-signing-key-file={key}",
             "--service-account-issuer=https://kubernetes.default.svc",
             "--service-cluster-ip-range=10.0.0.0/24",
+            # DRA's v1 is on by default; the betas older API servers serve too, so that
+            # a client of those is tested against the real thing
+            "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
         )
         self.url = f"https://127.0.0.1:{api_port}"
         await self._wait(lambda s: self._ok(s, "/readyz"), "kube-apiserver ready")

@@ -80,8 +80,8 @@ class DraWatch:
         """Fetch the claims the node's pods name that are not known allocated yet, and
         forget those no pod names any more."""
         pods = self.pods()
-        if pods is None:
-            return
+        if pods is None or self.slices.current() is None:
+            return  # nothing to ask for, or the version the server serves not known yet
         wanted = {(meta.namespace, claim) for meta in pods.values() for claim in meta.claims}
         self._claims = {k: v for k, v in self._claims.items() if k in wanted}
         version = self.slices.path.split("/")[3]  # the version the server serves
