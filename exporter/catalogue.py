@@ -744,7 +744,8 @@ ZONE_DEVICES_ALLOCATABLE = _m(
     "zone_devices_allocatable",
     "gauge",
     "Devices of an extended resource on the NUMA node (numa_node empty: the kubelet "
-    "places them on none, or on several).",
+    "places them on none, or on several); a DRA driver's devices (its ResourceSlices' "
+    "GPUs and slices) under the driver's name, on their GPU's NUMA node.",
     ("numa_node", "resource"),
     "capacity",
 )

@@ -234,7 +234,7 @@ def build_snapshot(
         resctrl=traffic,
         gpus=gpus,
         device_uses=uses,
-        zones=_zones(kubelet, topology) if kubelet else (),
+        zones=_zones(kubelet, topology, _dra_devices(gpus, dra, uses)) if kubelet else (),
         starvation=starvation,
     )
 
@@ -589,9 +589,29 @@ def _host_signals(
     return out
 
 
-def _zones(kubelet: KubeletReading, topology: Topology | None) -> tuple[Zone, ...]:
+def _dra_devices(
+    gpus: GpuReading | None, dra: DraView | None, uses: tuple[DeviceUse, ...]
+) -> list[tuple[int | None, str, bool]]:
+    """(NUMA node, driver, free) of each DRA device of the node's ResourceSlices that is a
+    GPU or slice NVML knows; taken when a pod holds it through a claim."""
+    if gpus is None or dra is None:
+        return []
+    find = _DeviceFinder(gpus, dra)
+    held = {(u.mig or u.gpu).uuid for u in uses if u.source != "process"}
+    out = []
+    for (driver, pool, name), _ in sorted(dra.devices.items()):
+        unit = find.dra_device(driver, pool, name)
+        if unit is not None:
+            out.append((unit[0].numa_node, driver, (unit[1] or unit[0]).uuid not in held))
+    return out
+
+
+def _zones(
+    kubelet: KubeletReading, topology: Topology | None, dra: list[tuple[int | None, str, bool]]
+) -> tuple[Zone, ...]:
     """Per NUMA node: allocatable and allocated exclusive CPUs, devices per resource and
-    memory, from the kubelet's GetAllocatableResources and List."""
+    memory, from the kubelet's GetAllocatableResources and List; DRA devices (``dra``)
+    under their driver's name."""
     alloc = kubelet.allocatable
     if kubelet.pods is None or alloc is None:
         return ()
@@ -620,6 +640,12 @@ def _zones(kubelet: KubeletReading, topology: Topology | None) -> tuple[Zone, ..
             devices_free.setdefault(node, {}).setdefault(d.resource, 0)
             devices_all[node][d.resource] += 1
             devices_free[node][d.resource] += (d.resource, i) not in taken
+    for node, driver, free in dra:
+        nodes.add(node)
+        devices_all.setdefault(node, {}).setdefault(driver, 0)
+        devices_free.setdefault(node, {}).setdefault(driver, 0)
+        devices_all[node][driver] += 1
+        devices_free[node][driver] += free
     memory_all: dict[int | None, int] = {}
     memory_used: dict[int | None, int] = {}
     for m in alloc.memory:

@@ -129,6 +129,11 @@ async def test_a_mig_slice_claimed_through_dra_is_its_pods(control_plane):
             assert job.containers[0].cpus == "0-1"
             got, _ = await scrape_until(url, device_remote)
             assert device_remote(got) == [1]
+            # the node's zone 1 has the driver's two slices of GPU 5, one of them taken
+            zone = {"node": NODE, "numa_node": "1", "resource": dra.DRIVER}
+            for name, value in (("allocatable", 2), ("free", 1)):
+                key = (f"numaguard_zone_devices_{name}", frozenset(zone.items()))
+                assert got[key] == value, name
         finally:
             for obj in published:
                 kind, name = obj["kind"], obj["metadata"]["name"]

@@ -173,6 +173,7 @@ async def test_capacity_per_numa_zone(node):
         ("0", "nvidia.com/mig-2g.20gb"): (1, 1),
         ("0", "nvidia.com/mig-1g.10gb"): (9, 5),  # infer-b and three notebooks
         ("1", "nvidia.com/gpu"): (2, 1),  # GPUs 4 and 7 (6 is DRA's)
+        ("1", "gpu.nvidia.com"): (1, 0),  # GPU 6, by its ResourceSlice: dra-job's
         ("1", "nvidia.com/mig-4g.40gb"): (1, 0),
         ("1", "nvidia.com/mig-3g.40gb"): (1, 0),
     }
