@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 import aiohttp
 
 from exporter.readers import format_id_list, parse_id_list
+from simulator import dra
 from simulator.controlplane import ApiError, ControlPlane, path_of, rendered
 from simulator.host import FakeContainer, FakeHost, FakeHostRoot, FakePod
 from simulator.kubelet import FakeKubelet
@@ -114,6 +115,9 @@ class SimulatedCluster:
         for pod in host.pods:
             keep_ids(host, pod)
             node.presets[(pod.namespace, pod.name)] = pod
+            for ctr in pod.containers:
+                for claim in ctr.claims:
+                    claim.pool = name  # NVIDIA's DRA driver names a node's pool after it
         host.pods = []  # the pods arrive as the agent admits them
         node.write()
         self.nodes[name] = node
@@ -133,6 +137,7 @@ class SimulatedCluster:
             # lifts it once the Node reports Ready, as this one does from the start
             await self.cp.patch(self.session, "Node", None, node.name, {"spec": {"taints": None}})
             await self.cp.create(self.session, self._node_lease(node))
+            await self._publish_dra(node)
         self._tasks = [
             asyncio.create_task(self._agent()),
             asyncio.create_task(self._heartbeat()),
@@ -141,6 +146,32 @@ class SimulatedCluster:
             [(node, pod) for node in self.nodes.values() for pod in node.presets.values()],
             customise,
         )
+
+    async def _publish_dra(self, node: SimNode) -> None:
+        """As NVIDIA's DRA driver on the node would: its DeviceClass (once per cluster)
+        and a ResourceSlice of the GPUs the presets' claims hold."""
+        gpus = sorted(
+            int(claim.device.removeprefix("gpu-"))
+            for pod in node.presets.values()
+            for ctr in pod.containers
+            for claim in ctr.claims
+        )
+        if not gpus:
+            return
+        with contextlib.suppress(ApiError):  # made by an earlier cluster: it stays
+            await self.cp.create(self.session, dra.device_class())
+        await self.cp.create(self.session, dra.resource_slice(node.name, node.nvml, gpus))
+
+    async def _allocate_claims(self, node: SimNode, pod: FakePod) -> None:
+        """A preset pod comes bound, its claims allocated, as the scheduler leaves them."""
+        for ctr in pod.containers:
+            for claim in ctr.claims:
+                with contextlib.suppress(ApiError):  # another of the presets' made it
+                    await self.cp.create(self.session, dra.claim_object(pod.namespace, claim.claim))
+                status = {"status": dra.allocation(node.name, claim.device)}
+                await self.cp.patch(
+                    self.session, "ResourceClaim", pod.namespace, claim.claim, status, "status"
+                )
 
     async def add_pods(self, pods: list[tuple[SimNode, FakePod]], customise=None) -> None:
         """Create pods bound to their nodes, to be admitted where they are placed, with a
@@ -160,6 +191,7 @@ class SimulatedCluster:
             template = pod_template(members[0][1], name, self.node_pools.get(namespace))
             owned = 0
             for node, pod in members:
+                await self._allocate_claims(node, pod)
                 obj = bound_pod(pod, node.name, template)
                 if customise is not None:
                     await customise(self, obj)
@@ -195,6 +227,10 @@ class SimulatedCluster:
                 for kind in LEFT_BEHIND:
                     await self.cp.request(self.session, "DELETE", path_of(kind, namespace))
             for node in self.nodes.values():
+                slice_name = dra.resource_slice(node.name, node.nvml, [])["metadata"]["name"]
+                await self.cp.request(
+                    self.session, "DELETE", path_of("ResourceSlice", None, slice_name)
+                )
                 await self.cp.request(self.session, "DELETE", path_of("Node", None, node.name))
                 await self.cp.request(
                     self.session, "DELETE", path_of("Lease", "kube-node-lease", node.name)

@@ -71,6 +71,23 @@ def device_class() -> dict:
     }
 
 
+def claim_object(namespace: str, name: str) -> dict:
+    """A ResourceClaim for one of the driver's devices (its allocation is the status)."""
+    request = {"deviceClassName": DRIVER}
+    return {
+        "apiVersion": API,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+    }
+
+
+def allocation(node_name: str, device: str) -> dict:
+    """The status the scheduler gives a claim it allocated ``device`` of the node to."""
+    result = {"request": "gpu", "driver": DRIVER, "pool": node_name, "device": device}
+    return {"allocation": {"devices": {"results": [result]}}}
+
+
 def view(node_name: str, nvml: FakeNvml, gpus: list[int], allocations=None) -> DraView:
     """What the exporter's watch makes of the node's slice (for tests without an API
     server)."""
