@@ -354,6 +354,9 @@ def main() -> None:
             f"{'est. cycle CPU ms on a node (real files)':<44}{node_ms:>12.2f}{'':>20}  "
             f"(+{extra_us:.2f} us a file)"
         )
+    if args.no_rss:
+        print("exporter process RSS: not measured (--no-rss)")
+        return
     print(
         f"{'exporter process RSS, MiB':<44}{rss_mib:>12.1f}{'':>20}  <= 80: "
         f"{'met' if rss_mib <= 80 else 'NOT met'}"
