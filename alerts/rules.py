@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-
-from exporter import catalogue as c
-from remediator.findings import Detection
-from remediator.queries import DEFAULT_SELECTOR, Windows, expressions, selected
+from numaguard.exporter import catalogue as c
+from numaguard.remediator.findings import Detection
+from numaguard.remediator.queries import DEFAULT_SELECTOR, Windows, expressions, selected
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_FILE = ROOT / "alerts" / "numaguard.rules.yml"

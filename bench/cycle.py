@@ -27,23 +27,29 @@ import time
 from types import SimpleNamespace
 
 import aiohttp
+import numaguard.exporter.sources as sources
 import psutil
 import pynvml
-
-import exporter.sources as sources
-from exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, POD_RESOURCES, RESCTRL, Collection
-from exporter.sources.cgroups import CgroupSource
-from exporter.sources.gpu import NvmlSource
-from exporter.sources.host import HostSource
-from exporter.sources.kubelet import PodResourcesSource
-from exporter.sources.podresources import api_pb2, api_pb2_grpc
-from exporter.sources.resctrl import ResctrlSource
-from simulator import presets
-from simulator.cluster import SimulatedCluster
-from simulator.controlplane import ControlPlane
-from simulator.host import FakeHostRoot, pod_metadata
-from simulator.processes import exporter_process, get
-from simulator.resctrl import FakeResctrl
+from numaguard.exporter.collection import (
+    GPU,
+    HOST_NUMA,
+    POD_PLACEMENT,
+    POD_RESOURCES,
+    RESCTRL,
+    Collection,
+)
+from numaguard.exporter.sources.cgroups import CgroupSource
+from numaguard.exporter.sources.gpu import NvmlSource
+from numaguard.exporter.sources.host import HostSource
+from numaguard.exporter.sources.kubelet import PodResourcesSource
+from numaguard.exporter.sources.podresources import api_pb2, api_pb2_grpc
+from numaguard.exporter.sources.resctrl import ResctrlSource
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import SimulatedCluster
+from numaguard.simulator.controlplane import ControlPlane
+from numaguard.simulator.host import FakeHostRoot, pod_metadata
+from numaguard.simulator.processes import exporter_process, get
+from numaguard.simulator.resctrl import FakeResctrl
 
 TARGET_CPU_MS = 50.0
 TARGET_RATIO = 3.0
@@ -248,7 +254,14 @@ def main() -> None:
         kernel = FakeResctrl(tmp, host, snc={0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}).write()
         socket = f"{tmp}/kubelet.sock"
         kubelet = subprocess.Popen(
-            [sys.executable, "-m", "simulator.kubelet", socket, "--preset", "reference_gpu_node"],
+            [
+                sys.executable,
+                "-m",
+                "numaguard.simulator.kubelet",
+                socket,
+                "--preset",
+                "reference_gpu_node",
+            ],
             stdout=subprocess.PIPE,
         )
         assert kubelet.stdout.readline().strip() == b"ready"

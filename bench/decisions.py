@@ -20,9 +20,9 @@ import random
 import tempfile
 import time
 
-from exporter.readers import parse_id_list
-from remediator.findings import FindingState, update
-from remediator.planner import (
+from numaguard.exporter.readers import parse_id_list
+from numaguard.remediator.findings import FindingState, update
+from numaguard.remediator.planner import (
     PodInfo,
     Policy,
     WorkloadHistory,
@@ -30,14 +30,14 @@ from remediator.planner import (
     after_verification,
     plan,
 )
-from remediator.queries import REQUIRED_LABELS
-from remediator.signals import Signals
-from simulator import presets
-from simulator.cluster import SimulatedCluster
-from simulator.controlplane import ControlPlane
-from simulator.host import FakeContainer, FakePod
-from simulator.nvml import FakeGpu
-from simulator.prometheus import as_signals
+from numaguard.remediator.queries import REQUIRED_LABELS
+from numaguard.remediator.signals import Signals
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import SimulatedCluster
+from numaguard.simulator.controlplane import ControlPlane
+from numaguard.simulator.host import FakeContainer, FakePod
+from numaguard.simulator.nvml import FakeGpu
+from numaguard.simulator.prometheus import as_signals
 
 PROTECTED = {"kube-system", "opted-out", "bare"}  # how a pod may be protected
 

@@ -215,7 +215,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "exporter",
+            "numaguard.exporter",
             "--host-root",
             "/",
             "--gpu-backend",

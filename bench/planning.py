@@ -15,11 +15,11 @@ import random
 import statistics
 import time
 
-from remediator.findings import FindingState, update
-from remediator.planner import PodInfo, Policy, plan
-from remediator.queries import expressions
-from remediator.signals import Signals
-from simulator.prometheus import as_signals
+from numaguard.remediator.findings import FindingState, update
+from numaguard.remediator.planner import PodInfo, Policy, plan
+from numaguard.remediator.queries import expressions
+from numaguard.remediator.signals import Signals
+from numaguard.simulator.prometheus import as_signals
 
 GIB = 1 << 30
 TARGET_CPU_S = 1.0

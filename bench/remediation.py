@@ -23,14 +23,13 @@ import time
 from pathlib import Path
 
 import aiohttp
-
-from remediator.controller import Controller
-from remediator.findings import FindingState, update
-from remediator.planner import Policy, plan
-from remediator.signals import Prometheus, Source
-from simulator.fleet import Fleet, pods_for
-from simulator.processes import free_port
-from simulator.prometheus import PrometheusMissing, PrometheusServer, binary
+from numaguard.remediator.controller import Controller
+from numaguard.remediator.findings import FindingState, update
+from numaguard.remediator.planner import Policy, plan
+from numaguard.remediator.signals import Prometheus, Source
+from numaguard.simulator.fleet import Fleet, pods_for
+from numaguard.simulator.processes import free_port
+from numaguard.simulator.prometheus import PrometheusMissing, PrometheusServer, binary
 
 TARGETS = {"wall_s": 3.0, "cpu_s": 1.0, "answer_mb": 5.0, "prometheus_cpu_s": 5.0}
 # the whole set's answers at 5,000 nodes are far over the default 32 MiB budget: give

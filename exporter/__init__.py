@@ -1,3 +1,3 @@
 """numaguard exporter: NUMA placement, memory traffic and GPU use of a node, for Prometheus."""
 
-__version__ = "0.1.0"
+from numaguard import __version__  # noqa: F401 (one version, the distribution's)

@@ -844,7 +844,8 @@ def markdown() -> str:
     lines = [
         "# Metrics",
         "",
-        "Generated from `exporter/catalogue.py` by `python -m exporter.catalogue`; do not edit.",
+        "Generated from `exporter/catalogue.py` by `python -m numaguard.exporter.catalogue`; "
+        "do not edit.",
         f"Every series also carries `{NODE_LABEL}`.",
         "",
     ]

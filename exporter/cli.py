@@ -11,12 +11,12 @@ import resource
 import socket
 import sys
 
-from exporter import __version__, logs, webconfig
-from exporter.model import Thresholds
-from exporter.server import GpuBackendError, Settings, serve
-from exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
-from exporter.sources.kubelet import DEFAULT_SOCKET
-from exporter.sources.resctrl import MODES
+from numaguard.exporter import __version__, logs, webconfig
+from numaguard.exporter.model import Thresholds
+from numaguard.exporter.server import GpuBackendError, Settings, serve
+from numaguard.exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
+from numaguard.exporter.sources.kubelet import DEFAULT_SOCKET
+from numaguard.exporter.sources.resctrl import MODES
 
 DEFAULT_PORT = 9847
 

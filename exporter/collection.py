@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from exporter import __version__, sources
-from exporter import catalogue as c
-from exporter.collectors import capacity, gpu, host_numa, pods, resctrl
-from exporter.exposition import render
-from exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
-from exporter.readers.dra import DraView
-from exporter.sources import READ_FAILURES, Issue
+from numaguard.exporter import __version__, sources
+from numaguard.exporter import catalogue as c
+from numaguard.exporter.collectors import capacity, gpu, host_numa, pods, resctrl
+from numaguard.exporter.exposition import render
+from numaguard.exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
+from numaguard.exporter.readers.dra import DraView
+from numaguard.exporter.sources import READ_FAILURES, Issue
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Regenerate the reference docs from the code: ``python -m exporter.docs``.
+"""Regenerate the reference docs from the code: ``python -m numaguard.exporter.docs``.
 
 docs/metrics.md comes from the metric catalogue, the README's configuration block from
 ``numaguard-exporter --help``; tests fail when either is stale.
@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from exporter import catalogue, cli
+from numaguard.exporter import catalogue, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 HELP_BLOCK = re.compile(r"(<!-- exporter-help:start -->\n).*?(<!-- exporter-help:end -->)", re.S)

@@ -9,7 +9,7 @@ line is rendered once, as it is added (catalogue.Family), for both formats.
 
 from __future__ import annotations
 
-from exporter.catalogue import Family
+from numaguard.exporter.catalogue import Family
 
 CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 CONTENT_TYPE_OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"

@@ -7,17 +7,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from exporter.readers.cgroup import CpuThrottling, Pressure
-from exporter.readers.dra import DraView, device_plugin_id
-from exporter.readers.numa import NodeMeminfo
-from exporter.readers.nvml import mig_resource
-from exporter.readers.podresources import ContainerResources
-from exporter.sources.cgroups import ContainerReading, PodsReading
-from exporter.sources.gpu import GpuReading, GpuRecord, SliceRecord
-from exporter.sources.host import HostReading, L3Domain
-from exporter.sources.kubelet import KubeletReading
-from exporter.sources.resctrl import ResctrlReading
-from exporter.traffic import ResctrlState, build_resctrl
+from numaguard.exporter.readers.cgroup import CpuThrottling, Pressure
+from numaguard.exporter.readers.dra import DraView, device_plugin_id
+from numaguard.exporter.readers.numa import NodeMeminfo
+from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.exporter.readers.podresources import ContainerResources
+from numaguard.exporter.sources.cgroups import ContainerReading, PodsReading
+from numaguard.exporter.sources.gpu import GpuReading, GpuRecord, SliceRecord
+from numaguard.exporter.sources.host import HostReading, L3Domain
+from numaguard.exporter.sources.kubelet import KubeletReading
+from numaguard.exporter.sources.resctrl import ResctrlReading
+from numaguard.exporter.traffic import ResctrlState, build_resctrl
 
 MIB = 1 << 20
 

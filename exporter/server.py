@@ -11,9 +11,8 @@ import time
 from dataclasses import dataclass
 
 from aiohttp import web
-
-from exporter import webconfig
-from exporter.collection import (
+from numaguard.exporter import webconfig
+from numaguard.exporter.collection import (
     GPU,
     HOST_NUMA,
     POD_PLACEMENT,
@@ -21,16 +20,16 @@ from exporter.collection import (
     RESCTRL,
     Collection,
 )
-from exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
-from exporter.model import Thresholds
-from exporter.sources.apiserver import KubeconfigError, connect
-from exporter.sources.cgroups import CgroupSource
-from exporter.sources.dra import DraWatch
-from exporter.sources.gpu import GpuUnavailable, NvmlSource
-from exporter.sources.host import HostSource
-from exporter.sources.kube import PodMetadataWatch
-from exporter.sources.kubelet import DEFAULT_SOCKET, PodResourcesSource
-from exporter.sources.resctrl import ResctrlOps, ResctrlSource
+from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
+from numaguard.exporter.model import Thresholds
+from numaguard.exporter.sources.apiserver import KubeconfigError, connect
+from numaguard.exporter.sources.cgroups import CgroupSource
+from numaguard.exporter.sources.dra import DraWatch
+from numaguard.exporter.sources.gpu import GpuUnavailable, NvmlSource
+from numaguard.exporter.sources.host import HostSource
+from numaguard.exporter.sources.kube import PodMetadataWatch
+from numaguard.exporter.sources.kubelet import DEFAULT_SOCKET, PodResourcesSource
+from numaguard.exporter.sources.resctrl import ResctrlOps, ResctrlSource
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ class Settings:
     kubeconfig: str | None = None
     thresholds: Thresholds = Thresholds()
     resctrl_mode: str = "auto"
-    resctrl_ops: ResctrlOps | None = None  # the simulator acts as the kernel through this
+    resctrl_ops: ResctrlOps | None = None  # resctrl's writes; None: the kernel's files
     gpu_backend: str = "nvml"  # nvml | none
     # the kubelet's PodResources socket; None: the default one, used only if it exists
     pod_resources_socket: str | None = None

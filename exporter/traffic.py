@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporter.readers.resctrl import MonValues, Unreadable, sum_mon_values
-from exporter.sources.host import L3Domain
-from exporter.sources.resctrl import ResctrlReading
+from numaguard.exporter.readers.resctrl import MonValues, Unreadable, sum_mon_values
+from numaguard.exporter.sources.host import L3Domain
+from numaguard.exporter.sources.resctrl import ResctrlReading
 
 
 @dataclass(slots=True)

@@ -59,7 +59,7 @@ ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
 
 if TYPE_CHECKING:
-    from exporter.webconfig_schema import WebConfig
+    from numaguard.exporter.webconfig_schema import WebConfig
 
 
 class ApiUnavailable(Exception):
@@ -81,9 +81,8 @@ class WebConfigError(Exception):
 def load(path: str) -> WebConfig:
     # pydantic costs ~9 MiB of the exporter's memory with what it imports: only a
     # config file needs it
+    from numaguard.exporter.webconfig_schema import WebConfig
     from pydantic import ValidationError
-
-    from exporter.webconfig_schema import WebConfig
 
     try:
         text = Path(path).read_text()

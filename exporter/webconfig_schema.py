@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from numaguard.exporter.webconfig import CLIENT_AUTH, TLS_VERSIONS
 from pydantic import BaseModel, ConfigDict
-
-from exporter.webconfig import CLIENT_AUTH, TLS_VERSIONS
 
 
 class TlsServerConfig(BaseModel):

@@ -1,5 +1,5 @@
 import sys
 
-from remediator.cli import main
+from numaguard.remediator.cli import main
 
 sys.exit(main())

@@ -11,11 +11,11 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from exporter.readers.nvml import mig_resource
-from remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL
-from remediator.kube import Kube
-from remediator.leader import LeaderElector
-from remediator.planner import HISTORY_OWNERS, Action, PodInfo, Refusal, WorkloadHistory
+from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL
+from numaguard.remediator.kube import Kube
+from numaguard.remediator.leader import LeaderElector
+from numaguard.remediator.planner import HISTORY_OWNERS, Action, PodInfo, Refusal, WorkloadHistory
 
 log = logging.getLogger(__name__)
 COMPONENT = "numaguard-remediator"

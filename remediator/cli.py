@@ -18,19 +18,18 @@ from dataclasses import replace
 import aiohttp
 import yaml
 from aiohttp import web
+from numaguard.exporter import __version__, logs, webconfig
+from numaguard.exporter.sources.apiserver import KubeconfigError, connect
+from numaguard.remediator.controller import Controller, CycleReport
+from numaguard.remediator.findings import Detection
+from numaguard.remediator.kube import Kube, api_client
+from numaguard.remediator.leader import LeaderElector
+from numaguard.remediator.metrics import Metrics
+from numaguard.remediator.planner import Policy
+from numaguard.remediator.queries import Windows
+from numaguard.remediator.signals import Prometheus, Source
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter, ValidationError
-
-from exporter import __version__, logs, webconfig
-from exporter.sources.apiserver import KubeconfigError, connect
-from remediator.controller import Controller, CycleReport
-from remediator.findings import Detection
-from remediator.kube import Kube, api_client
-from remediator.leader import LeaderElector
-from remediator.metrics import Metrics
-from remediator.planner import Policy
-from remediator.queries import Windows
-from remediator.signals import Prometheus, Source
 
 log = logging.getLogger("remediator")
 

@@ -8,9 +8,9 @@ import asyncio
 import math
 from datetime import datetime
 
-from remediator.findings import Finding
-from remediator.kube import Kube
-from remediator.planner import DRA, HISTORY_OWNERS, PodInfo, WorkloadHistory
+from numaguard.remediator.findings import Finding
+from numaguard.remediator.kube import Kube
+from numaguard.remediator.planner import DRA, HISTORY_OWNERS, PodInfo, WorkloadHistory
 
 HISTORY_ANNOTATION = "numaguard.io/history"  # the workload's history, JSON
 PENDING_LABEL = "numaguard.io/pending"  # "true" while an action awaits verification

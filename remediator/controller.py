@@ -14,16 +14,15 @@ import time
 from dataclasses import dataclass, field, replace
 
 import aiohttp
-
-from exporter.readers.nvml import mig_resource
-from remediator import queries as q
-from remediator.actuator import Actuator
-from remediator.cluster import ClusterError, pending_workloads, pods_of, workload_pods
-from remediator.findings import Detection, Finding, FindingState, update
-from remediator.kube import Kube
-from remediator.leader import LeaderElector
-from remediator.metrics import Metrics
-from remediator.planner import (
+from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.remediator import queries as q
+from numaguard.remediator.actuator import Actuator
+from numaguard.remediator.cluster import ClusterError, pending_workloads, pods_of, workload_pods
+from numaguard.remediator.findings import Detection, Finding, FindingState, update
+from numaguard.remediator.kube import Kube
+from numaguard.remediator.leader import LeaderElector
+from numaguard.remediator.metrics import Metrics
+from numaguard.remediator.planner import (
     CAPACITY_DEPENDS_ON,
     DEPENDS_ON,
     Action,
@@ -40,7 +39,7 @@ from remediator.planner import (
     need_of,
     plan,
 )
-from remediator.signals import Prometheus, Signals, SignalsError, merged
+from numaguard.remediator.signals import Prometheus, Signals, SignalsError, merged
 
 log = logging.getLogger(__name__)
 _TRANSPORT = (aiohttp.ClientError, OSError, TimeoutError)

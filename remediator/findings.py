@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pandas as pd
-
-from remediator.mig import family_of, geometry
-from remediator.signals import Signals
-from remediator.validation import FORBID_EXTRA, Ratio
+from numaguard.remediator.mig import family_of, geometry
+from numaguard.remediator.signals import Signals
+from numaguard.remediator.validation import FORBID_EXTRA, Ratio
 
 GIB = 1 << 30
 

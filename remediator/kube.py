@@ -8,8 +8,7 @@ import json
 from dataclasses import dataclass
 
 from kubernetes.aio import client, config
-
-from exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
+from numaguard.exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
 
 REQUEST_TIMEOUT_SECONDS = 15.0
 

@@ -21,8 +21,7 @@ import time
 from datetime import UTC, datetime
 
 import aiohttp
-
-from remediator.kube import Kube
+from numaguard.remediator.kube import Kube
 
 PAUSE_ANNOTATION = "numaguard.io/paused"
 log = logging.getLogger(__name__)

@@ -3,10 +3,9 @@ from the metric catalogue, like every other numaguard metric."""
 
 from __future__ import annotations
 
+from numaguard.exporter import catalogue as c
+from numaguard.remediator.planner import GUARDS
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
-
-from exporter import catalogue as c
-from remediator.planner import GUARDS
 
 
 class Metrics:

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import pandas as pd
+from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.remediator.findings import Finding
+from numaguard.remediator.signals import Signals
+from numaguard.remediator.validation import FORBID_EXTRA, Count, Factor, Flag, Names, Seconds, Text
 from pydantic import TypeAdapter, ValidationError
-
-from exporter.readers.nvml import mig_resource
-from remediator.findings import Finding
-from remediator.signals import Signals
-from remediator.validation import FORBID_EXTRA, Count, Factor, Flag, Names, Seconds, Text
 
 # Starved for a placement reason: moving the pod fixes it. For the others (a CPU-bound
 # feeder on an aligned pod) only a recommendation can.

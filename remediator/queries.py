@@ -21,10 +21,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated
 
+from numaguard.exporter import catalogue as c
+from numaguard.remediator.validation import FORBID_EXTRA, Duration
 from pydantic import Field
-
-from exporter import catalogue as c
-from remediator.validation import FORBID_EXTRA, Duration
 
 EXPORTER_JOB = "numaguard"  # the exporters' scrape job, as deploy/'s ServiceMonitor names it
 DEFAULT_SELECTOR = f'job="{EXPORTER_JOB}"'

@@ -22,9 +22,7 @@ from typing import Annotated
 import aiohttp
 import pandas as pd
 import promql_parser
-from pydantic import Field, StringConstraints
-
-from remediator.queries import (
+from numaguard.remediator.queries import (
     DEFAULT_SELECTOR,
     RECORDED,
     REQUIRED_LABELS,
@@ -32,7 +30,8 @@ from remediator.queries import (
     Windows,
     expressions,
 )
-from remediator.validation import FORBID_EXTRA, Positive
+from numaguard.remediator.validation import FORBID_EXTRA, Positive
+from pydantic import Field, StringConstraints
 
 log = logging.getLogger(__name__)
 # label matchers, as PromQL writes them between braces: job="numaguard",cluster=~"gpu-.*"

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from simulator.processes import wait_ok
+from numaguard.simulator.processes import wait_ok
 
 BINARY = "prometheus-alertmanager"  # Debian's name for alertmanager
 

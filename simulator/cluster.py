@@ -35,14 +35,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import aiohttp
-
-from exporter.readers import format_id_list, parse_id_list
-from simulator import dra
-from simulator.controlplane import ApiError, ControlPlane, path_of, rendered
-from simulator.host import FakeContainer, FakeHost, FakeHostRoot, FakePod
-from simulator.kubelet import FakeKubelet
-from simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
-from simulator.processes import exporter_process, routable_address, until
+from numaguard.exporter.readers import format_id_list, parse_id_list
+from numaguard.simulator import dra
+from numaguard.simulator.controlplane import ApiError, ControlPlane, path_of, rendered
+from numaguard.simulator.host import FakeContainer, FakeHost, FakeHostRoot, FakePod
+from numaguard.simulator.kubelet import FakeKubelet
+from numaguard.simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
+from numaguard.simulator.processes import exporter_process, routable_address, until
 
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand

@@ -22,9 +22,8 @@ from pathlib import Path
 
 import aiohttp
 import yaml
-
-from simulator.faultproxy import FaultProxy
-from simulator.processes import free_port
+from numaguard.simulator.faultproxy import FaultProxy
+from numaguard.simulator.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # deploy/'s namespace, ServiceAccounts and RBAC, applied to the test cluster as shipped

@@ -14,16 +14,15 @@ import tempfile
 import time
 
 import aiohttp
+from numaguard.exporter import logs
+from numaguard.exporter.server import Settings, serve
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import SimulatedCluster
+from numaguard.simulator.controlplane import ControlPlane
+from numaguard.simulator.exporter import fake_gpus
+from numaguard.simulator.host import GIB, MIB, FakeContainer, FakePod
+from numaguard.simulator.resctrl import FakeResctrl
 from prometheus_client.parser import text_string_to_metric_families
-
-from exporter import logs
-from exporter.server import Settings, serve
-from simulator import presets
-from simulator.cluster import SimulatedCluster
-from simulator.controlplane import ControlPlane
-from simulator.exporter import fake_gpus
-from simulator.host import GIB, MIB, FakeContainer, FakePod
-from simulator.resctrl import FakeResctrl
 
 NODE = "demo-gpu-node-1"
 

@@ -7,8 +7,8 @@ per GPU named ``gpu-<minor>`` and per MIG slice ``gpu-<minor>-mig-<profile id>-<
 
 from __future__ import annotations
 
-from exporter.readers.dra import DraView, read_resource_slice
-from simulator.nvml import FakeGpu, FakeNvml, FakeSlice
+from numaguard.exporter.readers.dra import DraView, read_resource_slice
+from numaguard.simulator.nvml import FakeGpu, FakeNvml, FakeSlice
 
 DRIVER = "gpu.nvidia.com"
 API = "resource.k8s.io/v1"

@@ -1,5 +1,5 @@
 """The exporter on a simulated GPU node:
-``python -m simulator.exporter GPUS.json [numaguard-exporter's arguments]``.
+``python -m numaguard.simulator.exporter GPUS.json [numaguard-exporter's arguments]``.
 
 It puts the fake NVML that GPUS.json describes (``FakeNvml.description()``; re-read
 whenever the file changes) behind pynvml's C boundary, then runs numaguard-exporter with
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from exporter import cli
-from simulator.nvml import FakeNvml
+from numaguard.exporter import cli
+from numaguard.simulator.nvml import FakeNvml
 
 
 def fake_gpus(path: str) -> FakeNvml:

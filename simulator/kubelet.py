@@ -13,12 +13,11 @@ import asyncio
 import os
 
 import grpc
-
-from exporter.readers import parse_id_list
-from exporter.sources.podresources import api_pb2 as pb
-from exporter.sources.podresources import api_pb2_grpc
-from simulator.host import FakeHost
-from simulator.nvml import FakeNvml
+from numaguard.exporter.readers import parse_id_list
+from numaguard.exporter.sources.podresources import api_pb2 as pb
+from numaguard.exporter.sources.podresources import api_pb2_grpc
+from numaguard.simulator.host import FakeHost
+from numaguard.simulator.nvml import FakeNvml
 
 
 class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
@@ -157,7 +156,7 @@ def _topology(nodes: list[int]) -> pb.TopologyInfo:
 
 
 async def _serve(socket_path: str, preset: str) -> None:
-    from simulator import presets
+    from numaguard.simulator import presets
 
     host, nvml = presets.PRESETS[preset]()
     kubelet = await FakeKubelet(socket_path, host, nvml).start()

@@ -20,21 +20,21 @@ import time
 from collections import Counter
 
 import aiohttp
+from numaguard.exporter import logs
+from numaguard.remediator.controller import Controller
+from numaguard.remediator.kube import Kube, api_client
+from numaguard.remediator.leader import LeaderElector
+from numaguard.remediator.planner import LASTING_GUARDS, Policy
+from numaguard.remediator.queries import Windows
+from numaguard.remediator.signals import Prometheus
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import SimulatedCluster
+from numaguard.simulator.controlplane import ControlPlane
+from numaguard.simulator.host import FakeContainer, FakePod
+from numaguard.simulator.processes import free_port
+from numaguard.simulator.prometheus import PrometheusServer
 
 from alerts import rules
-from exporter import logs
-from remediator.controller import Controller
-from remediator.kube import Kube, api_client
-from remediator.leader import LeaderElector
-from remediator.planner import LASTING_GUARDS, Policy
-from remediator.queries import Windows
-from remediator.signals import Prometheus
-from simulator import presets
-from simulator.cluster import SimulatedCluster
-from simulator.controlplane import ControlPlane
-from simulator.host import FakeContainer, FakePod
-from simulator.processes import free_port
-from simulator.prometheus import PrometheusServer
 
 # node -> its kubelet's Topology Manager policy
 NODES = {"gpu-a": "single-numa-node", "gpu-b": "single-numa-node", "gpu-c": "none"}

@@ -363,7 +363,8 @@ class FakeNvml:
                 self._followed = (path, mtime)
 
     def description(self) -> str:
-        """The JSON that ``from_description`` takes, for ``python -m simulator.exporter PATH``."""
+        """The JSON that ``from_description`` takes, for
+        ``python -m numaguard.simulator.exporter PATH``."""
         gpus = []
         for gpu in self.gpus:
             model = next(k for k, m in MODELS.items() if m is gpu.model)

@@ -19,9 +19,8 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
-from simulator.controlplane import ROOT, ControlPlane
-from simulator.processes import free_port, until
+from numaguard.simulator.controlplane import ROOT, ControlPlane
+from numaguard.simulator.processes import free_port, until
 
 RELEASE = "kube-prometheus-stack"  # the release label deploy/ carries
 RULES_DIR = "/etc/prometheus/rules"  # where the operator's StatefulSet mounts rule files

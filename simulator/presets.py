@@ -6,9 +6,17 @@ import time
 import uuid
 from collections.abc import Callable
 
-from exporter.readers.nvml import sysfs_pci_address
-from simulator.host import GIB, MIB, FakeClaim, FakeContainer, FakeHost, FakeNumaNode, FakePod
-from simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
+from numaguard.exporter.readers.nvml import sysfs_pci_address
+from numaguard.simulator.host import (
+    GIB,
+    MIB,
+    FakeClaim,
+    FakeContainer,
+    FakeHost,
+    FakeNumaNode,
+    FakePod,
+)
+from numaguard.simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
 
 
 def pod_uid(name: str) -> str:

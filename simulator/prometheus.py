@@ -17,10 +17,9 @@ from collections import Counter
 from pathlib import Path
 
 import aiohttp
-
-from remediator.queries import REQUIRED_LABELS
-from remediator.signals import Signals, frame
-from simulator.processes import wait_ok
+from numaguard.remediator.queries import REQUIRED_LABELS
+from numaguard.remediator.signals import Signals, frame
+from numaguard.simulator.processes import wait_ok
 
 
 def as_signals(

@@ -23,8 +23,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.sources.resctrl import GROUP_PREFIX, ResctrlOps
-from simulator.host import FakeHost
+from numaguard.exporter.sources.resctrl import GROUP_PREFIX, ResctrlOps
+from numaguard.simulator.host import FakeHost
 
 EVENTS = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
 MBM_EVENTS = ("mbm_total_bytes", "mbm_local_bytes")

@@ -7,9 +7,7 @@ from collections.abc import Mapping
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
-from exporter.collection import (
+from numaguard.exporter.collection import (
     GPU,
     HOST_NUMA,
     POD_PLACEMENT,
@@ -17,16 +15,17 @@ from exporter.collection import (
     RESCTRL,
     Collection,
 )
-from exporter.model import PodMeta, Thresholds
-from exporter.sources.cgroups import CgroupSource
-from exporter.sources.gpu import NvmlSource
-from exporter.sources.host import HostSource
-from exporter.sources.kubelet import PodResourcesSource
-from exporter.sources.resctrl import ResctrlSource
-from simulator.controlplane import ControlPlane
-from simulator.host import FakeHost, FakeHostRoot
-from simulator.host import pod_metadata as metadata_of  # noqa: F401 (for the tests)
-from simulator.resctrl import FakeResctrl
+from numaguard.exporter.model import PodMeta, Thresholds
+from numaguard.exporter.sources.cgroups import CgroupSource
+from numaguard.exporter.sources.gpu import NvmlSource
+from numaguard.exporter.sources.host import HostSource
+from numaguard.exporter.sources.kubelet import PodResourcesSource
+from numaguard.exporter.sources.resctrl import ResctrlSource
+from numaguard.simulator.controlplane import ControlPlane
+from numaguard.simulator.host import FakeHost, FakeHostRoot
+from numaguard.simulator.host import pod_metadata as metadata_of  # noqa: F401 (for the tests)
+from numaguard.simulator.resctrl import FakeResctrl
+from prometheus_client.parser import text_string_to_metric_families
 
 NODE = "test-node"
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from numaguard.remediator.queries import Windows
+from numaguard.simulator import presets
+from numaguard.simulator.alertmanager import AlertmanagerServer
+from numaguard.simulator.cluster import one_node
+from numaguard.simulator.processes import free_port
+from numaguard.simulator.prometheus import VERSIONS, PrometheusServer
 
 from alerts import rules
-from remediator.queries import Windows
-from simulator import presets
-from simulator.alertmanager import AlertmanagerServer
-from simulator.cluster import one_node
-from simulator.processes import free_port
-from simulator.prometheus import VERSIONS, PrometheusServer
 
 
 def test_the_example_alertmanager_config_is_valid():

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from numaguard.exporter.catalogue import CATALOGUE
+from numaguard.remediator.queries import EXPORTER_JOB
+from numaguard.simulator.prometheus import VERSIONS, binary
 
 from alerts import rules
-from exporter.catalogue import CATALOGUE
-from remediator.queries import EXPORTER_JOB
-from simulator.prometheus import VERSIONS, binary
 from tests.test_queries import metric_names
 
 N = {"node": "n1"}

@@ -11,16 +11,16 @@ import subprocess
 import threading
 from pathlib import Path
 
+import numaguard.exporter.sources as sources
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from numaguard.exporter.sources import KEPT, ReadFailure, read_text
+from numaguard.simulator import presets
+from numaguard.simulator.host import FakeHostRoot
+from numaguard.simulator.processes import until
+from numaguard.simulator.resctrl import FakeResctrl
 
-import exporter.sources as sources
-from exporter.sources import KEPT, ReadFailure, read_text
-from simulator import presets
-from simulator.host import FakeHostRoot
-from simulator.processes import until
-from simulator.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of, samples, series
 
 
@@ -223,7 +223,7 @@ async def test_pod_that_vanishes_is_dropped_without_error(fake_root):
 
 def test_container_gone_mid_read_is_not_an_error(fake_root):
     """The cgroup disappears between discovery and reading its files."""
-    from exporter.sources.cgroups import CgroupSource
+    from numaguard.exporter.sources.cgroups import CgroupSource
 
     root = fake_root(presets.two_socket())
     source = CgroupSource(str(root.root))

@@ -9,15 +9,15 @@ import tempfile
 from pathlib import Path
 
 import pynvml
+from numaguard.exporter import catalogue
+from numaguard.exporter.catalogue import CATALOGUE
+from numaguard.exporter.sources.gpu import NvmlSource
+from numaguard.exporter.sources.kubelet import PodResourcesSource
+from numaguard.simulator import presets
+from numaguard.simulator.kubelet import FakeKubelet
+from numaguard.simulator.resctrl import FakeResctrl
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import catalogue
-from exporter.catalogue import CATALOGUE
-from exporter.sources.gpu import NvmlSource
-from exporter.sources.kubelet import PodResourcesSource
-from simulator import presets
-from simulator.kubelet import FakeKubelet
-from simulator.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of
 
 ALLOWED_LABELS = {
@@ -150,7 +150,7 @@ def test_metrics_doc_is_generated_from_the_catalogue():
 
 
 def test_readme_configuration_block_is_the_current_help():
-    from exporter import docs
+    from numaguard.exporter import docs
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     assert docs.readme_with_help(readme) == readme, "run: make docs"

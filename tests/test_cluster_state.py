@@ -9,20 +9,19 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from remediator.actuator import Actuator
-from remediator.cluster import (
+from numaguard.remediator.actuator import Actuator
+from numaguard.remediator.cluster import (
     HISTORY_ANNOTATION,
     PENDING_LABEL,
     pending_workloads,
     pods_of,
     workload_pods,
 )
-from remediator.findings import Finding
-from remediator.kube import Kube, api_client
-from remediator.planner import Action, Pending, WorkloadHistory
-from simulator import presets
-from simulator.cluster import SimulatedCluster
+from numaguard.remediator.findings import Finding
+from numaguard.remediator.kube import Kube, api_client
+from numaguard.remediator.planner import Action, Pending, WorkloadHistory
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import SimulatedCluster
 
 NOW = 1_800_000_000.0
 NODE = "gpu-node-3"

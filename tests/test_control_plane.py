@@ -10,13 +10,12 @@ from pathlib import Path
 
 import aiohttp
 import yaml
-
-from exporter.sources.kube import API_USE as EXPORTER_API_USE
-from remediator.actuator import Actuator
-from remediator.kube import API_USE as REMEDIATOR_API_USE
-from remediator.kube import Kube, api_client
-from simulator.controlplane import ControlPlane
-from simulator.processes import until
+from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
+from numaguard.remediator.actuator import Actuator
+from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
+from numaguard.remediator.kube import Kube, api_client
+from numaguard.simulator.controlplane import ControlPlane
+from numaguard.simulator.processes import until
 
 DEPLOY = Path(__file__).parent.parent / "deploy" / "base"
 

@@ -14,19 +14,19 @@ import sys
 import tempfile
 
 import pytest
+from numaguard.exporter.catalogue import CATALOGUE
+from numaguard.exporter.readers.nvml import sysfs_pci_address
+from numaguard.exporter.server import Settings, serve
+from numaguard.remediator.queries import Windows
+from numaguard.simulator import demo
+from numaguard.simulator.cluster import SimulatedCluster
+from numaguard.simulator.exporter import fake_gpus
+from numaguard.simulator.processes import free_port, wait_ok
+from numaguard.simulator.prometheus import VERSIONS, PrometheusServer
+from numaguard.simulator.resctrl import FakeResctrl
 
 from alerts import rules
-from exporter.catalogue import CATALOGUE
-from exporter.readers.nvml import sysfs_pci_address
-from exporter.server import Settings, serve
 from grafana import dashboards
-from remediator.queries import Windows
-from simulator import demo
-from simulator.cluster import SimulatedCluster
-from simulator.exporter import fake_gpus
-from simulator.processes import free_port, wait_ok
-from simulator.prometheus import VERSIONS, PrometheusServer
-from simulator.resctrl import FakeResctrl
 from tests.test_queries import metric_names
 
 UNITS = {"bytes", "Bps", "percentunit", "s", "short", "watt", "celsius"}
@@ -130,7 +130,7 @@ async def scraped(tmp_path, control_plane, request):
     remediator = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "remediator",
+        "numaguard.remediator",
         "run",
         "--prometheus",
         f"http://127.0.0.1:{prom_port}",

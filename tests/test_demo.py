@@ -1,13 +1,13 @@
 """The demos: ``make demo`` (the whole loop on a simulated cluster) and the single-node
-exporter view (``python -m simulator.demo``)."""
+exporter view (``python -m numaguard.simulator.demo``)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from simulator.controlplane import parts_dir
-from simulator.processes import free_port
+from numaguard.simulator.controlplane import parts_dir
+from numaguard.simulator.processes import free_port
 
 
 def test_demo_shows_the_findings_and_stops_cleanly():
@@ -15,7 +15,7 @@ def test_demo_shows_the_findings_and_stops_cleanly():
         [
             sys.executable,
             "-m",
-            "simulator.demo",
+            "numaguard.simulator.demo",
             "--seconds",
             "5",
             "--interval",
@@ -40,7 +40,7 @@ def test_demo_shows_the_findings_and_stops_cleanly():
 def test_the_whole_loop_demo():
     """The demo on the real control plane; while it runs, kubectl sees the live cluster."""
     demo = subprocess.Popen(
-        [sys.executable, "-m", "simulator.loop_demo", "--seconds", "400"],
+        [sys.executable, "-m", "numaguard.simulator.loop_demo", "--seconds", "400"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -10,14 +10,14 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
+from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
+from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE
+from numaguard.simulator.controlplane import rendered
 
 from alerts.rules import rules_document
 from deploy import generate
-from exporter.sources.kube import API_USE as EXPORTER_API_USE
 from grafana import dashboards
-from remediator.kube import API_USE as REMEDIATOR_API_USE
-from remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE
-from simulator.controlplane import rendered
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S_VERSION = "1.31.0"

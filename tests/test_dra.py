@@ -10,13 +10,13 @@ import asyncio
 import contextlib
 
 import aiohttp
+from numaguard.exporter.model import PodMeta
+from numaguard.exporter.sources.apiserver import connect
+from numaguard.exporter.sources.dra import DraWatch
+from numaguard.simulator import dra, presets
+from numaguard.simulator.cluster import one_node
+from numaguard.simulator.controlplane import ApiError
 
-from exporter.model import PodMeta
-from exporter.sources.apiserver import connect
-from exporter.sources.dra import DraWatch
-from simulator import dra, presets
-from simulator.cluster import one_node
-from simulator.controlplane import ApiError
 from tests.conftest import samples
 
 NODE = "dra-node"

@@ -7,12 +7,12 @@ a missing or an extra series fails.
 
 from __future__ import annotations
 
+import numaguard.exporter.sources as sources
 import pytest
+from numaguard.exporter.catalogue import CATALOGUE
+from numaguard.simulator import presets
+from numaguard.simulator.host import GIB, MIB, SANDBOX, FakeContainer, FakeHostRoot
 
-import exporter.sources as sources
-from exporter.catalogue import CATALOGUE
-from simulator import presets
-from simulator.host import GIB, MIB, SANDBOX, FakeContainer, FakeHostRoot
 from tests.conftest import make_collection, metadata_of, samples, series
 
 HEALTH = {name for name, spec in CATALOGUE.items() if spec.group == "health"}

@@ -14,16 +14,16 @@ from dataclasses import replace
 import pynvml
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from numaguard.exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, Collection
+from numaguard.exporter.server import Exporter, Settings
+from numaguard.exporter.sources.cgroups import CgroupSource
+from numaguard.exporter.sources.gpu import NvmlSource
+from numaguard.exporter.sources.host import HostSource
+from numaguard.simulator import presets
+from numaguard.simulator.host import GIB, MIB
+from numaguard.simulator.nvml import BRANCHES, DriverBranch, FakeNvml
+from numaguard.simulator.processes import exporter_process, get, log_of
 
-from exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, Collection
-from exporter.server import Exporter, Settings
-from exporter.sources.cgroups import CgroupSource
-from exporter.sources.gpu import NvmlSource
-from exporter.sources.host import HostSource
-from simulator import presets
-from simulator.host import GIB, MIB
-from simulator.nvml import BRANCHES, DriverBranch, FakeNvml
-from simulator.processes import exporter_process, get, log_of
 from tests.conftest import NODE, metadata_of, samples, series
 
 INTERVAL = 15.0
@@ -719,7 +719,7 @@ async def test_a_bad_fake_gpu_file_is_a_clear_error(fake_root, tmp_path):
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "simulator.exporter",
+        "numaguard.simulator.exporter",
         str(bad),
         "--host-root",
         str(root.root),

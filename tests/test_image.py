@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("exporter", "remediator")
+PRODUCT = ("numaguard", "exporter", "remediator")  # the folders the image is built from
 
 
 def copied() -> set[str]:
@@ -38,7 +38,7 @@ def sent() -> set[str]:
 
 
 def test_the_image_gets_the_product_and_no_more():
-    assert copied() == sent() == {"pyproject.toml", "README.md", *PRODUCT}
+    assert copied() == sent() == {"pyproject.toml", "setup.py", "README.md", *PRODUCT}
 
 
 def test_the_product_built_as_the_image_builds_it_runs_without_the_simulator(tmp_path):
@@ -58,12 +58,18 @@ def test_the_product_built_as_the_image_builds_it_runs_without_the_simulator(tmp
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         z.extractall(tmp_path / "installed")
+    # one top-level package, numaguard; no simulator in it
     top = {name.split("/")[0] for name in names}
-    assert {t for t in top if not t.endswith(".dist-info")} == set(PRODUCT)
+    assert {t for t in top if not t.endswith(".dist-info")} == {"numaguard"}
+    packages = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
+    assert {p for p in packages if p.count("/") == 1} == {
+        "numaguard/exporter",
+        "numaguard/remediator",
+    }
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     scripts = (tmp_path / "installed" / entry_points).read_text()
-    assert re.search(r"^numaguard-exporter = exporter.cli:main$", scripts, re.M)
-    assert re.search(r"^numaguard-remediator = remediator.cli:main$", scripts, re.M)
+    assert re.search(r"^numaguard-exporter = numaguard.exporter.cli:main$", scripts, re.M)
+    assert re.search(r"^numaguard-remediator = numaguard.remediator.cli:main$", scripts, re.M)
 
     # every product module imports, and both commands answer --help, from the wheel's
     # files alone, with the simulator (and the rest of this repository) unimportable
@@ -71,18 +77,19 @@ def test_the_product_built_as_the_image_builds_it_runs_without_the_simulator(tmp
 import importlib, pkgutil, sys
 class Absent:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("simulator", "tests", "bench", "alerts", "grafana", "deploy"):
+        outside = ("simulator", "tests", "bench", "alerts", "grafana", "deploy", "exporter")
+        if name.split(".")[0] in outside or name.startswith("numaguard.simulator"):
             raise ModuleNotFoundError(name)
 sys.meta_path.insert(0, Absent())
 sys.path.insert(0, {str(tmp_path / "installed")!r})
-for package in {PRODUCT!r}:
+for package in ("numaguard",):
     root = importlib.import_module(package)
     assert root.__file__.startswith({str(tmp_path / "installed")!r}), root.__file__
     for module in pkgutil.walk_packages(root.__path__, package + "."):
         if not module.name.endswith(".__main__"):  # that one runs the command
             importlib.import_module(module.name)
-from exporter import cli as exporter_cli
-from remediator import cli as remediator_cli
+from numaguard.exporter import cli as exporter_cli
+from numaguard.remediator import cli as remediator_cli
 for main in (exporter_cli.main, remediator_cli.main):
     try:
         main(["--help"])

@@ -11,12 +11,11 @@ import subprocess
 import sys
 
 import pytest
-
-from exporter.sources.apiserver import KubeconfigError, connect
-from exporter.sources.kube import PodMetadataWatch
-from simulator import presets
-from simulator.cluster import SimulatedCluster
-from simulator.nvml import FakeNvml
+from numaguard.exporter.sources.apiserver import KubeconfigError, connect
+from numaguard.exporter.sources.kube import PodMetadataWatch
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import SimulatedCluster
+from numaguard.simulator.nvml import FakeNvml
 
 NODE = "gpu-node-1"
 

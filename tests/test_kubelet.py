@@ -14,16 +14,16 @@ from pathlib import Path
 import grpc
 import pynvml
 import pytest
+from numaguard.exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, POD_RESOURCES, Collection
+from numaguard.exporter.readers.dra import Allocated
+from numaguard.exporter.sources.cgroups import CgroupSource
+from numaguard.exporter.sources.gpu import NvmlSource
+from numaguard.exporter.sources.host import HostSource
+from numaguard.exporter.sources.kubelet import PodResourcesSource
+from numaguard.simulator import dra, presets
+from numaguard.simulator.host import GIB, FakeClaim, FakeContainer, FakePod
+from numaguard.simulator.kubelet import FakeKubelet
 
-from exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, POD_RESOURCES, Collection
-from exporter.readers.dra import Allocated
-from exporter.sources.cgroups import CgroupSource
-from exporter.sources.gpu import NvmlSource
-from exporter.sources.host import HostSource
-from exporter.sources.kubelet import PodResourcesSource
-from simulator import dra, presets
-from simulator.host import GIB, FakeClaim, FakeContainer, FakePod
-from simulator.kubelet import FakeKubelet
 from tests.conftest import NODE, metadata_of, samples, series
 
 
@@ -318,12 +318,17 @@ async def test_answers_are_read_again_only_when_they_change(node):
 
 def test_generated_grpc_modules_are_current(tmp_path):
     """The committed api_pb2*.py are what protoc makes of api.proto (run: make proto)."""
-    from exporter.sources.podresources.__main__ import PACKAGE_DIR, generate
+    from numaguard.exporter.sources.podresources.__main__ import (
+        HERE,
+        MODULES,
+        PACKAGE_DIR,
+        generate,
+    )
 
     generate(str(tmp_path))
-    for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
+    for name in MODULES:
         fresh = (tmp_path / PACKAGE_DIR / name).read_text()
-        committed = (Path(__file__).parent.parent / PACKAGE_DIR / name).read_text()
+        committed = (HERE / name).read_text()
         assert fresh == committed, f"{name} is stale: run make proto"
 
 

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
-from remediator.kube import Kube, api_client
-from remediator.leader import LeaderElector
-from simulator.controlplane import ControlPlane, path_of
-from simulator.faultproxy import FaultProxy
-from simulator.processes import free_port, until
+from numaguard.remediator.kube import Kube, api_client
+from numaguard.remediator.leader import LeaderElector
+from numaguard.simulator.controlplane import ControlPlane, path_of
+from numaguard.simulator.faultproxy import FaultProxy
+from numaguard.simulator.processes import free_port, until
 
 NAMESPACE = "numaguard"  # where deploy/'s Role lets the remediator keep its Lease
 LEASE = path_of("Lease", NAMESPACE, "lease")
@@ -247,7 +246,7 @@ async def test_two_remediator_processes_and_the_leader_killed(tmp_path, control_
         procs[identity] = subprocess.Popen(
             [
                 sys.executable,
-                *("-m", "remediator", "run", "--kubeconfig", kubeconfig),
+                *("-m", "numaguard.remediator", "run", "--kubeconfig", kubeconfig),
                 *("--prometheus", f"http://127.0.0.1:{free_port()}"),  # none: no findings
                 *("--listen", f"127.0.0.1:{port}", "--identity", identity),
                 *("--lease-namespace", NAMESPACE, "--lease-name", "lease", "--interval", "1"),

@@ -4,11 +4,10 @@ slice's engines kept, and no guess where the family cannot be known."""
 from __future__ import annotations
 
 import pytest
-
-from exporter.readers.nvml import mig_resource
-from remediator.findings import Detection, sizing_findings
-from remediator.mig import FAMILIES, family_of, geometry
-from simulator.prometheus import as_signals
+from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.remediator.findings import Detection, sizing_findings
+from numaguard.remediator.mig import FAMILIES, family_of, geometry
+from numaguard.simulator.prometheus import as_signals
 
 GIB = 1 << 30
 NOW = 1_800_000_000.0
@@ -131,7 +130,7 @@ def test_every_family_has_cases():
 )
 def test_a_slice_is_sized_by_its_gpus_table(model, profile, sm, memory, expected):
     found = sized(model, profile, sm, memory)
-    kind, recommended = expected
+    _, recommended = expected
     if recommended == profile:  # it fits where it is
         assert found == []
     else:

@@ -13,19 +13,19 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from numaguard.remediator.controller import Controller
+from numaguard.remediator.kube import Kube, api_client
+from numaguard.remediator.planner import Policy
+from numaguard.remediator.queries import Windows
+from numaguard.remediator.signals import Prometheus
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import SimulatedCluster
+from numaguard.simulator.controlplane import ControlPlane, path_of, rendered
+from numaguard.simulator.operator import PrometheusOperator, prometheus_resource
+from numaguard.simulator.processes import free_port, until
+from numaguard.simulator.prometheus import PrometheusServer, built_prometheus3
 
 from alerts import rules
-from remediator.controller import Controller
-from remediator.kube import Kube, api_client
-from remediator.planner import Policy
-from remediator.queries import Windows
-from remediator.signals import Prometheus
-from simulator import presets
-from simulator.cluster import SimulatedCluster
-from simulator.controlplane import ControlPlane, path_of, rendered
-from simulator.operator import PrometheusOperator, prometheus_resource
-from simulator.processes import free_port, until
-from simulator.prometheus import PrometheusServer, built_prometheus3
 
 NODE = "gpu-node-3"
 MONITORING = "monitoring"

@@ -10,9 +10,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from remediator.findings import Detection, FindingState, smallest_fit, update
-from remediator.planner import (
+from numaguard.remediator.findings import Detection, FindingState, smallest_fit, update
+from numaguard.remediator.planner import (
     GUARDS,
     Pending,
     PodInfo,
@@ -20,9 +19,9 @@ from remediator.planner import (
     WorkloadHistory,
     plan,
 )
-from remediator.queries import REQUIRED_LABELS
-from remediator.signals import Signals
-from simulator.prometheus import as_signals
+from numaguard.remediator.queries import REQUIRED_LABELS
+from numaguard.remediator.signals import Signals
+from numaguard.simulator.prometheus import as_signals
 
 GIB = 1 << 30
 NOW = 1_800_000_000.0

@@ -7,12 +7,11 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
-from simulator import presets
-from simulator.cluster import one_node
-from simulator.nvml import FakeNvml
-from simulator.processes import free_port, get
-from simulator.prometheus import PrometheusServer, binary
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import one_node
+from numaguard.simulator.nvml import FakeNvml
+from numaguard.simulator.processes import free_port, get
+from numaguard.simulator.prometheus import PrometheusServer, binary
 
 
 @pytest.fixture

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import promql_parser
 import pytest
-
-from exporter.catalogue import CATALOGUE
-from remediator import queries as q
-from remediator.queries import Windows, expressions, verification_expressions
+from numaguard.exporter.catalogue import CATALOGUE
+from numaguard.remediator import queries as q
+from numaguard.remediator.queries import Windows, expressions, verification_expressions
 
 NEEDS = [(8.0, 2.0**34, (("nvidia.com/gpu", 1),)), (0.0, 0.0, (("nvidia.com/mig-1g.10gb", 1),))]
 

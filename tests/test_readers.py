@@ -8,15 +8,14 @@ import contextlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from exporter.readers import (
+from numaguard.exporter.readers import (
     ParseError,
     format_id_list,
     parse_id_list,
     parse_key_values,
     parse_single_int,
 )
-from exporter.readers.cgroup import (
+from numaguard.exporter.readers.cgroup import (
     CpuThrottling,
     Pressure,
     parse_cpu_throttling,
@@ -25,21 +24,21 @@ from exporter.readers.cgroup import (
     parse_pressure,
     parse_proc_cgroup,
 )
-from exporter.readers.dra import (
+from numaguard.exporter.readers.dra import (
     Allocated,
     device_plugin_id,
     read_claim_allocation,
     read_resource_slice,
 )
-from exporter.readers.numa import (
+from numaguard.exporter.readers.numa import (
     NodeMeminfo,
     parse_distance,
     parse_node_meminfo,
     parse_numastat,
     parse_vmstat_balancing,
 )
-from exporter.readers.nvml import gpm_values, parse_profile_name, sysfs_pci_address
-from exporter.readers.resctrl import (
+from numaguard.exporter.readers.nvml import gpm_values, parse_profile_name, sysfs_pci_address
+from numaguard.exporter.readers.resctrl import (
     parse_assign_mode,
     parse_assignments,
     parse_cache_size,

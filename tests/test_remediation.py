@@ -17,21 +17,21 @@ from collections import Counter
 
 import aiohttp
 import pytest
+from numaguard.exporter.readers.nvml import sysfs_pci_address
+from numaguard.remediator.controller import Controller
+from numaguard.remediator.kube import Kube, api_client
+from numaguard.remediator.planner import Policy
+from numaguard.remediator.queries import Windows
+from numaguard.remediator.signals import Prometheus
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import SimulatedCluster
+from numaguard.simulator.controlplane import ControlPlane, path_of
+from numaguard.simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
+from numaguard.simulator.nvml import FakeNvml, Process
+from numaguard.simulator.processes import free_port, until
+from numaguard.simulator.prometheus import PrometheusServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.readers.nvml import sysfs_pci_address
-from remediator.controller import Controller
-from remediator.kube import Kube, api_client
-from remediator.planner import Policy
-from remediator.queries import Windows
-from remediator.signals import Prometheus
-from simulator import presets
-from simulator.cluster import SimulatedCluster
-from simulator.controlplane import ControlPlane, path_of
-from simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
-from simulator.nvml import FakeNvml, Process
-from simulator.processes import free_port, until
-from simulator.prometheus import PrometheusServer
 from tests.test_control_plane import allowed
 
 NODE = "gpu-node-3"
@@ -306,7 +306,7 @@ async def test_only_the_leader_acts_and_a_successor_does_not_repeat(cluster):
     c = await cluster()
     await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
     await asyncio.sleep(5)  # a whole finding window of it
-    from remediator.leader import LeaderElector
+    from numaguard.remediator.leader import LeaderElector
 
     now = [0.0]  # the replicas' monotonic clock, driven by the test
     first, second = c.controller(), c.controller()
@@ -348,7 +348,7 @@ async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "remediator",
+        "numaguard.remediator",
         "plan",
         "--prometheus",
         c.prom.url,
@@ -394,7 +394,7 @@ async def test_api_server_errors_mean_no_action(cluster, monkeypatch):
     assert c.evictions() == []
     # an API server slower than the request timeout: the cycle ends, nothing is done
     c.proxy.clear()
-    monkeypatch.setattr("remediator.kube.REQUEST_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr("numaguard.remediator.kube.REQUEST_TIMEOUT_SECONDS", 1.0)
     c.proxy.delay = 2.0
     report = await controller.cycle()
     assert report.error.startswith("api_server") and report.results == []
@@ -488,7 +488,7 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "remediator",
+        "numaguard.remediator",
         "run",
         "--prometheus",
         c.prom.url,
@@ -528,7 +528,7 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
     assert proc.returncode == 0, err.decode()[-2000:]
     assert 'numaguard_remediator_actions_total{kind="evict",result="dry_run"}' in metrics
     assert "numaguard_remediator_leader 1.0" in metrics
-    from exporter.catalogue import CATALOGUE
+    from numaguard.exporter.catalogue import CATALOGUE
 
     served = {
         f.name + ("_total" if f.type == "counter" else "")

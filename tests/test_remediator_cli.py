@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from exporter.sources.apiserver import find_kubeconfig
-from simulator.processes import free_port
+from numaguard.exporter.sources.apiserver import find_kubeconfig
+from numaguard.simulator.processes import free_port
 
 
 def run(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -16,7 +16,15 @@ def run(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
         k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
     }
     return subprocess.run(
-        [sys.executable, "-m", "remediator", "run", "--listen", f"127.0.0.1:{free_port()}", *args],
+        [
+            sys.executable,
+            "-m",
+            "numaguard.remediator",
+            "run",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -6,11 +6,10 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-
-from remediator.findings import Detection
-from remediator.planner import GUARDS, Policy
-from remediator.queries import Windows
-from remediator.signals import Source
+from numaguard.remediator.findings import Detection
+from numaguard.remediator.planner import GUARDS, Policy
+from numaguard.remediator.queries import Windows
+from numaguard.remediator.signals import Source
 
 
 def test_the_doc_covers_every_setting_and_guard():
@@ -23,7 +22,7 @@ def test_the_doc_covers_every_setting_and_guard():
 
 
 def test_the_documented_config_is_accepted_and_a_bad_one_refused(tmp_path, capsys):
-    from remediator.cli import main, parser, settings
+    from numaguard.remediator.cli import main, parser, settings
 
     doc = (Path(__file__).parent.parent / "docs" / "remediator.md").read_text()
     example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
@@ -69,7 +68,7 @@ BAD = [
 
 @pytest.mark.parametrize(("text", "flags", "says"), BAD)
 def test_a_wrong_value_is_refused_naming_the_key(tmp_path, capsys, text, flags, says):
-    from remediator.cli import main
+    from numaguard.remediator.cli import main
 
     config = tmp_path / "config.yaml"
     config.write_text(text)
@@ -80,7 +79,7 @@ def test_a_wrong_value_is_refused_naming_the_key(tmp_path, capsys, text, flags, 
 
 
 def test_lease_timing_must_be_ordered(capsys):
-    from remediator.cli import main
+    from numaguard.remediator.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["run", "--lease-duration", "10", "--renew-deadline", "15"])

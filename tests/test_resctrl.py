@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import errno
 
+import numaguard.exporter.sources as sources
 import pytest
+from numaguard.exporter.collection import POD_PLACEMENT
+from numaguard.exporter.sources.cgroups import CgroupSource
+from numaguard.exporter.sources.resctrl import RESYNC_CYCLES
+from numaguard.simulator import presets
+from numaguard.simulator.host import GIB, MIB, FakeHostRoot
+from numaguard.simulator.resctrl import FakeResctrl
 
-import exporter.sources as sources
-from exporter.collection import POD_PLACEMENT
-from exporter.sources.cgroups import CgroupSource
-from exporter.sources.resctrl import RESYNC_CYCLES
-from simulator import presets
-from simulator.host import GIB, MIB, FakeHostRoot
-from simulator.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of, samples, series
 
 INTERVAL = 15.0

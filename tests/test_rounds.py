@@ -11,17 +11,17 @@ import time
 
 import aiohttp
 import pytest
+from numaguard.remediator import queries as q
+from numaguard.remediator.controller import Controller
+from numaguard.remediator.findings import FindingState, update
+from numaguard.remediator.planner import Policy, plan
+from numaguard.remediator.queries import Windows
+from numaguard.remediator.signals import Prometheus
+from numaguard.simulator.fleet import Fleet, pods_for
+from numaguard.simulator.processes import free_port, until
+from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, binary
 
 from alerts import rules
-from remediator import queries as q
-from remediator.controller import Controller
-from remediator.findings import FindingState, update
-from remediator.planner import Policy, plan
-from remediator.queries import Windows
-from remediator.signals import Prometheus
-from simulator.fleet import Fleet, pods_for
-from simulator.processes import free_port, until
-from simulator.prometheus import VERSIONS, PrometheusServer, binary
 
 # caps high enough that the cycle's moves use up the free GPUs: later pods find no fit
 POLICY = Policy(max_per_cycle=40, max_per_node=4, max_per_namespace=40)

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import psutil
 from aiohttp.test_utils import TestClient, TestServer
+from numaguard.exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
+from numaguard.exporter.server import STUCK_CYCLES, Exporter, Settings
+from numaguard.exporter.sources.cgroups import CgroupSource
+from numaguard.exporter.sources.host import HostSource
+from numaguard.simulator import presets
+from numaguard.simulator.host import FakeContainer, FakeHostRoot, FakePod
+from numaguard.simulator.processes import exporter_process, get, log_of
 
-from exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
-from exporter.server import STUCK_CYCLES, Exporter, Settings
-from exporter.sources.cgroups import CgroupSource
-from exporter.sources.host import HostSource
-from simulator import presets
-from simulator.host import FakeContainer, FakeHostRoot, FakePod
-from simulator.processes import exporter_process, get, log_of
 from tests.conftest import NODE, samples, series
 
 
@@ -303,7 +303,10 @@ async def test_cli_serves_and_stops_cleanly_on_sigterm(fake_root):
 
 def test_help_explains_every_flag():
     out = subprocess.run(
-        [sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "numaguard.exporter", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     for flag in (
         "--host-root",
@@ -333,7 +336,7 @@ def test_bad_flags_fail_with_a_clear_message(tmp_path):
         ),
     ):
         run = subprocess.run(
-            [sys.executable, "-m", "exporter", *args], capture_output=True, text=True
+            [sys.executable, "-m", "numaguard.exporter", *args], capture_output=True, text=True
         )
         assert run.returncode == 2
         assert message in run.stderr
@@ -341,7 +344,7 @@ def test_bad_flags_fail_with_a_clear_message(tmp_path):
 
 def test_remediator_prints_help():
     run = subprocess.run(
-        [sys.executable, "-m", "remediator.cli", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "numaguard.remediator.cli", "--help"], capture_output=True, text=True
     )
     assert run.returncode == 0
     assert "dry-run" in run.stdout

@@ -13,13 +13,12 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from remediator.queries import Windows
-from remediator.signals import Prometheus, SignalsError, Source, frame
-from simulator import presets
-from simulator.cluster import one_node
-from simulator.processes import free_port
-from simulator.prometheus import PrometheusServer
+from numaguard.remediator.queries import Windows
+from numaguard.remediator.signals import Prometheus, SignalsError, Source, frame
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import one_node
+from numaguard.simulator.processes import free_port
+from numaguard.simulator.prometheus import PrometheusServer
 
 
 async def test_signals_from_a_real_prometheus(control_plane):

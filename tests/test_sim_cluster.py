@@ -7,13 +7,12 @@ from __future__ import annotations
 import types
 
 import pytest
-
-from exporter.readers import parse_id_list
-from remediator.actuator import Actuator
-from remediator.kube import Kube, api_client
-from simulator import presets
-from simulator.cluster import SimulatedCluster
-from simulator.host import FakeContainer, FakePod
+from numaguard.exporter.readers import parse_id_list
+from numaguard.remediator.actuator import Actuator
+from numaguard.remediator.kube import Kube, api_client
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import SimulatedCluster
+from numaguard.simulator.host import FakeContainer, FakePod
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import os
 import re
 import socket
 
-from simulator.processes import exporter_process, get
+from numaguard.simulator.processes import exporter_process, get
+
 from tests.conftest import samples
 
 NODE_DIR = "/sys/devices/system/node"

@@ -6,11 +6,11 @@ and by the deadline "unverified" — never "held"."""
 from __future__ import annotations
 
 import pytest
+from numaguard.remediator.controller import Controller
+from numaguard.remediator.planner import Pending, PodInfo, Policy
+from numaguard.remediator.queries import Windows, scoped, verification_expressions
+from numaguard.simulator.prometheus import as_signals
 
-from remediator.controller import Controller
-from remediator.planner import Pending, PodInfo, Policy
-from remediator.queries import Windows, scoped, verification_expressions
-from simulator.prometheus import as_signals
 from tests.test_planner import COLLECTORS, healthy, instance
 
 NOW = 1_800_000_000.0

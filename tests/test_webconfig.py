@@ -15,11 +15,10 @@ import aiohttp
 import bcrypt
 import pytest
 import yaml
-
-from simulator import presets
-from simulator.controlplane import path_of, rendered
-from simulator.processes import exporter_process, free_port, until, wait_ok
-from simulator.prometheus import PrometheusServer
+from numaguard.simulator import presets
+from numaguard.simulator.controlplane import path_of, rendered
+from numaguard.simulator.processes import exporter_process, free_port, until, wait_ok
+from numaguard.simulator.prometheus import PrometheusServer
 
 PASSWORD = "s3cret"
 
@@ -104,7 +103,9 @@ async def test_prometheus_scrapes_over_tls_with_a_client_cert_and_basic_auth(fak
     config = web_config(pki, tls=True, users=True)
     port = free_port()
     args = (*exporter_args(root, config), "--listen", f"127.0.0.1:{port}")
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", *args], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "numaguard.exporter", *args], stderr=subprocess.DEVNULL
+    )
     url = f"https://127.0.0.1:{port}"
     right = basic("prometheus", PASSWORD)
     try:
@@ -194,9 +195,16 @@ def test_a_bad_web_config_is_a_clear_error_before_anything_starts(pki, config, s
     path = pki / "bad.yml"
     path.write_text(yaml.safe_dump(config))
     argv = {
-        "exporter": ["-m", "exporter", "--host-root", "/", "--web.config.file", str(path)],
+        "exporter": [
+            "-m",
+            "numaguard.exporter",
+            "--host-root",
+            "/",
+            "--web.config.file",
+            str(path),
+        ],
         "remediator": [
-            *("-m", "remediator", "run", "--prometheus", "http://127.0.0.1:1"),
+            *("-m", "numaguard.remediator", "run", "--prometheus", "http://127.0.0.1:1"),
             *("--web.config.file", str(path)),
         ],
     }[component]
@@ -215,7 +223,7 @@ async def remediator(cp, tmp_path, *web: str):
     proc = subprocess.Popen(
         [
             sys.executable,
-            *("-m", "remediator", "run", "--kubeconfig", kubeconfig),
+            *("-m", "numaguard.remediator", "run", "--kubeconfig", kubeconfig),
             *("--prometheus", f"http://127.0.0.1:{free_port()}", "--listen", f"127.0.0.1:{port}"),
             *("--lease-namespace", "numaguard", "--lease-name", "webconfig-test", *web),
         ],

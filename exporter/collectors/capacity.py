@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from exporter import catalogue as c
-from exporter.model import NodeSnapshot
+from numaguard.exporter import catalogue as c
+from numaguard.exporter.model import NodeSnapshot
 
 _SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "capacity"]
 

@@ -3,9 +3,9 @@ per slice with what each can measure, and which pod container uses which device.
 
 from __future__ import annotations
 
-from exporter import catalogue as c
-from exporter.model import NodeSnapshot
-from exporter.sources.gpu import Activity
+from numaguard.exporter import catalogue as c
+from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.sources.gpu import Activity
 
 _SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "gpu"]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from exporter import catalogue as c
-from exporter.model import NodeSnapshot
-from exporter.readers import format_id_list
+from numaguard.exporter import catalogue as c
+from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.readers import format_id_list
 
 
 def families(snap: NodeSnapshot) -> list[c.Family]:

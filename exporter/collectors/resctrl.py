@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from exporter import catalogue as c
-from exporter.model import NodeSnapshot
-from exporter.readers import format_id_list
-from exporter.traffic import Traffic
+from numaguard.exporter import catalogue as c
+from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.readers import format_id_list
+from numaguard.exporter.traffic import Traffic
 
 _SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "resctrl"]
 

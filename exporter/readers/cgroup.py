@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from exporter.readers import MAX_ID, ParseError, _count
+from numaguard.exporter.readers import MAX_ID, ParseError, _count
 
 # Regular expressions do the per-value work in C: these files are read ~1,000 times a
 # cycle on a busy node.

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporter.readers import ParseError
+from numaguard.exporter.readers import ParseError
 
 # NVIDIA's DRA driver's MIG device names: profile id, placement start and size
 _MIG_NAME = re.compile(r"gpu-\d+-mig-\d+-(\d+)-(\d+)")

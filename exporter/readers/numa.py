@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.readers import ParseError, _count, parse_key_values
+from numaguard.exporter.readers import ParseError, _count, parse_key_values
 
 NUMASTAT_KINDS = (
     "numa_hit",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from exporter.readers import ParseError
+from numaguard.exporter.readers import ParseError
 
 # GPM metric ids (pynvml's NVML_GPM_METRIC_*), fixed by the NVML ABI.
 GPM_UTILIZATION = {

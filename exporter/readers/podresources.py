@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.readers import MAX_ID, ParseError
+from numaguard.exporter.readers import MAX_ID, ParseError
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.readers import ParseError, _count
+from numaguard.exporter.readers import ParseError, _count
 
 # What a monitoring file may say instead of a number (kernel resctrl docs).
 UNREADABLE = {"Unavailable": "unavailable", "Error": "error", "Unassigned": "unassigned"}

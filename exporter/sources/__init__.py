@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from exporter.readers import ParseError
+from numaguard.exporter.readers import ParseError
 
 # Kernel files that matter here are a few KiB; anything far larger is not one of them.
 MAX_FILE_BYTES = 1 << 20

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.readers import parse_id_list
-from exporter.readers.cgroup import (
+from numaguard.exporter.readers import parse_id_list
+from numaguard.exporter.readers.cgroup import (
     CpuThrottling,
     Pressure,
     container_of,
@@ -24,10 +24,10 @@ from exporter.readers.cgroup import (
     parse_pressure,
     pod_uid_of,
 )
-from exporter.sources import Issue, read_parsed, subdirs
+from numaguard.exporter.sources import Issue, read_parsed, subdirs
 
 if TYPE_CHECKING:  # the model imports this module's records
-    from exporter.model import PodMeta
+    from numaguard.exporter.model import PodMeta
 
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 PRESSURE_RESOURCES = ("cpu", "memory", "io")

@@ -15,17 +15,17 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from exporter.model import PodMeta
-from exporter.readers import ParseError
-from exporter.readers.dra import (
+from numaguard.exporter.model import PodMeta
+from numaguard.exporter.readers import ParseError
+from numaguard.exporter.readers.dra import (
     Allocated,
     DraDevice,
     DraView,
     read_claim_allocation,
     read_resource_slice,
 )
-from exporter.sources.apiserver import ApiServer
-from exporter.sources.kube import REQUEST_TIMEOUT_SECONDS, ListWatch
+from numaguard.exporter.sources.apiserver import ApiServer
+from numaguard.exporter.sources.kube import REQUEST_TIMEOUT_SECONDS, ListWatch
 
 log = logging.getLogger(__name__)
 

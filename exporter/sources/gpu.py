@@ -8,8 +8,8 @@ and later: one sample per GPU and per slice each cycle, the metric taken between
 cycle's sample and the last one, so no scrape ever sleeps. Where a device cannot measure
 a value, it is reported unsupported, never as 0.
 
-The pynvml module is a parameter: the real one, whose library may be the simulator's
-fake (simulator.nvml), which serves the C calls from a description.
+The pynvml module is a parameter: the real one, over whichever libnvidia-ml it loaded
+(tests load a fake one that serves the C calls from a description).
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from exporter.readers import ParseError, parse_single_int
-from exporter.readers.cgroup import parse_proc_cgroup
-from exporter.readers.nvml import (
+from numaguard.exporter.readers import ParseError, parse_single_int
+from numaguard.exporter.readers.cgroup import parse_proc_cgroup
+from numaguard.exporter.readers.nvml import (
     GPM_METRIC_IDS,
     GPM_UTILIZATION,
     gpm_values,
     parse_profile_name,
     sysfs_pci_address,
 )
-from exporter.sources import Issue, read_parsed
+from numaguard.exporter.sources import Issue, read_parsed
 
 log = logging.getLogger(__name__)
 

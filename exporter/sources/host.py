@@ -6,16 +6,16 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from exporter.readers import parse_id_list, parse_single_int
-from exporter.readers.numa import (
+from numaguard.exporter.readers import parse_id_list, parse_single_int
+from numaguard.exporter.readers.numa import (
     NodeMeminfo,
     parse_distance,
     parse_node_meminfo,
     parse_numastat,
     parse_vmstat_balancing,
 )
-from exporter.readers.resctrl import parse_cache_size
-from exporter.sources import Issue, read_parsed, subdirs
+from numaguard.exporter.readers.resctrl import parse_cache_size
+from numaguard.exporter.sources import Issue, read_parsed, subdirs
 
 _NODE_DIR = re.compile(r"node(\d+)")
 

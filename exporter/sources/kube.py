@@ -12,10 +12,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Generic, TypeVar
 
 import aiohttp
-
-from exporter.model import PodMeta
-from exporter.readers import ParseError
-from exporter.sources.apiserver import ApiServer
+from numaguard.exporter.model import PodMeta
+from numaguard.exporter.readers import ParseError
+from numaguard.exporter.sources.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 

@@ -18,16 +18,15 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
-
-from exporter.readers import ParseError
-from exporter.readers.podresources import (
+from numaguard.exporter.readers import ParseError
+from numaguard.exporter.readers.podresources import (
     Allocatable,
     PodResources,
     read_allocatable,
     read_list,
 )
-from exporter.sources import Issue
-from exporter.sources.podresources import api_pb2
+from numaguard.exporter.sources import Issue
+from numaguard.exporter.sources.podresources import api_pb2
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _SERVICE = "/v1.PodResourcesLister/"

@@ -5,7 +5,7 @@ In ``manage`` mode the source owns the groups named ``numaguard-<pod uid>`` unde
 ``mon_groups/``: it creates them (GPU pods first, then Guaranteed ones, while RMIDs
 last), keeps their tasks in step with the pods' cgroups, reuses them after a restart
 and removes those of pods that are gone. In ``read-only`` mode it only reads the groups
-it finds. Writes go through ``ResctrlOps`` so the simulator can act as the kernel.
+it finds. Writes go through ``ResctrlOps``, which a test's fake kernel implements too.
 
 On AMD's assignable bandwidth counters (ABMC: ``mbm_assign_mode`` is ``[mbm_event]``)
 a group's traffic is counted only while a hardware counter is assigned to each of its
@@ -24,8 +24,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from exporter.readers import ParseError, parse_single_int
-from exporter.readers.resctrl import (
+from numaguard.exporter.readers import ParseError, parse_single_int
+from numaguard.exporter.readers.resctrl import (
     EVENTS,
     MonValues,
     Unreadable,
@@ -37,8 +37,8 @@ from exporter.readers.resctrl import (
     parse_word_list,
     sum_mon_values,
 )
-from exporter.sources import Issue, read_parsed, subdirs
-from exporter.sources.cgroups import PodsReading
+from numaguard.exporter.sources import Issue, read_parsed, subdirs
+from numaguard.exporter.sources.cgroups import PodsReading
 
 GROUP_PREFIX = "numaguard-"
 MODES = ("auto", "manage", "read-only", "off")

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).parent
-PACKAGE_DIR = "exporter/sources/podresources"
+# where protoc is told the package lives: the import path of the modules it writes
+PACKAGE_DIR = "numaguard/exporter/sources/podresources"
+MODULES = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
 
 
 def generate(out_dir: str) -> None:
-    """Write api_pb2.py, api_pb2.pyi and api_pb2_grpc.py for api.proto under ``out_dir``."""
+    """Write api_pb2.py, api_pb2.pyi and api_pb2_grpc.py for api.proto under
+    ``out_dir``/PACKAGE_DIR."""
     from grpc_tools import protoc  # a build-time tool, in the test extras
 
     code = protoc.main(
@@ -27,5 +32,16 @@ def generate(out_dir: str) -> None:
         raise RuntimeError(f"protoc failed with code {code}")
 
 
+def regenerate() -> None:
+    """Generate into a temporary tree and put the modules here."""
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(tmp)
+        for name in MODULES:
+            shutil.copy(Path(tmp) / PACKAGE_DIR / name, HERE / name)
+
+
 if __name__ == "__main__":
-    generate(sys.argv[1] if len(sys.argv) > 1 else str(HERE.parent.parent.parent))
+    if len(sys.argv) > 1:
+        generate(sys.argv[1])
+    else:
+        regenerate()
