@@ -137,16 +137,20 @@ docs: $(VENV)/.installed
 proto: $(VENV)/.installed
 	$(PY) -m numaguard.exporter.sources.podresources
 
-# The image deploy/ runs, with whichever engine this machine has; IMAGE names it.
-IMAGE ?= ghcr.io/numaguard/numaguard:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' numaguard/__init__.py)
+# The images deploy/ runs, one per role, with whichever engine this machine has:
+# $(IMAGE)-exporter:$(VERSION) and $(IMAGE)-remediator:$(VERSION).
+IMAGE ?= ghcr.io/numaguard/numaguard
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' numaguard/__init__.py)
 ENGINE ?= $(shell for e in docker podman buildah; do command -v $$e >/dev/null && { echo $$e; break; }; done)
 
 image:
 	@if [ -z "$(ENGINE)" ]; then \
 	  echo "make image: no container engine found (docker, podman or buildah): install one, or set ENGINE"; \
 	  exit 1; fi
-	$(ENGINE) build -f deploy/Dockerfile -t $(IMAGE) .
-	@echo "built $(IMAGE); push it where your nodes pull from, and set the image in deploy/ or the chart"
+	for role in exporter remediator; do \
+	  $(ENGINE) build -f deploy/Dockerfile --target $$role -t $(IMAGE)-$$role:$(VERSION) . || exit 1; \
+	done
+	@echo "built $(IMAGE)-exporter:$(VERSION) and $(IMAGE)-remediator:$(VERSION); push them where your nodes pull from, and set image.repository in the chart (or the images in deploy/)"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

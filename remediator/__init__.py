@@ -1,1 +1,12 @@
 """numaguard remediator: finds cross-socket and GPU-starved pods and fixes them safely."""
+
+# Its libraries are an extra the exporter does without: a missing one says so plainly.
+try:
+    import kubernetes  # noqa: F401
+    import pandas  # noqa: F401
+    import prometheus_client  # noqa: F401
+    import promql_parser  # noqa: F401
+except ImportError as err:
+    raise ImportError(
+        f"numaguard's remediator needs {err.name}: pip install 'numaguard[remediator]'"
+    ) from None

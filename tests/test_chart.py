@@ -97,7 +97,7 @@ def test_every_object_validates_with_every_switch_on():
     (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert "--web.config.file=/etc/numaguard/web/web-config.yml" in container["args"]
-    assert container["image"] == "ghcr.io/numaguard/numaguard:0.1.1"
+    assert container["image"] == "ghcr.io/numaguard/numaguard-exporter:0.1.1"
     assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     (monitor,) = [
         d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "numaguard"

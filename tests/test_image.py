@@ -72,29 +72,47 @@ def test_the_product_built_as_the_image_builds_it_runs_without_the_simulator(tmp
     assert re.search(r"^numaguard-remediator = numaguard.remediator.cli:main$", scripts, re.M)
 
     # every product module imports, and both commands answer --help, from the wheel's
-    # files alone, with the simulator (and the rest of this repository) unimportable
+    # files alone, with the simulator (and the rest of this repository) unimportable;
+    # the exporter without the remediator's extra, which the remediator asks for by name
     probe = f"""
 import importlib, pkgutil, sys
+OUTSIDE = {{"simulator", "tests", "bench", "alerts", "grafana", "deploy", "exporter", "remediator"}}
+EXTRA = {{"pandas", "numpy", "kubernetes", "prometheus_client", "promql_parser"}}
+blocked = OUTSIDE | EXTRA
 class Absent:
     def find_spec(self, name, path=None, target=None):
-        outside = ("simulator", "tests", "bench", "alerts", "grafana", "deploy", "exporter")
-        if name.split(".")[0] in outside or name.startswith("numaguard.simulator"):
+        if name.split(".")[0] in blocked or name.startswith("numaguard.simulator"):
             raise ModuleNotFoundError(name)
 sys.meta_path.insert(0, Absent())
 sys.path.insert(0, {str(tmp_path / "installed")!r})
-for package in ("numaguard",):
+
+def every_module(package):
     root = importlib.import_module(package)
     assert root.__file__.startswith({str(tmp_path / "installed")!r}), root.__file__
     for module in pkgutil.walk_packages(root.__path__, package + "."):
-        if not module.name.endswith(".__main__"):  # that one runs the command
+        # __main__ runs a command; api_pb2_grpc is grpcio's, for the test kubelet only
+        if not module.name.endswith((".__main__", ".api_pb2_grpc")):
             importlib.import_module(module.name)
-from numaguard.exporter import cli as exporter_cli
-from numaguard.remediator import cli as remediator_cli
-for main in (exporter_cli.main, remediator_cli.main):
+
+def answers_help(main):
     try:
         main(["--help"])
     except SystemExit as done:
         assert done.code == 0, done.code
+
+every_module("numaguard.exporter")
+from numaguard.exporter import cli as exporter_cli
+answers_help(exporter_cli.main)
+try:
+    import numaguard.remediator
+except ImportError as err:
+    assert "pip install 'numaguard[remediator]'" in str(err), err
+else:
+    raise AssertionError("the remediator imported without its extra")
+blocked = OUTSIDE
+every_module("numaguard.remediator")
+from numaguard.remediator import cli as remediator_cli
+answers_help(remediator_cli.main)
 print("ok")
 """
     run = subprocess.run(

@@ -1,5 +1,6 @@
+{{/* A role's image: image.repository-<role>, e.g. ghcr.io/numaguard/numaguard-exporter */}}
 {{- define "numaguard.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ .root.Values.image.repository }}-{{ .role }}:{{ .root.Values.image.tag | default .root.Chart.AppVersion }}
 {{- end -}}
 
 {{- define "numaguard.webConfig" -}}
