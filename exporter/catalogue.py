@@ -127,10 +127,31 @@ def _m(
     return spec
 
 
+def _process(name: str, kind: str, help: str) -> MetricSpec:
+    """A metric of the process itself, by the name every Prometheus client library gives
+    it (no numaguard_ prefix: dashboards for any exporter use these)."""
+    spec = MetricSpec(name, kind, help, (), "process")
+    assert spec.name not in CATALOGUE, spec.name
+    CATALOGUE[spec.name] = spec
+    return spec
+
+
 # Label sets shared by many metrics.
 CONTAINER = ("namespace", "pod", "container", "pod_uid", "container_id")
 POD = ("namespace", "pod", "pod_uid")
 COLLECTOR = ("collector",)
+
+# -- the process (both components; read by prometheus_client's ProcessCollector) ----
+PROCESS_CPU = _process(
+    "process_cpu_seconds_total", "counter", "User and system CPU time the process spent."
+)
+PROCESS_RSS = _process("process_resident_memory_bytes", "gauge", "Resident memory.")
+PROCESS_VSZ = _process("process_virtual_memory_bytes", "gauge", "Virtual memory.")
+PROCESS_FDS = _process("process_open_fds", "gauge", "Open file descriptors.")
+PROCESS_MAX_FDS = _process("process_max_fds", "gauge", "The process's file descriptor limit.")
+PROCESS_START = _process(
+    "process_start_time_seconds", "gauge", "When the process started, seconds since the epoch."
+)
 
 # -- self-health -------------------------------------------------------------------
 BUILD_INFO = _m(

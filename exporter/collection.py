@@ -23,8 +23,11 @@ from numaguard.exporter.exposition import render
 from numaguard.exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
 from numaguard.exporter.readers.dra import DraView
 from numaguard.exporter.sources import READ_FAILURES, Issue
+from prometheus_client.process_collector import ProcessCollector
 
 log = logging.getLogger(__name__)
+
+_PROCESS_SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "process"]
 
 # "write": the kernel refused a resctrl group change or task move; "gpu_lost" and
 # "nvml": a GPU fell off the bus, or NVML answered an error other than not-supported;
@@ -120,6 +123,7 @@ class Collection:
         self._in_flight: dict[str, tuple[asyncio.Future, float]] = {}
         self._logged: set[tuple[str, str, str]] = set()
         self.limited = False  # this cycle's pods were more than the cgroup source may read
+        self._process = ProcessCollector(registry=None)
         self._limit_logged = False
 
     async def run_once(self) -> NodeSnapshot:
@@ -245,9 +249,20 @@ class Collection:
             *gpu.families(snap),
             *capacity.families(snap),
             *self._self_families(snap),
+            *self._process_families(),
         ]
         asked = self.exposition.asked if self.exposition is not None else ()
         return Exposition(*render(families), gzip_now=set(asked))
+
+    def _process_families(self) -> list[c.Family]:
+        """The process's own CPU, memory, descriptors and start time, as every
+        Prometheus client reports them (read by prometheus_client's ProcessCollector)."""
+        families = {spec.name: spec.family(self.node_name) for spec in _PROCESS_SPECS}
+        for metric in self._process.collect():
+            for sample in metric.samples:
+                if sample.name in families:
+                    families[sample.name].add(sample.value)
+        return list(families.values())
 
     def _self_families(self, snap: NodeSnapshot) -> list[c.Family]:
         node = self.node_name

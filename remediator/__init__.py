@@ -4,7 +4,6 @@
 try:
     import kubernetes  # noqa: F401
     import pandas  # noqa: F401
-    import prometheus_client  # noqa: F401
     import promql_parser  # noqa: F401
 except ImportError as err:
     raise ImportError(

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
 from numaguard.remediator.planner import GUARDS
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
 
 class Metrics:
     def __init__(self) -> None:
         disable_created_metrics()  # *_created series are not in the catalogue: noise
         r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_* (catalogue group "process")
 
         def make(spec: c.MetricSpec):
             cls = Counter if spec.kind == "counter" else Gauge

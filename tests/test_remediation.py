@@ -534,7 +534,7 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
         f.name + ("_total" if f.type == "counter" else "")
         for f in text_string_to_metric_families(metrics)
     }
-    assert served == {n for n, s in CATALOGUE.items() if s.group == "remediator"}
+    assert served == {n for n, s in CATALOGUE.items() if s.group in ("remediator", "process")}
     assert c.evictions() == []  # dry-run: Events only
     reasons = {e["reason"] for e in await c.events()}
     assert "DryRun" in reasons
