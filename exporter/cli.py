@@ -12,6 +12,7 @@ import socket
 import sys
 
 from numaguard.exporter import __version__, logs, webconfig
+from numaguard.exporter.collection import COLLECTORS
 from numaguard.exporter.model import Thresholds
 from numaguard.exporter.server import GpuBackendError, Settings, serve
 from numaguard.exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
@@ -196,6 +197,14 @@ def parser() -> argparse.ArgumentParser:
         "ClusterRole's nonResourceURLs /metrics), as kube-rbac-proxy does; needs the API "
         "server and the system:auth-delegator ClusterRole (deploy/overlays/kubernetes-auth)",
     )
+    for name, info in COLLECTORS.items():
+        p.add_argument(
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action=argparse.BooleanOptionalAction,
+            default=info.default,
+            help=f"the {name} collector: {info.help}",
+        )
     p.add_argument(
         "--log-format",
         choices=("json", "text"),
@@ -236,6 +245,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         idle_timeout_seconds=args.idle_timeout,
         max_connections=args.max_connections,
         max_pods=args.max_pods,
+        collectors=frozenset(n for n in COLLECTORS if getattr(args, f"collector_{n}")),
     )
 
 

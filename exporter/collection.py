@@ -49,6 +49,33 @@ RESCTRL = "resctrl"  # runs after pod_placement: it needs this cycle's pods
 GPU = "gpu"
 POD_RESOURCES = "pod_resources"
 
+
+@dataclass(frozen=True)
+class CollectorInfo:
+    help: str
+    default: bool = True  # on unless --no-collector.<name>
+
+
+# Every collector, as --collector.<name> / --no-collector.<name> turn it on and off; one
+# turned off is not run and has no health series.
+COLLECTORS = {
+    HOST_NUMA: CollectorInfo(
+        "NUMA topology, memory, allocation locality and balancing counters (sysfs, procfs)"
+    ),
+    POD_PLACEMENT: CollectorInfo(
+        "every pod's CPUs, memory, throttling and pressure per NUMA node (cgroups)"
+    ),
+    RESCTRL: CollectorInfo(
+        "memory traffic and LLC occupancy per L3 domain, NUMA node and pod (resctrl; needs "
+        "pod_placement for the pods)"
+    ),
+    GPU: CollectorInfo("GPUs and MIG slices (NVML; see --gpu-backend)"),
+    POD_RESOURCES: CollectorInfo(
+        "who holds which device and what each NUMA node can still give (the kubelet's "
+        "PodResources API)"
+    ),
+}
+
 # Distinct (collector, reason, path) problems we log once each; beyond this, just count.
 _MAX_LOGGED_PROBLEMS = 10_000
 
@@ -245,7 +272,7 @@ class Collection:
         families = [
             *host_numa.families(snap),
             *pods.families(snap),
-            *resctrl.families(snap),
+            *resctrl.families(snap, RESCTRL in self.sources),
             *gpu.families(snap),
             *capacity.families(snap),
             *self._self_families(snap),

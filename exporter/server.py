@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from numaguard.exporter import webconfig
 from numaguard.exporter.collection import (
+    COLLECTORS,
     GPU,
     HOST_NUMA,
     POD_PLACEMENT,
@@ -59,6 +60,8 @@ class Settings:
     max_connections: int = 256
     # the cardinality guard: past this many pods on the node, no pod series at all
     max_pods: int = 1000
+    # the collectors to run (--collector.<name>); the rest are not run at all
+    collectors: frozenset[str] = frozenset(c for c, i in COLLECTORS.items() if i.default)
 
 
 STUCK_CYCLES = 3  # cycles a read may hang before /healthz asks for a restart
@@ -198,15 +201,19 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             "no kubeconfig and not in a cluster: pod series carry only pod_uid and container_id"
         )
 
-    gpus = await asyncio.to_thread(open_gpu_source, settings)
-    sources = {
-        HOST_NUMA: HostSource(settings.host_root),
-        POD_PLACEMENT: CgroupSource(settings.host_root, max_pods=settings.max_pods),
-        RESCTRL: ResctrlSource(settings.host_root, settings.resctrl_mode, settings.resctrl_ops),
-    }
+    on = settings.collectors
+    gpus = await asyncio.to_thread(open_gpu_source, settings) if GPU in on else None
+    sources = {}
+    if HOST_NUMA in on:
+        sources[HOST_NUMA] = HostSource(settings.host_root)
+    if POD_PLACEMENT in on:
+        sources[POD_PLACEMENT] = CgroupSource(settings.host_root, max_pods=settings.max_pods)
+    if RESCTRL in on:
+        ops = settings.resctrl_ops
+        sources[RESCTRL] = ResctrlSource(settings.host_root, settings.resctrl_mode, ops)
     if gpus is not None:
         sources[GPU] = gpus
-    kubelet = pod_resources_source(settings)
+    kubelet = pod_resources_source(settings) if POD_RESOURCES in on else None
     if kubelet is not None:
         sources[POD_RESOURCES] = kubelet
     collection = Collection(

@@ -15,7 +15,8 @@ from numaguard.simulator.host import GIB, MIB, SANDBOX, FakeContainer, FakeHostR
 
 from tests.conftest import make_collection, metadata_of, samples, series
 
-HEALTH = {name for name, spec in CATALOGUE.items() if spec.group == "health"}
+# the exporter's own health and process series, whose values are its own, not the node's
+HEALTH = {name for name, spec in CATALOGUE.items() if spec.group in ("health", "process")}
 
 
 def without_health(got: dict) -> dict:
@@ -59,9 +60,9 @@ def host_numa(nodes, distance, numastat, remote, balancing=None, locality=None) 
         out[series(f"numaguard_numa_balancing_{key}_total")] = value
     if locality is not None:
         out[series("numaguard_numa_balancing_hint_fault_locality_ratio")] = locality
-    # these nodes have no resctrl: it says so, and nothing else of it is shown
+    # these exporters run no resctrl collector: it says so, and nothing else of it shows
     out[series("numaguard_resctrl_available")] = 0
-    out[series("numaguard_resctrl_mode_info", mode="unavailable")] = 1
+    out[series("numaguard_resctrl_mode_info", mode="off")] = 1
     return out
 
 

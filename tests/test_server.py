@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 from aiohttp.test_utils import TestClient, TestServer
-from numaguard.exporter.collection import HOST_NUMA, POD_PLACEMENT, Collection
+from numaguard.exporter.collection import COLLECTORS, HOST_NUMA, POD_PLACEMENT, Collection
 from numaguard.exporter.server import STUCK_CYCLES, Exporter, Settings
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.host import HostSource
@@ -318,6 +318,8 @@ def test_help_explains_every_flag():
         "--collector-timeout",
         "--memory-remote-threshold",
         "--resctrl-mode",
+        *(f"--collector.{name}" for name in COLLECTORS),
+        *(f"--no-collector.{name}" for name in COLLECTORS),
     ):
         assert flag in out
 
@@ -385,3 +387,24 @@ async def test_under_the_guard_nothing_is_left_out(fake_root):
     got = samples(collection.exposition.text)
     assert got[series("numaguard_series_limited")] == 0
     assert [k for k in got if "pod_uid" in dict(k[1])]
+
+
+async def test_collectors_turned_off_are_not_run(fake_root):
+    """--no-collector.<name>: that collector is not run and has no health series; the
+    others run as before."""
+    root = fake_root(presets.two_socket())
+    args = ("--host-root", str(root.root), "--node-name", NODE, "--interval", "0.2")
+    off = ("--no-collector.resctrl", "--no-collector.gpu", "--no-collector.pod_resources")
+    async with exporter_process(*args, *off) as (url, _):
+        got = samples(await get(f"{url}/metrics"))
+    ran = {
+        dict(k[1])["collector"]: v for k, v in got.items() if k[0] == "numaguard_collector_success"
+    }
+    assert ran == {HOST_NUMA: 1, POD_PLACEMENT: 1}
+    resctrl = {k: v for k, v in got.items() if k[0].startswith(("numaguard_l3_", "numaguard_res"))}
+    assert resctrl == {  # it says it is off, and nothing else of it shows
+        series("numaguard_resctrl_available"): 0,
+        series("numaguard_resctrl_mode_info", mode="off"): 1,
+    }
+    assert got[series("numaguard_numa_node_memory_total_bytes", numa_node="0")] > 0
+    assert got[series("process_open_fds")] > 0  # the process's own, always

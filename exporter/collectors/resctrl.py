@@ -10,15 +10,16 @@ from numaguard.exporter.traffic import Traffic
 _SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "resctrl"]
 
 
-def families(snap: NodeSnapshot) -> list[c.Family]:
+def families(snap: NodeSnapshot, running: bool = True) -> list[c.Family]:
+    """``running``: the resctrl collector is on (--collector.resctrl); off, it says so."""
     f = {spec.name: spec.family(snap.node_name) for spec in _SPECS}
 
     def add(spec: c.MetricSpec, value: float | None, *labels) -> None:
         if value is not None:
             f[spec.name].add(value, *labels)
 
-    state = snap.resctrl
-    mode = state.mode if state else "unavailable"
+    state = snap.resctrl if running else None
+    mode = state.mode if state else "unavailable" if running else "off"
     add(c.RESCTRL_AVAILABLE, int(bool(state and state.available)))
     add(c.RESCTRL_MODE, 1, mode)
     if state is None or not state.available:
