@@ -20,9 +20,10 @@ from numaguard.exporter import __version__, sources
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.collectors import capacity, gpu, host_numa, pods, resctrl
 from numaguard.exporter.exposition import render
-from numaguard.exporter.model import NodeSnapshot, PodMeta, Thresholds, build_snapshot
+from numaguard.exporter.model import NodeSnapshot, Thresholds, build_snapshot
 from numaguard.exporter.readers.dra import DraView
-from numaguard.exporter.sources import READ_FAILURES, Issue
+from numaguard.exporter.records import Issue, PodMeta
+from numaguard.exporter.sources import READ_FAILURES
 from prometheus_client.process_collector import ProcessCollector
 
 log = logging.getLogger(__name__)

@@ -5,18 +5,25 @@ once, here. Pure: readings (and the previous snapshot, for rates) in, snapshot o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from numaguard.exporter.readers.cgroup import CpuThrottling, Pressure
 from numaguard.exporter.readers.dra import DraView, device_plugin_id
 from numaguard.exporter.readers.numa import NodeMeminfo
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.exporter.readers.podresources import ContainerResources
-from numaguard.exporter.sources.cgroups import ContainerReading, PodsReading
-from numaguard.exporter.sources.gpu import GpuReading, GpuRecord, SliceRecord
-from numaguard.exporter.sources.host import HostReading, L3Domain
-from numaguard.exporter.sources.kubelet import KubeletReading
-from numaguard.exporter.sources.resctrl import ResctrlReading
+from numaguard.exporter.records import (
+    ContainerReading,
+    GpuReading,
+    GpuRecord,
+    HostReading,
+    KubeletReading,
+    L3Domain,
+    PodMeta,
+    PodsReading,
+    ResctrlReading,
+    SliceRecord,
+)
 from numaguard.exporter.traffic import ResctrlState, build_resctrl
 
 MIB = 1 << 20
@@ -34,17 +41,6 @@ class Thresholds:
     starved_cpu_pressure: float = 0.2  # share of time some task stalled on CPU
     starved_memory_pressure: float = 0.1  # share of time some task stalled on memory
     starved_remote_traffic: float = 0.5  # share of memory traffic to remote nodes
-
-
-@dataclass(frozen=True, slots=True)
-class PodMeta:
-    """What the API server says about a pod: names, and container id -> container name;
-    its DRA ResourceClaims, by the claim object's name, with the containers using each."""
-
-    namespace: str
-    name: str
-    containers: Mapping[str, str] = field(default_factory=dict)
-    claims: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

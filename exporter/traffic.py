@@ -7,8 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from numaguard.exporter.readers.resctrl import MonValues, Unreadable, sum_mon_values
-from numaguard.exporter.sources.host import L3Domain
-from numaguard.exporter.sources.resctrl import ResctrlReading
+from numaguard.exporter.records import L3Domain, ResctrlReading
 
 
 @dataclass(slots=True)

@@ -13,8 +13,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from numaguard.exporter.model import PodMeta
 from numaguard.exporter.readers import format_id_list, parse_id_list
+from numaguard.exporter.records import PodMeta
 
 GIB = 1 << 30
 MIB = 1 << 20

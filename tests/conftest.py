@@ -15,7 +15,8 @@ from numaguard.exporter.collection import (
     RESCTRL,
     Collection,
 )
-from numaguard.exporter.model import PodMeta, Thresholds
+from numaguard.exporter.model import Thresholds
+from numaguard.exporter.records import PodMeta
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 
 import aiohttp
-from numaguard.exporter.model import PodMeta
+from numaguard.exporter.records import PodMeta
 from numaguard.exporter.sources.apiserver import connect
 from numaguard.exporter.sources.dra import DraWatch
 from numaguard.simulator import dra, presets

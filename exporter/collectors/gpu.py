@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.model import NodeSnapshot
-from numaguard.exporter.sources.gpu import Activity
+from numaguard.exporter.records import Activity
 
 _SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "gpu"]
 

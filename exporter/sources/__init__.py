@@ -11,10 +11,10 @@ import resource
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 from numaguard.exporter.readers import ParseError
+from numaguard.exporter.records import Issue
 
 # Kernel files that matter here are a few KiB; anything far larger is not one of them.
 MAX_FILE_BYTES = 1 << 20
@@ -26,13 +26,6 @@ T = TypeVar("T")
 # not_regular: a FIFO, device or socket where a kernel file should be (sysfs, procfs and
 # cgroupfs files are all regular): never opened for reading, it could block or not end
 READ_FAILURES = ("missing", "permission", "io", "parse", "oversized", "not_regular")
-
-
-@dataclass(frozen=True, slots=True)
-class Issue:
-    reason: str  # one of READ_FAILURES, "timeout" or "internal"
-    path: str
-    detail: str = ""
 
 
 class ReadFailure(Exception):

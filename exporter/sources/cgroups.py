@@ -10,12 +10,10 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from numaguard.exporter.readers import parse_id_list
 from numaguard.exporter.readers.cgroup import (
-    CpuThrottling,
     Pressure,
     container_of,
     parse_cpu_throttling,
@@ -24,34 +22,11 @@ from numaguard.exporter.readers.cgroup import (
     parse_pressure,
     pod_uid_of,
 )
-from numaguard.exporter.sources import Issue, read_parsed, subdirs
-
-if TYPE_CHECKING:  # the model imports this module's records
-    from numaguard.exporter.model import PodMeta
+from numaguard.exporter.records import ContainerReading, Issue, PodMeta, PodsReading
+from numaguard.exporter.sources import read_parsed, subdirs
 
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 PRESSURE_RESOURCES = ("cpu", "memory", "io")
-
-
-@dataclass(slots=True)
-class ContainerReading:
-    pod_uid: str
-    container_id: str
-    runtime: str  # containerd | cri-o | docker | "" when the cgroup name does not say
-    qos_class: str
-    cpus: frozenset[int] | None
-    memory_by_node: dict[int, int] | None  # bytes
-    throttling: CpuThrottling | None
-    pressure: dict[str, Pressure]  # by resource; empty where PSI is absent
-    tasks_file: str  # the cgroup file listing its thread ids (read by the resctrl source)
-
-
-@dataclass(frozen=True, slots=True)
-class PodsReading:
-    containers: tuple[ContainerReading, ...]
-    shared_pool: frozenset[int] | None  # CPUs of the shared pool, when known
-    issues: list[Issue] = field(default_factory=list)
-    over_limit: int = 0  # pods found, when more than the source may read: none read
 
 
 @dataclass(frozen=True, slots=True)

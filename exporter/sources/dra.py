@@ -15,7 +15,6 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from numaguard.exporter.model import PodMeta
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.readers.dra import (
     Allocated,
@@ -24,6 +23,7 @@ from numaguard.exporter.readers.dra import (
     read_claim_allocation,
     read_resource_slice,
 )
+from numaguard.exporter.records import PodMeta
 from numaguard.exporter.sources.apiserver import ApiServer
 from numaguard.exporter.sources.kube import REQUEST_TIMEOUT_SECONDS, ListWatch
 

@@ -20,10 +20,10 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, CancelledError, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -31,82 +31,25 @@ from numaguard.exporter.readers import ParseError, parse_single_int
 from numaguard.exporter.readers.cgroup import parse_proc_cgroup
 from numaguard.exporter.readers.nvml import (
     GPM_METRIC_IDS,
-    GPM_UTILIZATION,
     gpm_values,
     parse_profile_name,
     sysfs_pci_address,
 )
-from numaguard.exporter.sources import Issue, read_parsed
+from numaguard.exporter.records import (
+    UNSUPPORTED,
+    UTILIZATION_KINDS,
+    Activity,
+    GpuReading,
+    GpuRecord,
+    Holder,
+    Issue,
+    SliceRecord,
+)
+from numaguard.exporter.sources import read_parsed
 
 log = logging.getLogger(__name__)
 
-UTILIZATION_KINDS = tuple(GPM_UTILIZATION)
-_ALL_UNSUPPORTED = dict.fromkeys(UTILIZATION_KINDS, False)
-
-
-@dataclass(frozen=True, slots=True)
-class Activity:
-    """What a GPU or slice did over the last interval."""
-
-    utilization: Mapping[str, float]  # kind -> 0..1, only kinds measured this cycle
-    supported: Mapping[str, bool]  # kind -> whether the device can measure it at all
-    pcie_bytes_per_second: Mapping[str, float]  # tx / rx
-
-
-UNSUPPORTED = Activity({}, _ALL_UNSUPPORTED, {})
 _GPM_MIN_INTERVAL = 0.1  # seconds; NVML refuses GPM samples closer than this
-
-
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """A pod container with a process on a device (from NVML's process list)."""
-
-    pod_uid: str
-    container_id: str
-
-
-@dataclass(slots=True)
-class SliceRecord:
-    uuid: str
-    profile: str  # 1g.10gb
-    gi_id: int
-    ci_id: int
-    sm_count: int | None
-    placement_start: int | None  # in memory slices of 8
-    placement_size: int | None
-    memory_total_bytes: int | None
-    memory_used_bytes: int | None
-    activity: Activity
-    processes: int | None
-    holders: tuple[Holder, ...]
-
-
-@dataclass(slots=True)
-class GpuRecord:
-    index: int
-    uuid: str
-    name: str
-    pci_address: str  # sysfs form, 0000:18:00.0; "" when unknown
-    numa_node: int | None
-    up: bool
-    down_reason: str  # "" when up; gpu_lost | timeout | nvml
-    mig_enabled: bool | None = None
-    memory_total_bytes: int | None = None
-    memory_used_bytes: int | None = None
-    power_watts: float | None = None
-    temperature_celsius: float | None = None
-    activity: Activity = UNSUPPORTED
-    processes: int | None = None  # with MIG on: see the slices
-    holders: tuple[Holder, ...] = ()
-    slices: tuple[SliceRecord, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class GpuReading:
-    gpus: tuple[GpuRecord, ...]
-    issues: list[Issue] = field(default_factory=list)
-    driver_version: str = ""  # "" when NVML would not say
-    nvml_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +228,7 @@ class NvmlSource:
             rates = call.optional(n.nvmlDeviceGetUtilizationRates, handle)
             activity = Activity(
                 {"graphics": rates.gpu / 100} if rates is not None else {},
-                {**_ALL_UNSUPPORTED, "graphics": rates is not None},
+                {**UNSUPPORTED.supported, "graphics": rates is not None},
                 {},
             )
         owners: dict[int, tuple[Holder, ...]] = {}  # pid -> holder, for this cycle

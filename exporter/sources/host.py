@@ -4,47 +4,19 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 
 from numaguard.exporter.readers import parse_id_list, parse_single_int
 from numaguard.exporter.readers.numa import (
-    NodeMeminfo,
     parse_distance,
     parse_node_meminfo,
     parse_numastat,
     parse_vmstat_balancing,
 )
 from numaguard.exporter.readers.resctrl import parse_cache_size
-from numaguard.exporter.sources import Issue, read_parsed, subdirs
+from numaguard.exporter.records import HostReading, Issue, L3Domain, NumaNodeReading
+from numaguard.exporter.sources import read_parsed, subdirs
 
 _NODE_DIR = re.compile(r"node(\d+)")
-
-
-@dataclass(frozen=True, slots=True)
-class NumaNodeReading:
-    id: int
-    cpus: frozenset[int] | None
-    distances: tuple[int, ...] | None
-    meminfo: NodeMeminfo | None
-    numastat: dict[str, int] | None
-
-
-@dataclass(frozen=True, slots=True)
-class L3Domain:
-    """One L3 cache instance: resctrl names its monitoring directory mon_L3_<id>."""
-
-    id: int
-    cpus: frozenset[int]
-    size_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class HostReading:
-    nodes: tuple[NumaNodeReading, ...]
-    socket_of_cpu: dict[int, int]
-    l3_domains: dict[int, L3Domain]
-    balancing: dict[str, int]  # vmstat NUMA-balancing counters; empty when absent
-    issues: list[Issue] = field(default_factory=list)
 
 
 class HostSource:

@@ -10,7 +10,6 @@ so a restarted kubelet (a new socket file) is found again at once.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 import h2.exceptions
 from google.protobuf.message import DecodeError
@@ -20,23 +19,14 @@ from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.readers.podresources import (
-    Allocatable,
-    PodResources,
     read_allocatable,
     read_list,
 )
-from numaguard.exporter.sources import Issue
+from numaguard.exporter.records import Issue, KubeletReading
 from numaguard.exporter.sources.podresources import api_pb2
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _SERVICE = "/v1.PodResourcesLister/"
-
-
-@dataclass(frozen=True, slots=True)
-class KubeletReading:
-    pods: tuple[PodResources, ...] | None  # None: the kubelet did not answer (see issues)
-    allocatable: Allocatable | None  # None also for kubelets without GetAllocatableResources
-    issues: list[Issue] = field(default_factory=list)
 
 
 class _RawAnswers(ProtoCodec):

@@ -22,7 +22,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from numaguard.exporter.readers import ParseError, parse_single_int
 from numaguard.exporter.readers.resctrl import (
@@ -37,8 +37,8 @@ from numaguard.exporter.readers.resctrl import (
     parse_word_list,
     sum_mon_values,
 )
-from numaguard.exporter.sources import Issue, read_parsed, subdirs
-from numaguard.exporter.sources.cgroups import PodsReading
+from numaguard.exporter.records import Issue, PodsReading, ResctrlReading
+from numaguard.exporter.sources import read_parsed, subdirs
 
 GROUP_PREFIX = "numaguard-"
 MODES = ("auto", "manage", "read-only", "off")
@@ -75,31 +75,6 @@ def _write_file(path: str, text: str) -> None:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
-
-
-@dataclass(frozen=True, slots=True)
-class ResctrlReading:
-    mode: str  # the mode in effect: manage | read-only | off | unavailable
-    num_rmids: int | None = None
-    rmids_used: int | None = None
-    # whole-node values per L3 domain, and per NUMA node under Sub-NUMA Clustering
-    domains: dict[int, MonValues] = field(default_factory=dict)
-    snc_nodes: dict[int, MonValues] = field(default_factory=dict)
-    # pod uid -> L3 domain -> what its monitoring group read
-    pods: dict[str, dict[int, MonValues]] = field(default_factory=dict)
-    unmonitored: frozenset[str] = frozenset()  # pod uids left without a group
-    # cumulative since start: values the kernel would not give, by reason, and
-    # group creations refused for want of RMIDs
-    unreadable_total: dict[str, int] = field(default_factory=dict)
-    rmid_exhaustions_total: int = 0
-    # the kernel said this cycle (EBUSY) that the RMIDs not in use wait in limbo: freed,
-    # but still counting cache lines of the group that had them
-    rmids_in_limbo: bool = False
-    # ABMC only: L3 domain -> (assignable counters, of which free), and the domains
-    # whose totals leave out some group's traffic for want of a counter
-    mbm_counters: dict[int, tuple[int, int]] = field(default_factory=dict)
-    partial_domains: frozenset[int] = frozenset()
-    issues: list[Issue] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,107 @@
+"""The house's layers, held by reading every product module's imports: readers import
+nothing of ours but their own package; records only readers; the model, the collectors
+and the rendering no source; the remediator's pure core no client library; and no
+product module the simulator."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {"exporter": "numaguard.exporter", "remediator": "numaguard.remediator"}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    parts[0] = FOLDERS[parts[0]]
+    return ".".join(p for p in parts if p != "__init__")
+
+
+PRODUCT = {
+    module_name(p): p
+    for folder in FOLDERS
+    for p in sorted((ROOT / folder).rglob("*.py"))
+    if "_pb2" not in p.name
+}
+
+
+def imports(source: str) -> set[str]:
+    """Every module a source imports (``from a import b`` counts as a and a.b)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+# (modules the rule covers, what they must not import, except what they may)
+RULES = [
+    (
+        "numaguard.exporter.readers",
+        ("numaguard.",),
+        ("numaguard.exporter.readers",),
+    ),
+    ("numaguard.exporter.records", ("numaguard.",), ("numaguard.exporter.readers",)),
+    (
+        (
+            "numaguard.exporter.model",
+            "numaguard.exporter.traffic",
+            "numaguard.exporter.collectors",
+            "numaguard.exporter.exposition",
+            "numaguard.exporter.catalogue",
+        ),
+        ("numaguard.exporter.sources",),
+        (),
+    ),
+    (
+        (
+            "numaguard.remediator.findings",
+            "numaguard.remediator.planner",
+            "numaguard.remediator.mig",
+            "numaguard.remediator.queries",
+        ),
+        ("aiohttp", "kubernetes", "numaguard.remediator.kube", "numaguard.remediator.actuator"),
+        (),
+    ),
+    ("numaguard", ("numaguard.simulator", "simulator"), ()),
+]
+
+
+def broken(module: str, imported: set[str]) -> list[str]:
+    out = []
+    for covered, forbidden, allowed in RULES:
+        covered = (covered,) if isinstance(covered, str) else covered
+        if not any(module == c or module.startswith(c + ".") for c in covered):
+            continue
+        for name in imported:
+            if any(name == f.rstrip(".") or name.startswith(f) for f in forbidden) and not any(
+                name == a or name.startswith(a + ".") for a in allowed
+            ):
+                out.append(name)
+    return sorted(out)
+
+
+@pytest.mark.parametrize("module", sorted(PRODUCT))
+def test_each_module_keeps_to_its_layer(module):
+    assert broken(module, imports(PRODUCT[module].read_text())) == []
+
+
+def test_a_forbidden_import_is_caught():
+    assert broken("numaguard.exporter.model", {"numaguard.exporter.sources.gpu"}) == [
+        "numaguard.exporter.sources.gpu"
+    ]
+    assert broken("numaguard.exporter.readers.cgroup", {"numaguard.exporter.model"}) == [
+        "numaguard.exporter.model"
+    ]
+    assert broken("numaguard.exporter.server", {"numaguard.simulator.nvml"}) == [
+        "numaguard.simulator.nvml"
+    ]
+    assert broken("numaguard.remediator.planner", {"kubernetes.aio"}) == ["kubernetes.aio"]
+    assert broken("numaguard.exporter.readers.cgroup", {"numaguard.exporter.readers"}) == []
