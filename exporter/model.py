@@ -509,16 +509,14 @@ class _DeviceFinder:
         device = self.dra.devices.get((driver, pool, name)) if self.dra else None
         if device is None:
             return None
-        if device.uuid in self.units:
+        if device.uuid and device.uuid in self.units:  # "" names nothing
             return self.units[device.uuid]
-        parent = self.units.get(device.parent_uuid)
+        parent = self.units.get(device.parent_uuid) if device.parent_uuid else None
         if parent is None or device.placement is None:
             return None
-        start, size = device.placement
-        found = (
-            s for s in parent[0].slices if (s.placement_start, s.placement_size) == (start, size)
-        )
-        return next(((parent[0], s) for s in found), None)
+        gpu, where = parent[0], device.placement
+        placed = (s for s in gpu.slices if (s.placement_start, s.placement_size) == where)
+        return next(((gpu, s) for s in placed), None)
 
 
 def _starvation(
