@@ -88,6 +88,22 @@ class Family:
         self.lines.append(f"{head}{value if type(value) is int else format_value(value)}\n")
 
 
+class Families(dict):
+    """One collector's families for one node, by metric name: every metric of its group
+    in the catalogue."""
+
+    def __init__(self, group: str, node: str) -> None:
+        super().__init__(
+            (spec.name, spec.family(node)) for spec in CATALOGUE.values() if spec.group == group
+        )
+
+    def add(self, spec: MetricSpec, value: float | None, *labels: str) -> None:
+        """A sample, unless its value is unknown (None): then no series, never a made-up
+        number."""
+        if value is not None:
+            self[spec.name].add(value, *labels)
+
+
 # (metric, node) -> the heads of its series' lines last cycle, by label values
 _HEADS: dict[tuple[str, str], dict[tuple, str]] = {}
 

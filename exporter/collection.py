@@ -28,7 +28,6 @@ from prometheus_client.process_collector import ProcessCollector
 
 log = logging.getLogger(__name__)
 
-_PROCESS_SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "process"]
 
 # "write": the kernel refused a resctrl group change or task move; "gpu_lost" and
 # "nvml": a GPU fell off the bus, or NVML answered an error other than not-supported;
@@ -285,7 +284,7 @@ class Collection:
     def _process_families(self) -> list[c.Family]:
         """The process's own CPU, memory, descriptors and start time, as every
         Prometheus client reports them (read by prometheus_client's ProcessCollector)."""
-        families = {spec.name: spec.family(self.node_name) for spec in _PROCESS_SPECS}
+        families = c.Families("process", self.node_name)
         for metric in self._process.collect():
             for sample in metric.samples:
                 if sample.name in families:

@@ -6,16 +6,10 @@ from __future__ import annotations
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.model import NodeSnapshot
 
-_SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "capacity"]
-
 
 def families(snap: NodeSnapshot) -> list[c.Family]:
-    f = {spec.name: spec.family(snap.node_name) for spec in _SPECS}
-
-    def add(spec: c.MetricSpec, value: float | None, *labels: str) -> None:
-        if value is not None:
-            f[spec.name].add(value, *labels)
-
+    f = c.Families("capacity", snap.node_name)
+    add = f.add
     for zone in snap.zones:
         node = "" if zone.numa_node is None else str(zone.numa_node)
         add(c.ZONE_CPUS_ALLOCATABLE, zone.cpus_allocatable, node)

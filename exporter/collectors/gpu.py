@@ -7,17 +7,12 @@ from numaguard.exporter import catalogue as c
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.records import Activity
 
-_SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "gpu"]
-
 
 def families(snap: NodeSnapshot) -> list[c.Family]:
-    f = {spec.name: spec.family(snap.node_name) for spec in _SPECS}
     if snap.gpus is None:
         return []
-
-    def add(spec: c.MetricSpec, value: float | None, *labels: str) -> None:
-        if value is not None:
-            f[spec.name].add(value, *labels)
+    f = c.Families("gpu", snap.node_name)
+    add = f.add
 
     for gpu in snap.gpus.gpus:
         ids = (str(gpu.index), gpu.uuid)

@@ -6,11 +6,9 @@ from __future__ import annotations
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.model import NodeSnapshot
 
-_SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "pod_placement"]
-
 
 def families(snap: NodeSnapshot) -> list[c.Family]:
-    f = {spec.name: spec.family(snap.node_name) for spec in _SPECS}
+    f = c.Families("pod_placement", snap.node_name)
     info, cpus, memory = (
         f[c.CONTAINER_INFO.name],
         f[c.CONTAINER_CPUS.name],

@@ -7,17 +7,11 @@ from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.readers import format_id_list
 from numaguard.exporter.traffic import Traffic
 
-_SPECS = [spec for spec in c.CATALOGUE.values() if spec.group == "resctrl"]
-
 
 def families(snap: NodeSnapshot, running: bool = True) -> list[c.Family]:
     """``running``: the resctrl collector is on (--collector.resctrl); off, it says so."""
-    f = {spec.name: spec.family(snap.node_name) for spec in _SPECS}
-
-    def add(spec: c.MetricSpec, value: float | None, *labels) -> None:
-        if value is not None:
-            f[spec.name].add(value, *labels)
-
+    f = c.Families("resctrl", snap.node_name)
+    add = f.add
     state = snap.resctrl if running else None
     mode = state.mode if state else "unavailable" if running else "off"
     add(c.RESCTRL_AVAILABLE, int(bool(state and state.available)))
