@@ -16,6 +16,7 @@ from numaguard.exporter.sources.dra import DraWatch
 from numaguard.simulator import dra, presets
 from numaguard.simulator.cluster import one_node
 from numaguard.simulator.controlplane import ApiError
+from numaguard.simulator.processes import until
 
 from tests.conftest import samples
 
@@ -23,18 +24,16 @@ NODE = "dra-node"
 
 
 async def scrape_until(url: str, check, timeout: float = 90.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    """(the exposition, what ``check`` found in it) once it finds something."""
     async with aiohttp.ClientSession() as session:
-        while True:
+
+        async def scraped():
             async with session.get(f"{url}/metrics") as r:
                 got = samples(await r.read())
             found = check(got)
-            if found:
-                return got, found
-            if loop.time() > deadline:
-                raise AssertionError("the exporter never said so")
-            await asyncio.sleep(0.5)
+            return (got, found) if found else None
+
+        return await until(scraped, "said by the exporter", timeout)
 
 
 def claim(profile: str) -> dict:
@@ -172,11 +171,11 @@ async def test_an_older_api_server_is_read_in_the_version_it_serves(control_plan
         watch = DraWatch(api, "old-node", lambda: pods)
         task = asyncio.create_task(watch.run())
         stack.callback(task.cancel)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while watch.current() is None and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        view = watch.current()
+
+        async def listed():
+            return watch.current()
+
+        view = await until(listed, "the node's ResourceSlices listed", 30)
         assert watch.slices.path == "/apis/resource.k8s.io/v1beta1/resourceslices"
         assert {d.uuid for d in view.devices.values()} == {s.uuid for s in nvml.gpus[5].mig}
         # the claim is asked for in the version the server serves (not there: nothing)
