@@ -205,7 +205,8 @@ def build_snapshot(
             previous.resctrl if previous else None,
             timestamp - previous.timestamp if previous else None,
         )
-    uses = _device_uses(gpus, pod_states, granted, metadata or {}, dra) if gpus else ()
+    find = _DeviceFinder(gpus, dra) if gpus else None  # one index of the devices a cycle
+    uses = _device_uses(gpus, pod_states, granted, metadata or {}, find) if find else ()
     starvation: tuple[Starvation, ...] = ()
     if uses:
         pod_states = _with_device_verdicts(pod_states, uses)
@@ -230,7 +231,7 @@ def build_snapshot(
         resctrl=traffic,
         gpus=gpus,
         device_uses=uses,
-        zones=_zones(kubelet, topology, _dra_devices(gpus, dra, uses)) if kubelet else (),
+        zones=_zones(kubelet, topology, _dra_devices(find, uses)) if kubelet else (),
         starvation=starvation,
     )
 
@@ -400,14 +401,13 @@ def _device_uses(
     pods: tuple[PodState, ...],
     granted: Mapping[tuple[str, str, str], ContainerResources] | None,
     metadata: Mapping[str, PodMeta],
-    dra: DraView | None,
+    find: _DeviceFinder,
 ) -> tuple[DeviceUse, ...]:
     """Who uses which GPU or slice: the kubelet's allocations first (device plugins'
     ids, and DRA devices by what their ResourceSlice says they are), then the node's
     pods' ResourceClaims for what the kubelet did not name; NVML's processes for the
     devices neither says anything about (no kubelet, or devices handed out some other
     way, such as a privileged pod that sees them all)."""
-    find = _DeviceFinder(gpus, dra)
     by_uid = {p.uid: p for p in pods}
     by_name = {(m.namespace, m.name): (uid, m) for uid, m in metadata.items()}
     uses: list[DeviceUse] = []
@@ -441,7 +441,7 @@ def _device_uses(
     told = {(pod, uuid) for pod, _, uuid in seen}  # what the kubelet said goes first
     for uid, meta in metadata.items():
         for claim, containers in meta.claims.items():
-            for a in dra.allocations.get((meta.namespace, claim), ()) if dra else ():
+            for a in find.dra.allocations.get((meta.namespace, claim), ()) if find.dra else ():
                 unit = find.dra_device(a.driver, a.pool, a.device)
                 if unit is None or (uid, (unit[1] or unit[0]).uuid) in told:
                     continue
@@ -584,16 +584,15 @@ def _host_signals(
 
 
 def _dra_devices(
-    gpus: GpuReading | None, dra: DraView | None, uses: tuple[DeviceUse, ...]
+    find: _DeviceFinder | None, uses: tuple[DeviceUse, ...]
 ) -> list[tuple[int | None, str, bool]]:
     """(NUMA node, driver, free) of each DRA device of the node's ResourceSlices that is a
     GPU or slice NVML knows; taken when a pod holds it through a claim."""
-    if gpus is None or dra is None:
+    if find is None or find.dra is None:
         return []
-    find = _DeviceFinder(gpus, dra)
     held = {(u.mig or u.gpu).uuid for u in uses if u.source != "process"}
     out = []
-    for (driver, pool, name), _ in sorted(dra.devices.items()):
+    for driver, pool, name in sorted(find.dra.devices):
         unit = find.dra_device(driver, pool, name)
         if unit is not None:
             out.append((unit[0].numa_node, driver, (unit[1] or unit[0]).uuid not in held))
