@@ -201,14 +201,17 @@ def sizing_findings(signals: Signals, detection: Detection) -> list[Finding]:
 def smallest_fit(
     sizes: list[str], current: str, sm: float, memory_peak: float, detection: Detection
 ) -> str:
-    """The smallest profile whose compute and memory cover what the slice used, plus
-    headroom."""
-    used_slices = sm * geometry(current)[0]
+    """The smallest profile, no larger than ``current`` in compute or memory, whose
+    compute and memory cover what the slice used, plus headroom; ``current`` when none
+    does (an idle slice whose memory needs all it has is not oversized)."""
+    compute, memory = geometry(current)
+    need_slices = sm * compute * (1 + detection.headroom)
+    need_bytes = memory_peak * (1 + detection.headroom)
     for profile in sizes:
         slices, gb = geometry(profile)
-        if slices >= used_slices * (1 + detection.headroom) and gb * 1e9 >= memory_peak * (
-            1 + detection.headroom
-        ):
+        if slices > compute or gb > memory:
+            continue  # not a smaller slice
+        if slices >= need_slices and gb * 1e9 >= need_bytes:
             return profile
     return current
 

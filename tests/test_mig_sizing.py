@@ -63,7 +63,8 @@ CASES = {
         # the same 1g.10gb is the smallest here
         ("NVIDIA A100-SXM4-80GB", "1g.10gb", 0.95, 2, ("undersized", "2g.20gb")),
         ("NVIDIA H100 80GB HBM3", "7g.80gb", 0.2, 12, ("oversized", "2g.20gb")),
-        ("NVIDIA H100 PCIe", "3g.40gb", 0.5, 30, ("oversized", "3g.40gb")),
+        # 30 GiB used, plus headroom, needs more than 40 GB: no smaller profile fits
+        ("NVIDIA H100 PCIe", "3g.40gb", 0.2, 30, ("oversized", "3g.40gb")),
     ],
     "H100-94GB": [
         ("NVIDIA H100 NVL", "3g.47gb", 0.1, 8, ("oversized", "1g.12gb")),
