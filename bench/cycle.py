@@ -37,6 +37,7 @@ from numaguard.exporter.collection import (
     POD_RESOURCES,
     RESCTRL,
     Collection,
+    settle_garbage_collector,
 )
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
@@ -283,6 +284,7 @@ def main() -> None:
             # cgroup (the tree has them, as a node does) is then not read
             metadata=lambda: names,
         )
+        settle_garbage_collector()  # as the exporter does once its sources exist
         loop = asyncio.new_event_loop()  # one, as in the exporter: the kubelet's channel is on it
         paths = files_read_by_one_cycle(collection, loop)
         monitored = len(kernel.group_names())

@@ -157,7 +157,7 @@ CONTAINER = ("namespace", "pod", "container", "pod_uid", "container_id")
 POD = ("namespace", "pod", "pod_uid")
 COLLECTOR = ("collector",)
 
-# -- the process (both components; read by prometheus_client's ProcessCollector) ----
+# -- the process (both components; read by exporter/process.py) --------------------
 PROCESS_CPU = _process(
     "process_cpu_seconds_total", "counter", "User and system CPU time the process spent."
 )

@@ -20,6 +20,7 @@ from numaguard.exporter.collection import (
     POD_RESOURCES,
     RESCTRL,
     Collection,
+    settle_garbage_collector,
 )
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from numaguard.exporter.model import Thresholds
@@ -225,6 +226,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         timeout_seconds=settings.collector_timeout_seconds,
     )
     exporter = Exporter(settings, collection)
+    settle_garbage_collector()
     if settings.web_kubernetes_auth and api is None:
         raise KubeconfigError("nothing (--web.kubernetes-auth needs it: give --kubeconfig)")
     scrapers = api if settings.web_kubernetes_auth else None

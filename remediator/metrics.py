@@ -4,12 +4,12 @@ from the metric catalogue, like every other numaguard metric."""
 from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
+from numaguard.exporter.process import ProcessCollector
 from numaguard.remediator.planner import GUARDS
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    ProcessCollector,
     disable_created_metrics,
 )
 

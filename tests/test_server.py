@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from numaguard.exporter.collection import COLLECTORS, HOST_NUMA, POD_PLACEMENT, Collection
 from numaguard.exporter.server import STUCK_CYCLES, Exporter, Settings
@@ -408,3 +409,28 @@ async def test_collectors_turned_off_are_not_run(fake_root):
     }
     assert got[series("numaguard_numa_node_memory_total_bytes", numa_node="0")] > 0
     assert got[series("process_open_fds")] > 0  # the process's own, always
+
+
+def test_process_metrics_agree_with_psutil_and_count_every_open_file(tmp_path):
+    """process_* as psutil sees this process; the descriptor count by /proc/self/fd's
+    size (or a listing) follows files opened and closed."""
+    from numaguard.exporter.process import ProcessCollector
+
+    def values() -> dict[str, float]:
+        return {s.name: s.value for m in ProcessCollector(registry=None).collect() for s in m.samples}
+
+    me = psutil.Process()
+    before = values()
+    assert before["process_open_fds"] == me.num_fds() - 1  # psutil's listing holds one
+    assert before["process_max_fds"] == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert before["process_start_time_seconds"] == pytest.approx(me.create_time(), abs=0.02)
+    assert abs(before["process_resident_memory_bytes"] - me.memory_info().rss) < 8 << 20
+    cpu = me.cpu_times()
+    assert before["process_cpu_seconds_total"] <= cpu.user + cpu.system + 0.02
+    fds = [os.open(tmp_path, os.O_RDONLY) for _ in range(500)]
+    try:
+        assert values()["process_open_fds"] == before["process_open_fds"] + 500
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert values()["process_open_fds"] == before["process_open_fds"]
