@@ -3,27 +3,54 @@ Eviction API (so PodDisruptionBudgets hold), owner patches for opted-in MIG resi
 the workload's history (an annotation on the workload, written before the action it
 records), and an Event for every action and refusal. Leadership is confirmed before
 each write, Events included; in dry-run only Events are written, saying what would have
-been done."""
+been done (as the descheduler's users asked: a dry run is watched where the cluster's
+news is, ``kubectl get events``).
+
+Its Writer holds the write verbs, and leader election writes its Lease through it too
+(guarded by the Lease's resourceVersion, the only guard that can stand before
+leadership exists): no other module can write."""
 
 from __future__ import annotations
 
 import logging
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL
-from numaguard.remediator.kube import Kube
-from numaguard.remediator.leader import LeaderElector
+from numaguard.remediator.kube import Answer, Kube
 from numaguard.remediator.planner import HISTORY_OWNERS, Action, PodInfo, Refusal, WorkloadHistory
+
+if TYPE_CHECKING:
+    from numaguard.remediator.leader import LeaderElector
 
 log = logging.getLogger(__name__)
 COMPONENT = "numaguard-remediator"
 
 
+class Writer:
+    """The write verbs, over the client's reads."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    async def post(self, path: str, body: dict) -> Answer:
+        return await self.kube.call("POST", path, body=body)
+
+    async def put(self, path: str, body: dict) -> Answer:
+        return await self.kube.call("PUT", path, body=body)
+
+    async def patch(self, path: str, body: dict) -> Answer:
+        return await self.kube.call(
+            "PATCH", path, body=body, content_type="application/merge-patch+json"
+        )
+
+
 class Actuator:
     def __init__(self, kube: Kube, elector: LeaderElector | None, clock=time.time) -> None:
         self.kube = kube
+        self.writer = Writer(kube)
         self.elector = elector
         self.clock = clock
 
@@ -69,7 +96,7 @@ class Actuator:
         if not self.leading():
             return "not_leader"
         kind, namespace, name = workload.split("/")
-        answer = await self.kube.patch(
+        answer = await self.writer.patch(
             f"/apis/apps/v1/namespaces/{namespace}/{HISTORY_OWNERS[kind]}/{name}",
             {"metadata": _history_metadata(history)},
         )
@@ -85,7 +112,7 @@ class Actuator:
             )
 
     async def _evict(self, pod: PodInfo) -> str:
-        answer = await self.kube.post(
+        answer = await self.writer.post(
             f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/eviction",
             {
                 "apiVersion": "policy/v1",
@@ -130,7 +157,7 @@ class Actuator:
         if intent is not None:
             meta.update(_history_metadata(intent))
         patch = {"metadata": meta, "spec": {"template": {"spec": {"containers": containers}}}}
-        patched = await self.kube.patch(path, patch)
+        patched = await self.writer.patch(path, patch)
         return "resized" if patched.ok else "failed"
 
     async def event(
@@ -156,7 +183,7 @@ class Actuator:
                 "uid": pod.uid,
             }
         now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        answer = await self.kube.post(
+        answer = await self.writer.post(
             f"/api/v1/namespaces/{pod.namespace}/events",
             {
                 "apiVersion": "v1",

@@ -159,8 +159,8 @@ def parser() -> argparse.ArgumentParser:
                 dest="dry_run",
                 action="store_true",
                 default=None,
-                help="plan and record Events, change nothing (the default, unless the "
-                "config says policy.dry_run: false)",
+                help="plan, and write only Events saying what would be done (and the "
+                "Lease): the default, unless the config says policy.dry_run: false",
             )
             dry.add_argument(
                 "--no-dry-run",

@@ -1,6 +1,8 @@
 """A thin layer over the official client's asyncio API (``kubernetes.aio``): requests
 made at its lower level (its own credentials, TLS and timeouts) with plain JSON in and
-out, so that every answer's status code is seen as it is (201, 409, 429, 500...)."""
+out, so that every answer's status code is seen as it is (201, 409, 429, 500...).
+
+It offers reads only; every write goes through the actuator's Writer."""
 
 from __future__ import annotations
 
@@ -75,17 +77,6 @@ class Kube:
 
     async def get(self, path: str, **query: str) -> Answer:
         return await self.call("GET", path, query=query)
-
-    async def post(self, path: str, body: dict) -> Answer:
-        return await self.call("POST", path, body=body)
-
-    async def put(self, path: str, body: dict) -> Answer:
-        return await self.call("PUT", path, body=body)
-
-    async def patch(self, path: str, body: dict) -> Answer:
-        return await self.call(
-            "PATCH", path, body=body, content_type="application/merge-patch+json"
-        )
 
     async def call(
         self,

@@ -21,6 +21,7 @@ import time
 from datetime import UTC, datetime
 
 import aiohttp
+from numaguard.remediator.actuator import Writer
 from numaguard.remediator.kube import Kube
 
 PAUSE_ANNOTATION = "numaguard.io/paused"
@@ -47,6 +48,7 @@ class LeaderElector:
                 f"{retry_period:g} / {renew_deadline:g} / {lease_duration:g}"
             )
         self.kube = kube
+        self.writer = Writer(kube)  # the Lease is written as everything is, by the actuator's
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self.name = name
         self.identity = identity
@@ -80,7 +82,7 @@ class LeaderElector:
         answer = await self.kube.get(f"{self.path}/{self.name}")
         now = self.monotonic()
         if answer.status == 404:
-            created = await self.kube.post(self.path, self._lease(None, None, 0))
+            created = await self.writer.post(self.path, self._lease(None, None, 0))
             return self._renewed(created.ok, now)
         if not answer.ok:
             return self.leading
@@ -109,7 +111,7 @@ class LeaderElector:
             transitions,
         )
         body["metadata"]["annotations"] = annotations  # the pause switch lives there
-        renewed = await self.kube.put(f"{self.path}/{self.name}", body)  # 409: lost a race
+        renewed = await self.writer.put(f"{self.path}/{self.name}", body)  # 409: lost a race
         return self._renewed(renewed.ok, now)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -143,7 +145,7 @@ class LeaderElector:
                 lease["spec"].update(
                     holderIdentity="", leaseDurationSeconds=1, renewTime=_format(self.clock())
                 )
-                await self.kube.put(f"{self.path}/{self.name}", lease)
+                await self.writer.put(f"{self.path}/{self.name}", lease)
 
     def _renewed(self, ok: bool, at: float) -> bool:
         if ok:

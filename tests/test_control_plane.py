@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
-from numaguard.remediator.actuator import Actuator
+from numaguard.remediator.actuator import Actuator, Writer
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator.controlplane import ControlPlane
@@ -126,7 +126,7 @@ async def test_without_the_eviction_verb_the_remediator_s_eviction_gets_403(
         try:
             await cp.call(session, "PATCH", path, {"rules": without})
             await until(lambda: refused(may_evict(session)), "the verb gone from the authorizer")
-            answer = await Kube(client).post(*eviction)
+            answer = await Writer(Kube(client)).post(*eviction)
             assert answer.status == 403 and answer.body["reason"] == "Forbidden"
             assert await Actuator(Kube(client), None)._evict(pod) == "failed"
         finally:

@@ -1,7 +1,7 @@
 """The house's layers, held by reading every product module's imports: readers import
 nothing of ours but their own package; records only readers; the model, the collectors
-and the rendering no source; the remediator's pure core no client library; and no
-product module the simulator."""
+and the rendering no source; the remediator's pure core no client library; no product
+module the simulator; and only the actuator writes to the API server."""
 
 from __future__ import annotations
 
@@ -71,12 +71,19 @@ RULES = [
         (),
     ),
     ("numaguard", ("numaguard.simulator", "simulator"), ()),
+    # the Kubernetes client is wrapped once: no typed API (create_*, patch_*) elsewhere
+    ("numaguard", ("kubernetes",), ()),
 ]
+# the module that wraps the client, and the package that checks its extra is installed
+CLIENT = ("numaguard.remediator.kube", "numaguard.remediator")
+WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
 
 def broken(module: str, imported: set[str]) -> list[str]:
     out = []
     for covered, forbidden, allowed in RULES:
+        if module in CLIENT and forbidden == ("kubernetes",):
+            continue
         covered = (covered,) if isinstance(covered, str) else covered
         if not any(module == c or module.startswith(c + ".") for c in covered):
             continue
@@ -85,7 +92,7 @@ def broken(module: str, imported: set[str]) -> list[str]:
                 name == a or name.startswith(a + ".") for a in allowed
             ):
                 out.append(name)
-    return sorted(out)
+    return sorted(set(out))
 
 
 @pytest.mark.parametrize("module", sorted(PRODUCT))
@@ -105,3 +112,53 @@ def test_a_forbidden_import_is_caught():
     ]
     assert broken("numaguard.remediator.planner", {"kubernetes.aio"}) == ["kubernetes.aio"]
     assert broken("numaguard.exporter.readers.cgroup", {"numaguard.exporter.readers"}) == []
+
+
+def write_requests(source: str) -> list[str]:
+    """Requests made with a write method (``.call("POST", ...)``, the client's one door),
+    and write verbs defined on a class."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method = node.args[0] if node.args else None
+            if (
+                node.func.attr == "call"
+                and isinstance(method, ast.Constant)
+                and str(method.value).upper() in WRITE_METHODS
+            ):
+                found.append(f"call {method.value}")
+        elif isinstance(node, ast.ClassDef):
+            verbs = {"post", "put", "patch", "delete"}
+            found += [
+                f"{node.name}.{f.name}"
+                for f in node.body
+                if isinstance(f, ast.AsyncFunctionDef | ast.FunctionDef) and f.name in verbs
+            ]
+    return found
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in PRODUCT if m.startswith("numaguard.remediator"))
+)
+def test_only_the_actuator_writes_to_the_api_server(module):
+    found = write_requests(PRODUCT[module].read_text())
+    if module == "numaguard.remediator.actuator":
+        assert sorted(found) == [
+            "Writer.patch",
+            "Writer.post",
+            "Writer.put",
+            "call PATCH",
+            "call POST",
+            "call PUT",
+        ]
+    else:
+        assert found == []
+
+
+def test_a_write_outside_the_actuator_is_caught():
+    assert write_requests("async def f(kube):\n    await kube.call('PUT', '/x', body={})") == [
+        "call PUT"
+    ]
+    assert write_requests("class Kube:\n    async def post(self, path, body): ...") == ["Kube.post"]
+    assert broken("numaguard.remediator.leader", {"kubernetes.aio"}) == ["kubernetes.aio"]
+    assert broken("numaguard.remediator.kube", {"kubernetes.aio"}) == []

@@ -160,7 +160,7 @@ async def test_a_stale_write_loses_and_the_pause_switch_survives(kube):
     assert await b.try_acquire_or_renew()
     lease = await api.lease()
     stale = {**lease, "metadata": {**lease["metadata"], "resourceVersion": "1"}}
-    assert (await k.put(LEASE, stale)).status == 409  # the real optimistic concurrency
+    assert (await b.writer.put(LEASE, stale)).status == 409  # the real optimistic concurrency
     paused = {"metadata": {"annotations": {"numaguard.io/paused": "true"}}}
     await api.cp.patch(api.session, "Lease", NAMESPACE, "lease", paused)  # an operator's
     t.now += 2

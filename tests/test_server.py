@@ -417,7 +417,9 @@ def test_process_metrics_agree_with_psutil_and_count_every_open_file(tmp_path):
     from numaguard.exporter.process import ProcessCollector
 
     def values() -> dict[str, float]:
-        return {s.name: s.value for m in ProcessCollector(registry=None).collect() for s in m.samples}
+        return {
+            s.name: s.value for m in ProcessCollector(registry=None).collect() for s in m.samples
+        }
 
     me = psutil.Process()
     before = values()
