@@ -408,37 +408,18 @@ def _device_uses(
     pods' ResourceClaims for what the kubelet did not name; NVML's processes for the
     devices neither says anything about (no kubelet, or devices handed out some other
     way, such as a privileged pod that sees them all)."""
-    by_uid = {p.uid: p for p in pods}
-    by_name = {(m.namespace, m.name): (uid, m) for uid, m in metadata.items()}
-    uses: list[DeviceUse] = []
-    seen: set[tuple[str, str, str]] = set()  # (pod, container, device uuid)
-
-    def use(unit, resource, uid, meta, namespace, pod, container, source) -> None:
-        uuid = unit[1].uuid if unit[1] else unit[0].uuid
-        if (uid or f"{namespace}/{pod}", container, uuid) in seen:
-            return
-        seen.add((uid or f"{namespace}/{pod}", container, uuid))
-        container_id = (
-            next((cid for cid, n in meta.containers.items() if n == container), "") if meta else ""
-        )
-        uses.append(
-            DeviceUse(
-                unit[0], unit[1], resource, uid, container_id, namespace, pod, container, source
-            )
-        )
-
-    for (namespace, pod, container), given in (granted or {}).items():
-        uid, meta = by_name.get((namespace, pod), ("", None))
-        for d in given.devices:
+    given = _GivenDevices(metadata)
+    for (namespace, pod, container), resources in (granted or {}).items():
+        for d in resources.devices:
             for device_id in d.ids:
                 unit = find.plugin_device(device_id)
                 if unit is not None:
-                    use(unit, d.resource, uid, meta, namespace, pod, container, "kubelet")
-        for c in given.claims:
+                    given.add(unit, d.resource, namespace, pod, container, "kubelet")
+        for c in resources.claims:
             unit = find.dra_device(c.driver, c.pool, c.device)
             if unit is not None:
-                use(unit, c.driver, uid, meta, namespace, pod, container, "kubelet")
-    told = {(pod, uuid) for pod, _, uuid in seen}  # what the kubelet said goes first
+                given.add(unit, c.driver, namespace, pod, container, "kubelet")
+    told = {(pod, uuid) for pod, _, uuid in given.seen}  # what the kubelet said goes first
     for uid, meta in metadata.items():
         for claim, containers in meta.claims.items():
             for a in find.dra.allocations.get((meta.namespace, claim), ()) if find.dra else ():
@@ -446,8 +427,57 @@ def _device_uses(
                 if unit is None or (uid, (unit[1] or unit[0]).uuid) in told:
                     continue
                 for container in containers:
-                    use(unit, a.driver, uid, meta, meta.namespace, meta.name, container, "claim")
-    claimed = {uuid for _, _, uuid in seen}
+                    given.add(unit, a.driver, meta.namespace, meta.name, container, "claim", uid)
+    claimed = {uuid for _, _, uuid in given.seen}
+    return (*given.uses, *_process_uses(gpus, pods, claimed))
+
+
+class _GivenDevices:
+    """Devices handed to containers by name (the kubelet's answer, the claims), each
+    (pod, container, device) once, whoever says it first."""
+
+    def __init__(self, metadata: Mapping[str, PodMeta]) -> None:
+        self.metadata = metadata
+        self.by_name = {(m.namespace, m.name): (uid, m) for uid, m in metadata.items()}
+        self.uses: list[DeviceUse] = []
+        self.seen: set[tuple[str, str, str]] = set()  # (pod, container, device uuid)
+
+    def add(
+        self,
+        unit,
+        resource: str,
+        namespace: str,
+        pod: str,
+        container: str,
+        source: str,
+        uid: str | None = None,
+    ) -> None:
+        """``uid``: the pod's, when known; else the pod of that name (the kubelet names
+        pods, not uids)."""
+        if uid is None:
+            uid, meta = self.by_name.get((namespace, pod), ("", None))
+        else:
+            meta = self.metadata.get(uid)
+        key = (uid or f"{namespace}/{pod}", container, (unit[1] or unit[0]).uuid)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        container_id = (
+            next((cid for cid, n in meta.containers.items() if n == container), "") if meta else ""
+        )
+        self.uses.append(
+            DeviceUse(
+                unit[0], unit[1], resource, uid, container_id, namespace, pod, container, source
+            )
+        )
+
+
+def _process_uses(
+    gpus: GpuReading, pods: tuple[PodState, ...], claimed: set[str]
+) -> list[DeviceUse]:
+    """The devices nobody named, by the pods of the processes NVML sees on them."""
+    by_uid = {p.uid: p for p in pods}
+    uses = []
     for gpu in gpus.gpus:
         found = [(None, gpu.holders, "nvidia.com/gpu", gpu.uuid)] + [
             (s, s.holders, mig_resource(s.profile), s.uuid) for s in gpu.slices
@@ -462,6 +492,7 @@ def _device_uses(
                     if pod
                     else ""
                 )
+                namespace, name = (pod.namespace, pod.name) if pod else ("", "")
                 uses.append(
                     DeviceUse(
                         gpu,
@@ -469,13 +500,13 @@ def _device_uses(
                         resource,
                         h.pod_uid,
                         h.container_id,
-                        pod.namespace if pod else "",
-                        pod.name if pod else "",
+                        namespace,
+                        name,
                         container,
                         "process",
                     )
                 )
-    return tuple(uses)
+    return uses
 
 
 class _DeviceFinder:

@@ -225,6 +225,26 @@ async def test_utilization_is_the_average_since_the_last_cycle(gpu_node):
     ] == pytest.approx((10 * 100 + 5 * 400) / 15 * MIB, rel=1e-9)
 
 
+async def test_a_gpm_sample_too_close_for_nvml_is_waited_for_not_an_error(gpu_node):
+    """NVML refuses GPM samples under 100 ms apart by the stamps it takes inside the call,
+    a little after the source's own clock: a cycle 105 ms after the last one (by ours,
+    95 ms by NVML's) measures against the older sample next time instead of failing."""
+    lag = [0.01]  # NVML stamps the first samples 10 ms after the source's clock
+    clock = Clock()
+    node = gpu_node(lambda c: presets.gpu_node(lambda: c() + lag[0]), clock=clock)
+    await node.cycle()
+    await node.cycle()
+    lag[0] = 0.0
+    got = await node.cycle(advance=0.105)
+    health = node.collection.health[GPU]
+    assert health.success and sum(health.errors.values()) == 0
+    labels = slice_labels(node, 1, 0)
+    assert series("numaguard_mig_utilization_ratio", **labels, kind="sm") not in got
+    got = await node.cycle(advance=0.2)
+    assert series("numaguard_mig_utilization_ratio", **labels, kind="sm") in got
+    assert health.success and sum(health.errors.values()) == 0
+
+
 async def test_slices_appear_and_disappear_between_cycles(gpu_node):
     node = gpu_node()
     await node.cycle()
