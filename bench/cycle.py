@@ -37,8 +37,8 @@ from numaguard.exporter.collection import (
     POD_RESOURCES,
     RESCTRL,
     Collection,
-    settle_garbage_collector,
 )
+from numaguard.exporter.process import one_malloc_arena, settle_garbage_collector
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource
@@ -298,7 +298,8 @@ def main() -> None:
             # cgroup (the tree has them, as a node does) is then not read
             metadata=lambda: names,
         )
-        settle_garbage_collector()  # as the exporter does once its sources exist
+        one_malloc_arena()  # the exporter process's settings
+        settle_garbage_collector()
         loop = asyncio.new_event_loop()  # one, as in the exporter: the kubelet's channel is on it
         paths = files_read_by_one_cycle(collection, loop)
         monitored = len(kernel.group_names())

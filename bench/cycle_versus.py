@@ -68,8 +68,18 @@ if layout == "namespace":
     names = pod_metadata(node)
     extra["metadata"] = lambda: names
 collection = col.Collection("reference", sources, **extra)
-if hasattr(col, "settle_garbage_collector"):
-    col.settle_garbage_collector()
+# the exporter process's settings, as the checkout has them
+try:
+    from numaguard.exporter.process import one_malloc_arena, settle_garbage_collector
+except ImportError:
+    try:
+        from exporter.cli import _one_malloc_arena as one_malloc_arena
+    except ImportError:
+        from numaguard.exporter.cli import _one_malloc_arena as one_malloc_arena
+
+    settle_garbage_collector = lambda: None  # noqa: E731
+one_malloc_arena()
+settle_garbage_collector()
 loop = asyncio.new_event_loop()
 for _ in range(3):
     loop.run_until_complete(collection.run_once())

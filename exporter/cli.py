@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import os
 import resource
 import socket
@@ -14,6 +13,7 @@ import sys
 from numaguard.exporter import __version__, logs, webconfig
 from numaguard.exporter.collection import COLLECTORS
 from numaguard.exporter.model import Thresholds
+from numaguard.exporter.process import one_malloc_arena
 from numaguard.exporter.server import GpuBackendError, Settings, serve
 from numaguard.exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
 from numaguard.exporter.sources.kubelet import DEFAULT_SOCKET
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.web_kubernetes_auth and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
         p.error("--web.kubernetes-auth needs the API server: give --kubeconfig or run in a cluster")
     logs.setup(args.log_format, args.log_level)
-    _one_malloc_arena()
+    one_malloc_arena()
     _all_the_files()
     try:
         asyncio.run(serve(settings))
@@ -300,17 +300,6 @@ def _all_the_files() -> None:
     if soft != hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _one_malloc_arena() -> None:
-    """glibc gives each thread that allocates an arena of its own; under the GIL our few
-    worker threads never allocate at once, and the extra arenas only hold on to freed
-    memory (~5 MiB of RSS). Same as MALLOC_ARENA_MAX=1; a no-op without glibc."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, 1)
-
-
-_M_ARENA_MAX = -8  # from glibc's malloc.h
 
 
 def _positive(value: str) -> float:

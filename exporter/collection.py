@@ -6,7 +6,6 @@ and never wait on a source."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import gzip
 import inspect
 import logging
@@ -28,22 +27,6 @@ from numaguard.exporter.records import Issue, PodMeta
 from numaguard.exporter.sources import READ_FAILURES
 
 log = logging.getLogger(__name__)
-
-
-# A cycle allocates tens of thousands of short-lived records, and at the interpreter's
-# default (a young collection every 700 net allocations) the collector ran ~25 times a
-# cycle, each walking what the last snapshot still holds: ~10% of the cycle's CPU. Our
-# records hold no cycles, so collecting rarely frees the same memory later, not more.
-GC_YOUNG_THRESHOLD = 20_000
-
-
-def settle_garbage_collector() -> None:
-    """Freeze what start-up made (modules, the catalogue: never garbage, never walked
-    again) and collect young objects rarely. For the exporter process, once its sources
-    exist."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 # "write": the kernel refused a resctrl group change or task move; "gpu_lost" and

@@ -20,10 +20,10 @@ from numaguard.exporter.collection import (
     POD_RESOURCES,
     RESCTRL,
     Collection,
-    settle_garbage_collector,
 )
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from numaguard.exporter.model import Thresholds
+from numaguard.exporter.process import settle_garbage_collector
 from numaguard.exporter.sources.apiserver import KubeconfigError, connect
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.dra import DraWatch
