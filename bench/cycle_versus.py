@@ -69,15 +69,14 @@ if layout == "namespace":
     extra["metadata"] = lambda: names
 collection = col.Collection("reference", sources, **extra)
 # the exporter process's settings, as the checkout has them
+settle_garbage_collector = lambda: None  # noqa: E731
 try:
-    from numaguard.exporter.process import one_malloc_arena, settle_garbage_collector
-except ImportError:
-    try:
+    if layout == "namespace":
+        from numaguard.exporter.process import one_malloc_arena, settle_garbage_collector
+    else:
         from exporter.cli import _one_malloc_arena as one_malloc_arena
-    except ImportError:
-        from numaguard.exporter.cli import _one_malloc_arena as one_malloc_arena
-
-    settle_garbage_collector = lambda: None  # noqa: E731
+except ImportError:
+    from numaguard.exporter.cli import _one_malloc_arena as one_malloc_arena
 one_malloc_arena()
 settle_garbage_collector()
 loop = asyncio.new_event_loop()
