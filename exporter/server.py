@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -20,6 +21,7 @@ from numaguard.exporter.collection import (
     POD_RESOURCES,
     RESCTRL,
     Collection,
+    Source,
 )
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from numaguard.exporter.model import Thresholds
@@ -188,35 +190,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
 
     api = connect(settings.kubeconfig)
-    tasks: list[asyncio.Task] = []
-    metadata = dra = lambda: None
-    if api is not None:
-        watch = PodMetadataWatch(api, settings.node_name)
-        metadata = watch.current
-        tasks.append(asyncio.create_task(watch.run(), name="pod-metadata"))
-        devices = DraWatch(api, settings.node_name, watch.current)
-        dra = devices.current
-        tasks.append(asyncio.create_task(devices.run(), name="dra"))
-    else:
-        log.info(
-            "no kubeconfig and not in a cluster: pod series carry only pod_uid and container_id"
-        )
-
-    on = settings.collectors
-    gpus = await asyncio.to_thread(open_gpu_source, settings) if GPU in on else None
-    sources = {}
-    if HOST_NUMA in on:
-        sources[HOST_NUMA] = HostSource(settings.host_root)
-    if POD_PLACEMENT in on:
-        sources[POD_PLACEMENT] = CgroupSource(settings.host_root, max_pods=settings.max_pods)
-    if RESCTRL in on:
-        ops = settings.resctrl_ops
-        sources[RESCTRL] = ResctrlSource(settings.host_root, settings.resctrl_mode, ops)
-    if gpus is not None:
-        sources[GPU] = gpus
-    kubelet = pod_resources_source(settings) if POD_RESOURCES in on else None
-    if kubelet is not None:
-        sources[POD_RESOURCES] = kubelet
+    tasks, metadata, dra = _watches(api, settings.node_name)
+    sources = await _sources(settings)
     collection = Collection(
         settings.node_name,
         sources,
@@ -262,12 +237,50 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await runner.cleanup()
         if api is not None:
             await api.close()
-        if gpus is not None:
-            await asyncio.to_thread(gpus.close, 1.0)
-        if kubelet is not None:
-            kubelet.close()
+        if GPU in sources:
+            await asyncio.to_thread(sources[GPU].close, 1.0)
+        if POD_RESOURCES in sources:
+            sources[POD_RESOURCES].close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def _watches(api, node_name: str) -> tuple[list[asyncio.Task], Callable, Callable]:
+    """The watches of this node's pods and DRA devices, when there is an API server:
+    (their tasks, the pods' names now, the DRA devices now)."""
+    if api is None:
+        log.info(
+            "no kubeconfig and not in a cluster: pod series carry only pod_uid and container_id"
+        )
+        return [], lambda: None, lambda: None
+    watch = PodMetadataWatch(api, node_name)
+    devices = DraWatch(api, node_name, watch.current)
+    tasks = [
+        asyncio.create_task(watch.run(), name="pod-metadata"),
+        asyncio.create_task(devices.run(), name="dra"),
+    ]
+    return tasks, watch.current, devices.current
+
+
+async def _sources(settings: Settings) -> dict[str, Source]:
+    """The sources of the collectors turned on."""
+    on = settings.collectors
+    sources: dict[str, Source] = {}
+    if HOST_NUMA in on:
+        sources[HOST_NUMA] = HostSource(settings.host_root)
+    if POD_PLACEMENT in on:
+        sources[POD_PLACEMENT] = CgroupSource(settings.host_root, max_pods=settings.max_pods)
+    if RESCTRL in on:
+        ops = settings.resctrl_ops
+        sources[RESCTRL] = ResctrlSource(settings.host_root, settings.resctrl_mode, ops)
+    if GPU in on:
+        gpus = await asyncio.to_thread(open_gpu_source, settings)
+        if gpus is not None:
+            sources[GPU] = gpus
+    kubelet = pod_resources_source(settings) if POD_RESOURCES in on else None
+    if kubelet is not None:
+        sources[POD_RESOURCES] = kubelet
+    return sources
 
 
 def pod_resources_source(settings: Settings) -> PodResourcesSource | None:
