@@ -44,7 +44,14 @@ else:
     simulator = "simulator"
 import pynvml
 
-node, nvml = presets.reference_gpu_node()
+offset = [0.0]  # moved on by 15 s a cycle: GPU activity is measured every cycle
+
+
+def clock():
+    return time.monotonic() + offset[0]
+
+
+node, nvml = presets.reference_gpu_node(clock)
 kernel = FakeResctrl(tree, node, snc={0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}).write()
 socket = f"{tree}/kubelet.sock"
 served = subprocess.Popen(
@@ -53,7 +60,7 @@ served = subprocess.Popen(
 )
 assert served.stdout.readline().strip() == b"ready"
 nvml.install()
-gpus = gpu.NvmlSource(pynvml, tree)
+gpus = gpu.NvmlSource(pynvml, tree, clock=clock)
 gpus.start()
 pod_resources = kubelet.PodResourcesSource(socket)
 sources = {
@@ -84,6 +91,7 @@ for _ in range(3):
     loop.run_until_complete(collection.run_once())
 times = []
 for _ in range(cycles):
+    offset[0] += 15.0
     start = time.process_time()
     loop.run_until_complete(collection.run_once())
     times.append((time.process_time() - start) * 1000)
