@@ -5,55 +5,19 @@ from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.model import NodeSnapshot
-from numaguard.exporter.records import Activity
+from numaguard.exporter.records import Activity, GpuRecord
 
 
 def families(snap: NodeSnapshot) -> list[c.Family]:
     if snap.gpus is None:
         return []
     f = c.Families("gpu", snap.node_name)
-    add = f.add
-
+    versions = (snap.gpus.driver_version, snap.gpus.nvml_version)
     for gpu in snap.gpus.gpus:
-        ids = (str(gpu.index), gpu.uuid)
-        numa = "" if gpu.numa_node is None else str(gpu.numa_node)
-        add(c.GPU_UP, int(gpu.up), *ids)
-        if not gpu.uuid:
-            continue  # never named: nothing else to say about it
-        mig_mode = {True: "enabled", False: "disabled", None: ""}[gpu.mig_enabled]
-        versions = (snap.gpus.driver_version, snap.gpus.nvml_version)
-        add(c.GPU_INFO, 1, *ids, gpu.name, gpu.pci_address, numa, mig_mode, *versions)
-        if not gpu.up:
-            continue
-        add(c.GPU_POWER, gpu.power_watts, *ids)
-        add(c.GPU_TEMPERATURE, gpu.temperature_celsius, *ids)
-        add(c.GPU_MEMORY_TOTAL, gpu.memory_total_bytes, *ids)
-        add(c.GPU_MEMORY_USED, gpu.memory_used_bytes, *ids)
-        add(c.GPU_PROCESSES, gpu.processes, *ids)
-        _activity(
-            add, gpu.activity, ids, c.GPU_UTILIZATION, c.GPU_UTILIZATION_SUPPORTED, c.GPU_PCIE
-        )
-        for s in gpu.slices:
-            labels = (*ids, s.uuid, s.profile)
-            add(
-                c.MIG_INFO,
-                1,
-                *labels,
-                str(s.gi_id),
-                str(s.ci_id),
-                "" if s.placement_start is None else str(s.placement_start),
-                "" if s.placement_size is None else str(s.placement_size),
-            )
-            add(c.MIG_SMS, s.sm_count, *labels)
-            add(c.MIG_MEMORY_TOTAL, s.memory_total_bytes, *labels)
-            add(c.MIG_MEMORY_USED, s.memory_used_bytes, *labels)
-            add(c.MIG_PROCESSES, s.processes, *labels)
-            _activity(
-                add, s.activity, labels, c.MIG_UTILIZATION, c.MIG_UTILIZATION_SUPPORTED, c.MIG_PCIE
-            )
+        _gpu(f.add, gpu, versions)
     for use in snap.device_uses:
         gpu = use.gpu
-        add(
+        f.add(
             c.GPU_HOLDER,
             1,
             str(gpu.index),
@@ -71,7 +35,7 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
     for starved in snap.starvation:
         use = starved.use
         for reason, verdict in starved.verdicts.items():
-            add(
+            f.add(
                 c.GPU_STARVED,
                 int(verdict),
                 str(use.gpu.index),
@@ -83,6 +47,43 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
                 reason,
             )
     return list(f.values())
+
+
+def _gpu(add, gpu: GpuRecord, versions: tuple[str, str]) -> None:
+    """One GPU's series and its slices'."""
+    ids = (str(gpu.index), gpu.uuid)
+    add(c.GPU_UP, int(gpu.up), *ids)
+    if not gpu.uuid:
+        return  # never named: nothing else to say about it
+    numa = "" if gpu.numa_node is None else str(gpu.numa_node)
+    mig_mode = {True: "enabled", False: "disabled", None: ""}[gpu.mig_enabled]
+    add(c.GPU_INFO, 1, *ids, gpu.name, gpu.pci_address, numa, mig_mode, *versions)
+    if not gpu.up:
+        return
+    add(c.GPU_POWER, gpu.power_watts, *ids)
+    add(c.GPU_TEMPERATURE, gpu.temperature_celsius, *ids)
+    add(c.GPU_MEMORY_TOTAL, gpu.memory_total_bytes, *ids)
+    add(c.GPU_MEMORY_USED, gpu.memory_used_bytes, *ids)
+    add(c.GPU_PROCESSES, gpu.processes, *ids)
+    _activity(add, gpu.activity, ids, c.GPU_UTILIZATION, c.GPU_UTILIZATION_SUPPORTED, c.GPU_PCIE)
+    for s in gpu.slices:
+        labels = (*ids, s.uuid, s.profile)
+        add(
+            c.MIG_INFO,
+            1,
+            *labels,
+            str(s.gi_id),
+            str(s.ci_id),
+            "" if s.placement_start is None else str(s.placement_start),
+            "" if s.placement_size is None else str(s.placement_size),
+        )
+        add(c.MIG_SMS, s.sm_count, *labels)
+        add(c.MIG_MEMORY_TOTAL, s.memory_total_bytes, *labels)
+        add(c.MIG_MEMORY_USED, s.memory_used_bytes, *labels)
+        add(c.MIG_PROCESSES, s.processes, *labels)
+        _activity(
+            add, s.activity, labels, c.MIG_UTILIZATION, c.MIG_UTILIZATION_SUPPORTED, c.MIG_PCIE
+        )
 
 
 def _activity(add, activity: Activity, labels, utilization, supported, pcie) -> None:

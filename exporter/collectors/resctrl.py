@@ -69,7 +69,13 @@ def families(snap: NodeSnapshot, running: bool = True) -> list[c.Family]:
             c.NUMA_BANDWIDTH,
             c.NUMA_REMOTE_TRAFFIC,
         )
+    _pods(f, snap)
+    return list(f.values())
 
+
+def _pods(f: c.Families, snap: NodeSnapshot) -> None:
+    """Each monitored pod's traffic and LLC use per L3 domain."""
+    state = snap.resctrl
     for pod in snap.pods:
         labels = c.LabelPrefix(c.POD, (pod.namespace, pod.name, pod.uid))
         traffic = state.pods.get(pod.uid)
@@ -92,7 +98,6 @@ def families(snap: NodeSnapshot, running: bool = True) -> list[c.Family]:
             f[c.POD_BANDWIDTH.name].add_under(labels, traffic.bytes_per_second)
         if traffic.remote_ratio is not None:
             f[c.POD_REMOTE_TRAFFIC.name].add_under(labels, traffic.remote_ratio)
-    return list(f.values())
 
 
 def _traffic(add, t: Traffic, label: str, total, local, occupancy, bandwidth, remote) -> None:
