@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import aiohttp
 import yaml
@@ -25,7 +25,7 @@ from numaguard.remediator.findings import Detection
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
-from numaguard.remediator.planner import Policy
+from numaguard.remediator.planner import MODES, Enforcement, Policy
 from numaguard.remediator.queries import Windows
 from numaguard.remediator.signals import Prometheus, Source
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -120,6 +120,16 @@ def parser() -> argparse.ArgumentParser:
             action="append",
             metavar="NS",
             help="never act in this namespace (repeatable; kube-system always)",
+        )
+        s.add_argument(
+            "--enforce",
+            action="append",
+            type=_enforcement,
+            metavar="KIND=MODE",
+            help="what to do about a kind of finding (repeatable): KIND is "
+            f"{', '.join(f.name for f in fields(Enforcement))}; MODE is act (evict or "
+            "resize, under every guard and dry-run), recommend (an Event and the log say "
+            "what would help; nothing else) or ignore. Default: act for all",
         )
         s.add_argument(
             "--finding-window",
@@ -269,6 +279,10 @@ def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows, Sour
         value = getattr(args, flag, None)
         if value is not None:
             sections[section][key] = value
+    for kind, mode in getattr(args, "enforce", None) or ():
+        sections["policy"].setdefault("enforcement", {})
+        if isinstance(sections["policy"]["enforcement"], dict):  # else pydantic says why
+            sections["policy"]["enforcement"][kind] = mode
     if getattr(args, "dry_run", None) is not None:  # `run --dry-run` / `--no-dry-run`
         sections["policy"]["dry_run"] = args.dry_run
     built = {}
@@ -294,6 +308,17 @@ def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows, Sour
             f"{where}: policy.verify_deadline_seconds must be at least verify_after_seconds"
         )
     return policy, detection, built["windows"], built["prometheus"]
+
+
+def _enforcement(text: str) -> tuple[str, str]:
+    kind, sep, mode = text.partition("=")
+    kinds = [f.name for f in fields(Enforcement)]
+    if not sep or kind not in kinds or mode not in MODES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give KIND=MODE, KIND one of {', '.join(kinds)}, MODE one of "
+            f"{', '.join(MODES)}"
+        )
+    return kind, mode
 
 
 async def _controller(args, session, kube, elector, metrics) -> Controller:
@@ -342,6 +367,14 @@ def render(report: CycleReport, output: str) -> str:
                     }
                     for r in (report.plan.refusals if report.plan else ())
                 ],
+                "ignored": [
+                    {
+                        "pod": f"{f.namespace}/{f.pod}",
+                        "finding": f.kind,
+                        "reason": f.reason,
+                    }
+                    for f in (report.plan.ignored if report.plan else ())
+                ],
             },
             indent=1,
         )
@@ -367,6 +400,8 @@ def render(report: CycleReport, output: str) -> str:
                 r.detail,
             )
         )
+    for f in report.plan.ignored:
+        rows.append((f"{f.namespace}/{f.pod}", f"{f.kind}:{f.reason}", "ignored", "policy"))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
         lines.append(

@@ -217,6 +217,10 @@ class Controller:
             _log_decision("refused", refusal.finding, pod, refusal.guard, refusal.detail)
             with contextlib.suppress(*_TRANSPORT):
                 await self.actuator.refused(refusal, pod)
+        for finding in report.plan.ignored:
+            if not self._said_before(finding, "ignored"):
+                pod = pods.get(finding.pod_uid)
+                _log_decision("ignored", finding, pod, "none", "policy.enforcement: ignore")
         for action in report.plan.actions:
             if action.dry_run and self._said_before(action.finding, action.kind):
                 continue  # advice and dry runs: said once per open finding

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
+from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -113,6 +114,31 @@ class PodInfo:
     resources: frozenset[str] = frozenset()
 
 
+# What to do about a kind of finding: act on it (evict or resize, under every guard and
+# dry-run), only recommend (an Event and the log say what would help), or ignore it.
+Mode = Literal["act", "recommend", "ignore"]
+MODES: tuple[str, ...] = get_args(Mode)
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """The mode of each kind of finding; mis_sized is both oversized and undersized."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    cross_numa: Mode = "act"
+    starved: Mode = "act"
+    noisy_neighbour: Mode = "act"
+    mis_sized: Mode = "act"
+
+    def of(self, kind: str) -> str:
+        return getattr(self, ENFORCED_AS.get(kind, kind))
+
+
+# finding kinds under another name in the policy
+ENFORCED_AS = {"oversized": "mis_sized", "undersized": "mis_sized"}
+
+
 @dataclass(frozen=True)
 class Policy:
     __pydantic_config__ = FORBID_EXTRA
@@ -135,6 +161,7 @@ class Policy:
     pdb_blocked_after: Count = 3  # 429s in a row before the finding is reported pdb_blocked
     verify_after_seconds: Seconds = 900.0  # how long a fix must be seen holding
     verify_deadline_seconds: Seconds = 3600.0  # no verdict by then: unverified
+    enforcement: Enforcement = Enforcement()
 
 
 @dataclass(frozen=True)
@@ -221,6 +248,7 @@ class Refusal:
 class Plan:
     actions: tuple[Action, ...]
     refusals: tuple[Refusal, ...]
+    ignored: tuple[Finding, ...] = ()  # of kinds the policy says to ignore
 
     @property
     def unremediable(self) -> tuple[Finding, ...]:
@@ -244,7 +272,12 @@ def plan(
     actions: list[Action] = []
     refusals: list[Refusal] = []
     acted: set[str] = set()  # one action per pod per cycle
+    ignored: list[Finding] = []
     for finding in sorted(findings, key=_priority):
+        mode = policy.enforcement.of(finding.kind)
+        if mode == "ignore":
+            ignored.append(finding)
+            continue
         pod = pods.get(finding.pod_uid)
         intent = intent_of(finding)
         # doubtful evidence stops even a recommendation (an Event in the pod's namespace)
@@ -252,7 +285,11 @@ def plan(
         if guard is not None:
             refusals.append(Refusal(finding, guard, detail))
             continue
-        if intent == "recommend" or (intent == "resize" and not _opted_in(pod)):
+        if (
+            mode == "recommend"
+            or intent == "recommend"
+            or (intent == "resize" and not _opted_in(pod))
+        ):
             actions.append(Action("recommend", finding, pod, _advice(finding), True))
             continue
         if finding.pod_uid in acted:
@@ -288,7 +325,7 @@ def plan(
             taken[key] += 1
         acted.add(finding.pod_uid)
         actions.append(Action(intent, finding, pod, detail, policy.dry_run))
-    return Plan(tuple(actions), tuple(refusals))
+    return Plan(tuple(actions), tuple(refusals), tuple(ignored))
 
 
 def after_action(
@@ -339,6 +376,10 @@ def _opted_in(pod: PodInfo | None) -> bool:
 def _advice(f: Finding) -> str:
     if f.kind in ("oversized", "undersized"):
         return f"use {mig_resource(f.recommended)} instead of {f.profile} ({f.kind})"
+    if f.kind == "noisy_neighbour":
+        return f"move it off the L3 cache it crowds {f.feeder} out of (policy: recommend)"
+    if intent_of(f) == "evict":  # a placement the policy says only to point out
+        return f"recreate it with CPUs, memory and devices on one NUMA node ({f.kind}: {f.reason})"
     return f"GPU starved by {f.reason} on an aligned pod: give the feeder more CPU"
 
 

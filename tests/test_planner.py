@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from numaguard.remediator.findings import Detection, FindingState, smallest_fit, update
 from numaguard.remediator.planner import (
     GUARDS,
+    Enforcement,
     Pending,
     PodInfo,
     Policy,
@@ -743,3 +744,50 @@ def test_any_history_text_is_read_or_refused_never_half_read(text):
         return
     assert h.failures >= 0 and h.pdb_refusals >= 0 and h.last_action >= 0
     assert WorkloadHistory.from_json(h.to_json()) == h
+
+
+@pytest.mark.parametrize("mode", ["act", "recommend", "ignore"])
+def test_each_kind_is_acted_on_recommended_or_ignored_as_the_policy_says(mode):
+    """Cross-NUMA evictions enforced or not, while a mis-sized slice of an opted-in
+    workload stays advice (mis_sized=recommend), in one plan."""
+    sig = signals(
+        **merge(
+            healthy("n1", "n2"),
+            cross_numa("trainer"),
+            needs("trainer", 8, 32),
+            zone("n2", "1", 16, 200, devices={"nvidia.com/gpu": 1}),
+            sizing_rows(sm=0.1, memory_gib=6),
+            zone("n2", "0", 0, 0, devices={"nvidia.com/mig-1g.10gb": 2}),
+        )
+    )
+    opted = pod_info(
+        "infer",
+        workload_annotations={"numaguard.io/auto-resize": "true"},
+        resources=frozenset({"nvidia.com/mig-3g.40gb"}),
+    )
+    enforcement = Enforcement(cross_numa=mode, mis_sized="recommend")
+    result = run(sig, [pod_info("trainer"), opted], Policy(dry_run=False, enforcement=enforcement))
+    decided = {(a.finding.kind, a.kind, a.dry_run) for a in result.actions}
+    assert ("oversized", "recommend", True) in decided  # never a resize
+    assert not result.refusals
+    trainer = {d for d in decided if d[0] == "cross_numa"}
+    if mode == "act":
+        assert trainer == {("cross_numa", "evict", False)} and not result.ignored
+    elif mode == "recommend":
+        assert trainer == {("cross_numa", "recommend", True)} and not result.ignored
+        (advice,) = [a.detail for a in result.actions if a.finding.kind == "cross_numa"]
+        assert "one NUMA node" in advice
+    else:
+        assert trainer == set()
+        assert [f.pod for f in result.ignored] == ["trainer"]
+
+
+def test_an_ignored_kind_is_not_refused_even_on_doubtful_evidence():
+    """ignore: no action and no refusal (no Event), stale data or not."""
+    sig = signals(**merge(cross_numa("trainer"), needs("trainer", 8, 32)))  # no target up
+    policy = Policy(dry_run=False)
+    assert [r.guard for r in run(sig, [pod_info("trainer")], policy).refusals] == ["stale_data"]
+    ignoring = replace(policy, enforcement=Enforcement(cross_numa="ignore"))
+    result = run(sig, [pod_info("trainer")], ignoring)
+    assert not result.actions and not result.refusals
+    assert [f.kind for f in result.ignored] == ["cross_numa"]

@@ -63,6 +63,19 @@ BAD = [
     ("policy: [1]\n", [], "policy must be a mapping"),
     ("", ["--max-per-node", "-3"], "policy.max_per_node"),
     ("", ["--finding-window", "10 minutes"], "windows.finding"),
+    (
+        "policy:\n  enforcement:\n    cross_numa: evict\n",
+        [],
+        "policy.enforcement.cross_numa: Input should be 'act', 'recommend' or 'ignore'",
+    ),
+    (
+        "policy:\n  enforcement:\n    topology: act\n",
+        [],
+        "policy.enforcement.topology: Unexpected keyword argument",
+    ),
+    ("policy:\n  enforcement: act\n", [], "policy.enforcement"),
+    ("", ["--enforce", "mis_sized"], "give KIND=MODE"),
+    ("", ["--enforce", "starved=off"], "MODE one of act, recommend, ignore"),
 ]
 
 
@@ -85,3 +98,16 @@ def test_lease_timing_must_be_ordered(capsys):
         main(["run", "--lease-duration", "10", "--renew-deadline", "15"])
     assert exit_.value.code == 2
     assert "--retry-period < --renew-deadline < --lease-duration" in capsys.readouterr().err
+
+
+def test_enforcement_flags_override_the_config_kind_by_kind(tmp_path):
+    from numaguard.remediator.cli import parser, settings
+    from numaguard.remediator.planner import Enforcement
+
+    config = tmp_path / "config.yaml"
+    config.write_text("policy:\n  enforcement:\n    cross_numa: ignore\n    starved: recommend\n")
+    args = ["plan", "--config", str(config), "--enforce", "mis_sized=recommend"]
+    policy = settings(parser().parse_args([*args, "--enforce", "cross_numa=act"]))[0]
+    assert policy.enforcement == Enforcement(
+        cross_numa="act", starved="recommend", mis_sized="recommend"
+    )
