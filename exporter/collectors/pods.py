@@ -4,7 +4,7 @@ remote memory, throttling, pressure, and the cross-NUMA verdicts."""
 from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
-from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.model import ContainerState, NodeSnapshot, PodState
 
 
 def families(snap: NodeSnapshot) -> list[c.Family]:
@@ -31,14 +31,7 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
             info.add_under(
                 labels, 1, ctr.qos_class, ctr.runtime, "true" if ctr.exclusive_cpus else "false"
             )
-            for numa, count in (ctr.cpus_by_node or {}).items():
-                cpus.add_under(labels, count, str(numa))
-            for numa, size in (ctr.memory_by_node or {}).items():
-                memory.add_under(labels, size, str(numa))
-            if ctr.memory_remote_ratio is not None:
-                remote.add_under(labels, ctr.memory_remote_ratio)
-            if ctr.numa_nodes_spanned is not None:
-                spanned.add_under(labels, ctr.numa_nodes_spanned)
+            _placement(labels, ctr, cpus, memory, remote, spanned)
             if ctr.throttling:
                 periods.add_under(labels, ctr.throttling.periods)
                 throttled.add_under(labels, ctr.throttling.throttled_periods)
@@ -47,14 +40,21 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
                 pressure[resource].add_under(labels, psi.some_seconds, "some")
                 if psi.full_seconds is not None:
                     pressure[resource].add_under(labels, psi.full_seconds, "full")
-        for numa, count in (pod.cpus_by_node or {}).items():
-            pod_cpus.add_under(plabels, count, str(numa))
-        for numa, size in (pod.memory_by_node or {}).items():
-            pod_memory.add_under(plabels, size, str(numa))
-        if pod.memory_remote_ratio is not None:
-            pod_remote.add_under(plabels, pod.memory_remote_ratio)
-        if pod.numa_nodes_spanned is not None:
-            pod_spanned.add_under(plabels, pod.numa_nodes_spanned)
+        _placement(plabels, pod, pod_cpus, pod_memory, pod_remote, pod_spanned)
         for reason, verdict in pod.cross_numa.items():
             cross.add_under(plabels, int(verdict), reason)
     return list(f.values())
+
+
+def _placement(labels: c.LabelPrefix, state: ContainerState | PodState, *families) -> None:
+    """Of a container or a pod: CPUs and memory per NUMA node, the share of its memory
+    away from its CPUs, and how many NUMA nodes its CPUs span."""
+    cpus, memory, remote, spanned = families
+    for numa, count in (state.cpus_by_node or {}).items():
+        cpus.add_under(labels, count, str(numa))
+    for numa, size in (state.memory_by_node or {}).items():
+        memory.add_under(labels, size, str(numa))
+    if state.memory_remote_ratio is not None:
+        remote.add_under(labels, state.memory_remote_ratio)
+    if state.numa_nodes_spanned is not None:
+        spanned.add_under(labels, state.numa_nodes_spanned)
