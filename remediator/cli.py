@@ -411,23 +411,7 @@ def render(report: CycleReport, output: str) -> str:
 
 
 async def run_command(args) -> int:
-    api = await api_client(args.kubeconfig)
-    if api is None:
-        raise KubeconfigError(
-            "no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a cluster: run needs "
-            "the API server"
-        )
-    kube = Kube(api)
-    try:
-        version = await kube.get("/version")
-    except (aiohttp.ClientError, OSError, TimeoutError) as err:
-        version = None
-        reason = str(err) or type(err).__name__
-    else:
-        reason = f"HTTP {version.status}"
-    if version is None or not version.ok:
-        await api.close()
-        raise KubeconfigError(f"the API server does not answer ({reason}): not starting")
+    kube = await _answering_kube(args.kubeconfig)
     metrics = Metrics()
 
     def leadership(leading: bool) -> None:
@@ -452,27 +436,7 @@ async def run_command(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     last_cycle = [time.monotonic()]
-
-    async def serve_metrics(_):
-        return web.Response(
-            body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
-
-    async def healthz(_):
-        ok = time.monotonic() - last_cycle[0] < 3 * args.interval + 60
-        return web.Response(status=200 if ok else 503, text="ok" if ok else "stuck")
-
-    app = web.Application()
-    app.add_routes([web.get("/metrics", serve_metrics), web.get("/healthz", healthz)])
-    scrapers = connect(args.kubeconfig) if args.web_kubernetes_auth else None
-    tls = webconfig.secure(app, args.web_config_file, scrapers)
-    runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, keepalive_timeout=args.idle_timeout
-    )
-    await runner.setup()
-    host, _, port = args.listen.rpartition(":")
-    site = webconfig.BoundedSite(runner, host or "0.0.0.0", int(port), args.max_connections, tls)
-    await site.start()
+    runner, scrapers = await _serve_metrics(args, metrics, last_cycle)
     election = asyncio.create_task(elector.run(stop))  # renews whatever the cycle does
     try:
         async with aiohttp.ClientSession() as session:
@@ -498,11 +462,60 @@ async def run_command(args) -> int:
         stop.set()
         await election  # releases the Lease
         await runner.cleanup()
-        await api.close()
+        await kube.api.close()
         if scrapers is not None:
             await scrapers.close()
     log.info("remediator stopped", extra={"identity": args.identity})
     return 0
+
+
+async def _answering_kube(kubeconfig: str | None) -> Kube:
+    """The API server's client, once the server answers; else a KubeconfigError."""
+    api = await api_client(kubeconfig)
+    if api is None:
+        raise KubeconfigError(
+            "no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a cluster: run needs "
+            "the API server"
+        )
+    kube = Kube(api)
+    try:
+        version = await kube.get("/version")
+    except (aiohttp.ClientError, OSError, TimeoutError) as err:
+        version = None
+        reason = str(err) or type(err).__name__
+    else:
+        reason = f"HTTP {version.status}"
+    if version is None or not version.ok:
+        await api.close()
+        raise KubeconfigError(f"the API server does not answer ({reason}): not starting")
+    return kube
+
+
+async def _serve_metrics(args, metrics: Metrics, last_cycle: list[float]):
+    """/metrics and /healthz (stuck when no cycle ended in three intervals and a
+    minute), on --listen: (the runner, the client that authenticates scrapers or None)."""
+
+    async def serve(_):
+        return web.Response(
+            body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def healthz(_):
+        ok = time.monotonic() - last_cycle[0] < 3 * args.interval + 60
+        return web.Response(status=200 if ok else 503, text="ok" if ok else "stuck")
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", serve), web.get("/healthz", healthz)])
+    scrapers = connect(args.kubeconfig) if args.web_kubernetes_auth else None
+    tls = webconfig.secure(app, args.web_config_file, scrapers)
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, keepalive_timeout=args.idle_timeout
+    )
+    await runner.setup()
+    host, _, port = args.listen.rpartition(":")
+    site = webconfig.BoundedSite(runner, host or "0.0.0.0", int(port), args.max_connections, tls)
+    await site.start()
+    return runner, scrapers
 
 
 def main(argv: list[str] | None = None) -> int:
