@@ -262,6 +262,24 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "numaguard-remediation",
         ),
         Alert(
+            "NumaguardAdmissionRejections",
+            f"{c.REMEDIATOR_REJECTED.name} >= 5",
+            "10m",
+            "warning",
+            "{{ $labels.workload }}: pods refused by the kubelet on {{ $labels.node }}",
+            "For 10 minutes at least 5 pods of {{ $labels.workload }} have been left Failed "
+            "on {{ $labels.node }} ({{ $labels.reason }}).",
+            "The node's Topology Manager (or CPU manager) cannot give the pod its CPUs, memory "
+            "and devices on one NUMA node, and the NUMA-blind scheduler keeps sending its "
+            "replacements back there: each fails at admission and stays. The remediator deletes "
+            "all but the newest few when it acts.",
+            "Read the `AdmissionRejections` Event on the workload: it names a node with room "
+            "for the pod aligned, if one has it. Steer the workload there (node affinity, "
+            "the scheduler's NodeResourceTopology plugin), free room on one NUMA node of this "
+            "node, or lower the pod's requests so they fit one.",
+            "numaguard-remediation",
+        ),
+        Alert(
             "NumaguardUnremediableFindingsPiling",
             f"{c.REMEDIATOR_UNREMEDIABLE.name} > 5",
             "30m",

@@ -824,7 +824,8 @@ REMEDIATOR_UNREMEDIABLE = _m(
 REMEDIATOR_ACTIONS = _m(
     "remediator_actions_total",
     "counter",
-    "Actions carried out, by kind (evict, resize, recommend) and result.",
+    "Actions carried out, by kind (evict, resize, recommend, delete: a pod the kubelet "
+    "refused) and result.",
     ("kind", "result"),
     "remediator",
 )
@@ -856,6 +857,14 @@ REMEDIATOR_DROPPED_ROWS = _m(
     "Rows of Prometheus answers not used, by reason: missing_label, bad_value (not a "
     "finite, non-negative number).",
     ("reason",),
+    "remediator",
+)
+REMEDIATOR_REJECTED = _m(
+    "remediator_rejected_pods",
+    "gauge",
+    "A workload's pods the kubelet refused at admission for NUMA alignment and left "
+    "Failed, on one node, by reason (TopologyAffinityError, SMTAlignmentError).",
+    ("namespace", "workload", "node", "reason"),
     "remediator",
 )
 REMEDIATOR_DURATION = _m(

@@ -1,7 +1,8 @@
 """The actuator: the only code that writes to the Kubernetes API. Evictions through the
 Eviction API (so PodDisruptionBudgets hold), owner patches for opted-in MIG resizes,
 the workload's history (an annotation on the workload, written before the action it
-records), and an Event for every action and refusal. Leadership is confirmed before
+records), deletions of pods the kubelet refused for alignment beyond the few kept, and
+an Event for every action and refusal. Leadership is confirmed before
 each write, Events included; in dry-run only Events are written, saying what would have
 been done (as the descheduler's users asked: a dry run is watched where the cluster's
 news is, ``kubectl get events``).
@@ -21,6 +22,7 @@ from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL
 from numaguard.remediator.kube import Answer, Kube
 from numaguard.remediator.planner import HISTORY_OWNERS, Action, PodInfo, Refusal, WorkloadHistory
+from numaguard.remediator.rejections import RejectedPod
 
 if TYPE_CHECKING:
     from numaguard.remediator.leader import LeaderElector
@@ -45,6 +47,9 @@ class Writer:
         return await self.kube.call(
             "PATCH", path, body=body, content_type="application/merge-patch+json"
         )
+
+    async def delete(self, path: str, body: dict) -> Answer:
+        return await self.kube.call("DELETE", path, body=body)
 
 
 class Actuator:
@@ -104,6 +109,22 @@ class Actuator:
             return "ok"
         log.warning("history of %s not written: HTTP %s", workload, answer.status)
         return "gone" if answer.status == 404 else "failed"
+
+    async def delete_rejected(self, pod: RejectedPod) -> str:
+        """Delete a pod the kubelet refused (it runs nothing): deleted | gone | failed |
+        not_leader. Only that pod: one made since under its name is not touched."""
+        if not self.leading():
+            return "not_leader"
+        answer = await self.writer.delete(
+            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+            {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": pod.uid}},
+        )
+        if answer.ok:
+            return "deleted"
+        if answer.status in (404, 409):
+            return "gone"
+        log.warning("deletion of %s/%s: HTTP %s", pod.namespace, pod.name, answer.status)
+        return "failed"
 
     async def refused(self, refusal: Refusal, pod: PodInfo | None) -> None:
         if pod is not None:

@@ -27,6 +27,7 @@ from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
 from numaguard.remediator.planner import MODES, Enforcement, Policy
 from numaguard.remediator.queries import Windows
+from numaguard.remediator.rejections import describe
 from numaguard.remediator.signals import Prometheus, Source
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter, ValidationError
@@ -367,6 +368,18 @@ def render(report: CycleReport, output: str) -> str:
                     }
                     for r in (report.plan.refusals if report.plan else ())
                 ],
+                "rejected_pods": [
+                    {
+                        "workload": st.workload,
+                        "node": st.node,
+                        "reason": st.reason,
+                        "pods": len(st.pods),
+                        "delete": [p.name for p in st.delete],
+                        "held_back": st.guard,
+                        "fits_on": list(st.fit) if st.fit else None,
+                    }
+                    for st in report.storms
+                ],
                 "ignored": [
                     {
                         "pod": f"{f.namespace}/{f.pod}",
@@ -402,6 +415,9 @@ def render(report: CycleReport, output: str) -> str:
         )
     for f in report.plan.ignored:
         rows.append((f"{f.namespace}/{f.pod}", f"{f.kind}:{f.reason}", "ignored", "policy"))
+    for st in report.storms:
+        decision = f"delete {len(st.delete)}" if st.delete else f"keep ({st.guard or 'few'})"
+        rows.append((st.workload, f"rejected:{st.reason}", decision, describe(st)))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
         lines.append(

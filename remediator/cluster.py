@@ -9,14 +9,16 @@ import math
 from datetime import datetime
 
 from numaguard.remediator.findings import Finding
-from numaguard.remediator.kube import Kube
-from numaguard.remediator.planner import DRA, HISTORY_OWNERS, PodInfo, WorkloadHistory
+from numaguard.remediator.kube import Kube, parse_quantity
+from numaguard.remediator.planner import DRA, HISTORY_OWNERS, Need, PodInfo, WorkloadHistory
+from numaguard.remediator.rejections import ADMISSION_REJECTIONS, RejectedPod
 
 HISTORY_ANNOTATION = "numaguard.io/history"  # the workload's history, JSON
 PENDING_LABEL = "numaguard.io/pending"  # "true" while an action awaits verification
 
 _CONCURRENCY = 16
 _APPS = "/apis/apps/v1/namespaces"
+_PAGE = 500  # failed pods a list answer holds
 
 
 class ClusterError(Exception):
@@ -160,6 +162,73 @@ async def workload_pods(kube: Kube, workload: str, obj: dict) -> list[PodInfo] |
     owners: dict[str, dict | None] = {}
     infos = [await _pod_info(kube, p, owners) for p in answer.body.get("items") or []]
     return [p for p in infos if p.workload == workload and not p.mismatch]
+
+
+async def rejected_pods(kube: Kube) -> list[RejectedPod]:
+    """Every pod the kubelet refused for alignment (Failed, for one of
+    ADMISSION_REJECTIONS), cluster-wide: one paged list of the failed pods."""
+    out: list[RejectedPod] = []
+    owners: dict[str, dict | None] = {}
+    token = ""
+    while True:
+        query = {"fieldSelector": "status.phase=Failed", "limit": str(_PAGE)}
+        if token:
+            query["continue"] = token
+        answer = await kube.get("/api/v1/pods", **query)
+        if not answer.ok:
+            raise ClusterError(f"LIST failed pods: HTTP {answer.status}")
+        for pod in answer.body.get("items") or []:
+            reason = (pod.get("status") or {}).get("reason")
+            if reason in ADMISSION_REJECTIONS:
+                out.append(await _rejected(kube, pod, reason, owners))
+        token = (answer.body.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return out
+
+
+async def _rejected(kube: Kube, pod: dict, reason: str, owners: dict) -> RejectedPod:
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    owner = _controller(meta)
+    workload = ""
+    if owner is not None:
+        workload, _, mismatch = await _workload(kube, meta["namespace"], owner, owners)
+        if mismatch:
+            workload = ""  # owned by something it cannot be shown to belong to: bare
+    return RejectedPod(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        uid=meta["uid"],
+        node=spec.get("nodeName", ""),
+        reason=reason,
+        created=_timestamp(meta.get("creationTimestamp")),
+        workload=workload,
+        need=_need(spec),
+        annotations=dict(meta.get("annotations") or {}),
+    )
+
+
+def _need(spec: dict) -> Need:
+    """What a pod asks to have on one NUMA node: its exclusive CPUs (a Guaranteed pod's
+    whole CPUs, as the CPU manager gives them), its memory and its devices."""
+    cpus = memory = 0.0
+    devices: dict[str, int] = {}
+    guaranteed = True
+    for c in spec.get("containers") or []:
+        resources = c.get("resources") or {}
+        limits = resources.get("limits") or {}
+        requests = {**limits, **(resources.get("requests") or {})}  # unset: the limit
+        for name in ("cpu", "memory"):
+            if name not in limits or parse_quantity(requests.get(name, 0)) != parse_quantity(
+                limits[name]
+            ):
+                guaranteed = False
+        cpus += float(parse_quantity(requests.get("cpu", 0)))
+        memory += float(parse_quantity(requests.get("memory", 0)))
+        for name, value in requests.items():
+            if "/" in name and not name.split("/")[0].endswith("kubernetes.io"):
+                devices[name] = devices.get(name, 0) + int(parse_quantity(value))
+    exclusive = cpus if guaranteed and cpus == int(cpus) else 0.0
+    return Need(exclusive, memory, devices)
 
 
 def _extended_resources(spec: dict) -> frozenset[str]:

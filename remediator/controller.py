@@ -17,7 +17,13 @@ import aiohttp
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator import queries as q
 from numaguard.remediator.actuator import Actuator
-from numaguard.remediator.cluster import ClusterError, pending_workloads, pods_of, workload_pods
+from numaguard.remediator.cluster import (
+    ClusterError,
+    pending_workloads,
+    pods_of,
+    rejected_pods,
+    workload_pods,
+)
 from numaguard.remediator.findings import Detection, Finding, FindingState, update
 from numaguard.remediator.kube import Kube
 from numaguard.remediator.leader import LeaderElector
@@ -26,6 +32,7 @@ from numaguard.remediator.planner import (
     CAPACITY_DEPENDS_ON,
     DEPENDS_ON,
     Action,
+    Capacity,
     Evidence,
     Pending,
     Plan,
@@ -39,6 +46,7 @@ from numaguard.remediator.planner import (
     need_of,
     plan,
 )
+from numaguard.remediator.rejections import Storm, describe, storms
 from numaguard.remediator.signals import Prometheus, Signals, SignalsError, merged
 
 log = logging.getLogger(__name__)
@@ -55,6 +63,7 @@ class CycleReport:
     plan: Plan | None = None
     results: list[tuple[Action, str]] = field(default_factory=list)
     verified: list[tuple[str, str]] = field(default_factory=list)  # (workload, outcome)
+    storms: list[Storm] = field(default_factory=list)  # pods the kubelet refused, grouped
     error: str = ""
     leader: bool = True
 
@@ -80,6 +89,7 @@ class Controller:
         self.actuator = Actuator(kube, elector, clock) if kube else None
         self.state = FindingState()
         self.said: dict[tuple, str] = {}  # finding -> the Event last written about it
+        self.storms_said: dict[tuple, str] = {}  # a storm -> the Event last written on it
         # the slices whose sizing window said too large or too small, when last looked
         # for, and how many cycles ago that was
         self.slices: set[str] | None = None
@@ -98,7 +108,11 @@ class Controller:
             if not report.leader:
                 return report
         try:
-            signals, self.state = await self._gather(self.clock())
+            rejected = await rejected_pods(self.kube) if self.kube else []
+        except (ClusterError, *_TRANSPORT) as err:
+            return self._failed(report, "api_server", str(err) or type(err).__name__)
+        try:
+            signals, self.state = await self._gather(self.clock(), rejected)
         except SignalsError as err:
             return self._failed(report, err.reason, str(err))
         for (query, reason), n in signals.dropped.items():
@@ -123,11 +137,19 @@ class Controller:
             policy = replace(policy, dry_run=True)
         history = {p.workload: p.history for p in pods.values() if p.history}
         report.plan = plan(report.findings, pods, signals, policy, history, now)
+        evidence = Evidence(signals, policy.stale_after_seconds, set())
+        report.storms = storms(rejected, Capacity.from_signals(signals, set(), evidence), policy)
+        m.rejected.clear()
+        for storm in report.storms:
+            m.rejected.labels(storm.namespace, storm.workload, storm.node, storm.reason).set(
+                len(storm.pods)
+            )
         for kind in ("cross_numa", "starved", "noisy_neighbour", "oversized", "undersized"):
             m.findings.labels(kind).set(sum(f.kind == kind for f in report.findings))
         m.unremediable.set(len(report.plan.unremediable))
         if write and self.actuator is not None:
             await self._carry_out(report, pods, history, now)
+            await self._clear_storms(report.storms)
             if not policy.paused:
                 try:
                     await self._verify(report)
@@ -137,7 +159,7 @@ class Controller:
         m.last_success.set(self.clock())
         return report
 
-    async def _gather(self, at: float) -> tuple[Signals, FindingState]:
+    async def _gather(self, at: float, rejected=()) -> tuple[Signals, FindingState]:
         """The cycle's answers, round by round, each asking only about what the rounds
         before it named (queries.py), and the findings they leave open. Every round
         shares one answer budget."""
@@ -186,6 +208,8 @@ class Controller:
                 needs.append((need.cpus, need.memory, tuple(need.devices.items())))
             elif intent_of(f) == "resize":
                 needs.append((0.0, 0.0, ((mig_resource(f.recommended), 1),)))
+        for pod in rejected:  # where the kubelet would have admitted them
+            needs.append((pod.need.cpus, pod.need.memory, tuple(sorted(pod.need.devices.items()))))
         policy = self.policy
         zones = await ask(
             q.zone_candidates(
@@ -240,6 +264,68 @@ class Controller:
             report.results.append((action, result))
             self.metrics.actions.labels(action.kind, result).inc()
             _log_decision(result, action.finding, action.pod, action.kind, action.detail)
+
+    async def _clear_storms(self, storms: list[Storm]) -> None:
+        """An Event on each workload whose pods the kubelet keeps refusing, when what it
+        says changes; then the surplus failed pods deleted."""
+        self.storms_said = {s.key: self.storms_said.get(s.key, "") for s in storms}
+        for storm in storms:
+            if storm.guard == "ignored":
+                continue
+            newest = storm.pods[0]
+            text = describe(storm)
+            if self.storms_said[storm.key] != text:
+                self.storms_said[storm.key] = text
+                log.info(
+                    "%s: %s",
+                    storm.workload,
+                    text,
+                    extra={
+                        "decision": "rejected_pods",
+                        "workload": storm.workload,
+                        "node": storm.node,
+                        "reason": storm.reason,
+                        "rejected": len(storm.pods),
+                        "deleting": len(storm.delete),
+                        "dry_run": storm.dry_run,
+                    },
+                )
+                pod = PodInfo(
+                    newest.namespace,
+                    newest.name,
+                    newest.uid,
+                    storm.node,
+                    newest.created,
+                    workload=storm.workload,
+                )
+                with contextlib.suppress(*_TRANSPORT):
+                    await self.actuator.event(pod, "AdmissionRejections", text, "Warning", True)
+            if storm.dry_run:
+                continue
+            for pod in storm.delete:
+                try:
+                    result = await self.actuator.delete_rejected(pod)
+                except _TRANSPORT as err:
+                    log.warning("delete failed: %r", err)
+                    result = "failed"
+                self.metrics.actions.labels("delete", result).inc()
+                log.info(
+                    "%s %s/%s: rejected by the kubelet (%s)",
+                    result,
+                    pod.namespace,
+                    pod.name,
+                    pod.reason,
+                    extra={
+                        "decision": result,
+                        "action": "delete",
+                        "namespace": pod.namespace,
+                        "pod": pod.name,
+                        "pod_uid": pod.uid,
+                        "node": pod.node,
+                        "workload": pod.workload,
+                        "reason": pod.reason,
+                    },
+                )
 
     def _said_before(self, finding: Finding, what: str) -> bool:
         if self.said.get(finding.key) == what:

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 
 from kubernetes.aio import client, config
+from kubernetes.utils import parse_quantity  # noqa: F401 (the client's, for cluster.py)
 from numaguard.exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
 
 REQUEST_TIMEOUT_SECONDS = 15.0
@@ -52,6 +53,7 @@ DRY_RUN_API_USE = {
 }
 ENFORCE_API_USE = {
     ("", "pods/eviction", "create"),
+    ("", "pods", "delete"),  # pods the kubelet refused for alignment, beyond the few kept
     # the history, and opt-in MIG resizes of Deployments and StatefulSets
     ("apps", "replicasets", "patch"),
     ("apps", "deployments", "patch"),

@@ -37,6 +37,7 @@ class Metrics:
         self.leader = make(c.REMEDIATOR_LEADER)
         self.paused = make(c.REMEDIATOR_PAUSED)
         self.last_success = make(c.REMEDIATOR_LAST_SUCCESS)
+        self.rejected = make(c.REMEDIATOR_REJECTED)
         for guard in GUARDS:  # every guard and outcome starts at 0, so rate() sees the first
             self.refusals.labels(guard)
         for outcome in ("held", "did_not_hold", "unverified", "gave_up"):

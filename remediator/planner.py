@@ -130,6 +130,8 @@ class Enforcement:
     starved: Mode = "act"
     noisy_neighbour: Mode = "act"
     mis_sized: Mode = "act"
+    # pods the kubelet refused for alignment (rejections.py): act deletes the surplus
+    topology_affinity_error: Mode = "act"
 
     def of(self, kind: str) -> str:
         return getattr(self, ENFORCED_AS.get(kind, kind))
@@ -162,6 +164,8 @@ class Policy:
     verify_after_seconds: Seconds = 900.0  # how long a fix must be seen holding
     verify_deadline_seconds: Seconds = 3600.0  # no verdict by then: unverified
     enforcement: Enforcement = Enforcement()
+    keep_rejected_pods: Count = 3  # of a workload's pods rejected on a node, for diagnosis
+    max_rejected_deletes_per_cycle: Count = 100  # they run nothing, but the API server does
 
 
 @dataclass(frozen=True)
@@ -302,7 +306,7 @@ def plan(
                 detail = f"not of lower priority than the starved {finding.feeder}"
         if guard is None and intent == "evict":
             need = capacity.need(finding)
-            target = capacity.fit(need, finding)
+            target = capacity.fit(need, finding.pod_uid)
             if target is None:
                 guard, detail = "no_fit", f"no NUMA zone anywhere has {need.describe()}"
         elif guard is None and intent == "resize":
@@ -315,7 +319,7 @@ def plan(
             refusals.append(Refusal(finding, guard, detail))
             continue
         if intent == "evict":
-            capacity.move(finding, target, need)
+            capacity.move(finding.pod_uid, target, need)
             node, numa = capacity.name(target)
             detail = f"evict: fits aligned on {node} NUMA node {numa}"
         else:
@@ -672,10 +676,10 @@ class Capacity:
     def need(self, f: Finding) -> Need:
         return need_of(self.held, f.pod_uid)
 
-    def _give_back(self, f: Finding, sign: float) -> None:
+    def _give_back(self, uid: str, sign: float) -> None:
         """Count what the pod holds as free (+1) or taken again (-1): once evicted, its
         own node's zones get it back."""
-        for zone, (c, m, d) in self.held.get(f.pod_uid, {}).items():
+        for zone, (c, m, d) in self.held.get(uid, {}).items():
             i = self.index.get(zone)
             if i is None:
                 continue
@@ -685,10 +689,10 @@ class Capacity:
                 if resource in self.devices:
                     self.devices[resource][i] += sign * count
 
-    def fit(self, need: Need, f: Finding) -> int | None:
-        """The zone that can take the pod aligned, counting what it gives back itself;
-        the roomiest, so that fixes spread."""
-        self._give_back(f, +1)
+    def fit(self, need: Need, uid: str) -> int | None:
+        """The zone that can take the pod (``uid``) aligned, counting what it gives back
+        itself; the roomiest, so that fixes spread."""
+        self._give_back(uid, +1)
         try:
             ok = (self.cpus >= need.cpus) & (self.memory >= need.memory)
             for resource, count in need.devices.items():
@@ -703,11 +707,11 @@ class Capacity:
             score = self.cpus[candidates] * 1e12 + self.memory[candidates]
             return int(candidates[np.argmax(score)])
         finally:
-            self._give_back(f, -1)
+            self._give_back(uid, -1)
 
-    def move(self, f: Finding, zone: int, need: Need) -> None:
+    def move(self, uid: str, zone: int, need: Need) -> None:
         """The pod leaves its zones and takes ``zone``'s room, for the rest of the cycle."""
-        self._give_back(f, +1)
+        self._give_back(uid, +1)
         self.cpus[zone] -= need.cpus
         self.memory[zone] -= need.memory
         for resource, count in need.devices.items():

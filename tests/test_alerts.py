@@ -173,6 +173,28 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
         },
         [("3m", []), ("10m", [{"outcome": "did_not_hold"}])],
     ),
+    "NumaguardAdmissionRejections": (
+        {
+            'numaguard_remediator_rejected_pods{namespace="ml",workload="Deployment/ml/trainer",'
+            'node="n1",reason="TopologyAffinityError"}': "2 3 5x20",
+            'numaguard_remediator_rejected_pods{namespace="ml",workload="Deployment/ml/infer",'
+            'node="n1",reason="TopologyAffinityError"}': "4x20",
+        },
+        [
+            ("11m", []),
+            (
+                "13m",
+                [
+                    {
+                        "namespace": "ml",
+                        "workload": "Deployment/ml/trainer",
+                        "node": "n1",
+                        "reason": "TopologyAffinityError",
+                    }
+                ],
+            ),
+        ],
+    ),
     "NumaguardUnremediableFindingsPiling": (
         {"numaguard_remediator_unremediable_findings": "6x40"},
         [("29m", []), ("31m", [{}])],

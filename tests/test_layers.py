@@ -66,6 +66,7 @@ RULES = [
             "numaguard.remediator.planner",
             "numaguard.remediator.mig",
             "numaguard.remediator.queries",
+            "numaguard.remediator.rejections",
         ),
         ("aiohttp", "kubernetes", "numaguard.remediator.kube", "numaguard.remediator.actuator"),
         (),
@@ -144,9 +145,11 @@ def test_only_the_actuator_writes_to_the_api_server(module):
     found = write_requests(PRODUCT[module].read_text())
     if module == "numaguard.remediator.actuator":
         assert sorted(found) == [
+            "Writer.delete",
             "Writer.patch",
             "Writer.post",
             "Writer.put",
+            "call DELETE",
             "call PATCH",
             "call POST",
             "call PUT",

@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 from numaguard.remediator.findings import Detection, FindingState, smallest_fit, update
 from numaguard.remediator.planner import (
     GUARDS,
+    Capacity,
     Enforcement,
+    Evidence,
+    Need,
     Pending,
     PodInfo,
     Policy,
@@ -21,6 +24,7 @@ from numaguard.remediator.planner import (
     plan,
 )
 from numaguard.remediator.queries import REQUIRED_LABELS
+from numaguard.remediator.rejections import RejectedPod, describe, storms
 from numaguard.remediator.signals import Signals
 from numaguard.simulator.prometheus import as_signals
 
@@ -791,3 +795,83 @@ def test_an_ignored_kind_is_not_refused_even_on_doubtful_evidence():
     result = run(sig, [pod_info("trainer")], ignoring)
     assert not result.actions and not result.refusals
     assert [f.kind for f in result.ignored] == ["cross_numa"]
+
+
+def rejected(name: str, workload: str = "Deployment/ml/trainer", node="n1", age=0.0, **kw):
+    return RejectedPod(
+        namespace=kw.pop("namespace", "ml"),
+        name=name,
+        uid=f"uid-{name}",
+        node=node,
+        reason=kw.pop("reason", "TopologyAffinityError"),
+        created=NOW - age,
+        workload=workload,
+        need=Need(8.0, 32 * GIB, {"nvidia.com/gpu": 1}),
+        **kw,
+    )
+
+
+def capacity_of(sig: Signals) -> Capacity:
+    return Capacity.from_signals(sig, set(), Evidence(sig, 10.0))
+
+
+def test_a_workload_s_refused_pods_beyond_the_newest_are_deleted_and_room_is_named():
+    sig = signals(
+        **merge(
+            healthy("n1", "n2"),
+            zone("n1", "0", 4, 100, devices={"nvidia.com/gpu": 1}),  # too few CPUs
+            zone("n2", "1", 16, 200, devices={"nvidia.com/gpu": 1}),  # room, aligned
+        )
+    )
+    pods = [rejected(f"t{i}", age=i) for i in range(7)]
+    pods.append(rejected("kept-by-owner", age=99, annotations={"numaguard.io/remediate": "false"}))
+    pods.append(rejected("other", workload="Deployment/ml/infer"))
+    pods.append(rejected("bare", workload=""))  # nothing makes another: no storm
+    pods.append(rejected("smt", reason="SMTAlignmentError"))
+    found = {s.key: s for s in storms(pods, capacity_of(sig), Policy(dry_run=False))}
+    assert set(found) == {
+        ("Deployment/ml/trainer", "n1", "TopologyAffinityError"),
+        ("Deployment/ml/trainer", "n1", "SMTAlignmentError"),
+        ("Deployment/ml/infer", "n1", "TopologyAffinityError"),
+    }
+    storm = found[("Deployment/ml/trainer", "n1", "TopologyAffinityError")]
+    assert [p.name for p in storm.pods[:3]] == ["t0", "t1", "t2"]  # newest first, kept
+    assert [p.name for p in storm.delete] == ["t3", "t4", "t5", "t6"]
+    assert storm.fit == ("n2", "1") and not storm.guard and not storm.dry_run
+    text = describe(storm)
+    assert "8 pods rejected by the kubelet on n1 (TopologyAffinityError)" in text
+    assert "n2 NUMA node 1 has room for it aligned" in text and "deleting 4" in text
+    assert not found[("Deployment/ml/infer", "n1", "TopologyAffinityError")].delete
+    # no fresh node with room: said so; nothing deleted beyond the budget
+    none = storms(pods, capacity_of(signals(**healthy("n1"))), Policy(dry_run=False))
+    assert {s.fit for s in none} == {None}
+    assert "no fresh node has room" in describe(none[0])
+    capped = storms(pods, None, Policy(dry_run=False, max_rejected_deletes_per_cycle=2))
+    assert sum(len(s.delete) for s in capped) == 2
+
+
+@pytest.mark.parametrize(
+    ("policy", "guard"),
+    [
+        (Policy(dry_run=False, paused=True), "paused"),
+        (Policy(dry_run=False, protected_namespaces=("kube-system", "ml")), "protected_namespace"),
+        (
+            Policy(dry_run=False, enforcement=Enforcement(topology_affinity_error="recommend")),
+            "recommend",
+        ),
+        (
+            Policy(dry_run=False, enforcement=Enforcement(topology_affinity_error="ignore")),
+            "ignored",
+        ),
+        (Policy(dry_run=False, max_rejected_deletes_per_cycle=0), "cap_cycle"),
+    ],
+)
+def test_refused_pods_are_kept_under_each_guard(policy, guard):
+    (storm,) = storms([rejected(f"t{i}", age=i) for i in range(6)], None, policy)
+    assert storm.guard == guard and storm.delete == () and len(storm.pods) == 6
+
+
+def test_a_dry_run_says_what_it_would_delete():
+    (storm,) = storms([rejected(f"t{i}", age=i) for i in range(5)], None, Policy())
+    assert storm.dry_run and len(storm.delete) == 2
+    assert "would delete 2" in describe(storm)
