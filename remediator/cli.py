@@ -342,55 +342,61 @@ async def plan_command(args) -> int:
 
 
 def render(report: CycleReport, output: str) -> str:
-    if output == "json":
-        return json.dumps(
-            {
-                "error": report.error,
-                "findings": [vars(f) for f in report.findings],
-                "actions": [
-                    {
-                        "kind": a.kind,
-                        "pod": f"{a.finding.namespace}/{a.finding.pod}",
-                        "finding": a.finding.kind,
-                        "reason": a.finding.reason,
-                        "detail": a.detail,
-                        "dry_run": a.dry_run,
-                    }
-                    for a in (report.plan.actions if report.plan else ())
-                ],
-                "refusals": [
-                    {
-                        "pod": f"{r.finding.namespace}/{r.finding.pod}",
-                        "finding": r.finding.kind,
-                        "reason": r.finding.reason,
-                        "guard": r.guard,
-                        "detail": r.detail,
-                    }
-                    for r in (report.plan.refusals if report.plan else ())
-                ],
-                "rejected_pods": [
-                    {
-                        "workload": st.workload,
-                        "node": st.node,
-                        "reason": st.reason,
-                        "pods": len(st.pods),
-                        "delete": [p.name for p in st.delete],
-                        "held_back": st.guard,
-                        "fits_on": list(st.fit) if st.fit else None,
-                    }
-                    for st in report.storms
-                ],
-                "ignored": [
-                    {
-                        "pod": f"{f.namespace}/{f.pod}",
-                        "finding": f.kind,
-                        "reason": f.reason,
-                    }
-                    for f in (report.plan.ignored if report.plan else ())
-                ],
-            },
-            indent=1,
-        )
+    return _json(report) if output == "json" else _table(report)
+
+
+def _json(report: CycleReport) -> str:
+    return json.dumps(
+        {
+            "error": report.error,
+            "findings": [vars(f) for f in report.findings],
+            "actions": [
+                {
+                    "kind": a.kind,
+                    "pod": f"{a.finding.namespace}/{a.finding.pod}",
+                    "finding": a.finding.kind,
+                    "reason": a.finding.reason,
+                    "detail": a.detail,
+                    "dry_run": a.dry_run,
+                }
+                for a in (report.plan.actions if report.plan else ())
+            ],
+            "refusals": [
+                {
+                    "pod": f"{r.finding.namespace}/{r.finding.pod}",
+                    "finding": r.finding.kind,
+                    "reason": r.finding.reason,
+                    "guard": r.guard,
+                    "detail": r.detail,
+                }
+                for r in (report.plan.refusals if report.plan else ())
+            ],
+            "rejected_pods": [
+                {
+                    "workload": st.workload,
+                    "node": st.node,
+                    "reason": st.reason,
+                    "pods": len(st.pods),
+                    "delete": [p.name for p in st.delete],
+                    "held_back": st.guard,
+                    "fits_on": list(st.fit) if st.fit else None,
+                }
+                for st in report.storms
+            ],
+            "ignored": [
+                {
+                    "pod": f"{f.namespace}/{f.pod}",
+                    "finding": f.kind,
+                    "reason": f.reason,
+                }
+                for f in (report.plan.ignored if report.plan else ())
+            ],
+        },
+        indent=1,
+    )
+
+
+def _table(report: CycleReport) -> str:
     if report.error:
         return f"no plan: {report.error}"
     lines = [f"{len(report.findings)} findings"]
