@@ -875,3 +875,23 @@ def test_a_dry_run_says_what_it_would_delete():
     (storm,) = storms([rejected(f"t{i}", age=i) for i in range(5)], None, Policy())
     assert storm.dry_run and len(storm.delete) == 2
     assert "would delete 2" in describe(storm)
+
+
+def test_plan_output_shows_ignored_findings_and_refused_pods():
+    from numaguard.remediator.cli import render
+    from numaguard.remediator.controller import CycleReport
+
+    sig = signals(**merge(healthy("n1"), cross_numa("trainer"), needs("trainer", 8, 32)))
+    ignoring = Policy(dry_run=False, enforcement=Enforcement(cross_numa="ignore"))
+    report = CycleReport(findings=list(update(FindingState(), sig).open.values()))
+    report.plan = run(sig, [pod_info("trainer")], ignoring)
+    report.storms = storms([rejected(f"t{i}", age=i) for i in range(5)], None, Policy())
+    rows = [line.split()[:4] for line in render(report, "table").splitlines()[2:]]
+    assert ["ml/trainer", "cross_numa:device_remote", "ignored", "policy"] in rows
+    assert ["Deployment/ml/trainer", "rejected:TopologyAffinityError", "delete", "2"] in rows
+    out = json.loads(render(report, "json"))
+    assert out["ignored"] == [
+        {"pod": "ml/trainer", "finding": "cross_numa", "reason": "device_remote"}
+    ]
+    (storm,) = out["rejected_pods"]
+    assert storm["pods"] == 5 and storm["delete"] == ["t3", "t4"] and storm["fits_on"] is None
