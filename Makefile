@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs proto image system-deps k8s-parts prometheus3 helm prometheus-operator clean FORCE
+.PHONY: demo test bench lint docs proto image system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -116,8 +116,23 @@ $(OPERATOR)/.built: | $(VENV)/.installed
 
 prometheus-operator: $(OPERATOR)/.built
 
+# The NodeResourceTopology CRD (topology.node.k8s.io, the scheduler-plugins project's
+# API), pinned in tests/nrt/go.mod: the exporter's --nrt is tested against it.
+NRT_MODULE := github.com/k8stopologyawareschedwg/noderesourcetopology-api
+NRT_VERSION := $(shell awk '$$1 == "require" && $$2 == "$(NRT_MODULE)" {print $$3}' tests/nrt/go.mod)
+NRT := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numaguard/noderesourcetopology-api-$(NRT_VERSION)
+
+$(NRT)/crd.yaml: | $(VENV)/.installed
+	@$(FIND_GO); \
+	echo "fetching the NodeResourceTopology CRD $(NRT_VERSION) into $(NRT)"; \
+	mkdir -p $(NRT) && cd tests/nrt && $$go mod download $(NRT_MODULE) && \
+	cp -f "$$($$go list -m -f '{{.Dir}}' $(NRT_MODULE))"/manifests/crd.yaml $@.tmp && \
+	chmod u+w $@.tmp && mv $@.tmp $@
+
+nrt-crd: $(NRT)/crd.yaml
+
 test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.built \
-  $(OPERATOR)/.built
+  $(OPERATOR)/.built $(NRT)/crd.yaml
 	$(PY) -m pytest
 	$(VENV)/bin/ruff check .
 

@@ -197,6 +197,22 @@ def parser() -> argparse.ArgumentParser:
         "ClusterRole's nonResourceURLs /metrics), as kube-rbac-proxy does; needs the API "
         "server and the system:auth-delegator ClusterRole (deploy/overlays/kubernetes-auth)",
     )
+    p.add_argument(
+        "--nrt",
+        action="store_true",
+        help="publish this node's NodeResourceTopology (topology.node.k8s.io/v1alpha2, read "
+        "by the scheduler's NodeResourceTopologyMatch plugin) from the numaguard_zone_* "
+        "figures, each cycle they change; needs the API server, the CRD and "
+        "deploy/overlays/nrt's RBAC",
+    )
+    p.add_argument(
+        "--nrt.kubelet-config",
+        dest="nrt_kubelet_config",
+        default="/var/lib/kubelet/config.yaml",
+        metavar="PATH",
+        help="the kubelet's configuration file, under --host-root: its Topology Manager "
+        "policy and scope are published with the zones",
+    )
     for name, info in COLLECTORS.items():
         p.add_argument(
             f"--collector.{name}",
@@ -246,6 +262,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_connections=args.max_connections,
         max_pods=args.max_pods,
         collectors=frozenset(n for n in COLLECTORS if getattr(args, f"collector_{n}")),
+        nrt=args.nrt,
+        nrt_kubelet_config=args.nrt_kubelet_config,
     )
 
 
@@ -276,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--web.max-connections, --web.idle-timeout and --max-pods want positive numbers")
     if args.web_kubernetes_auth and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
         p.error("--web.kubernetes-auth needs the API server: give --kubeconfig or run in a cluster")
+    if args.nrt and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
+        p.error("--nrt needs the API server: give --kubeconfig or run in a cluster")
     logs.setup(args.log_format, args.log_level)
     one_malloc_arena()
     _all_the_files()

@@ -33,6 +33,7 @@ from numaguard.exporter.sources.gpu import GpuUnavailable, NvmlSource
 from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kube import PodMetadataWatch
 from numaguard.exporter.sources.kubelet import DEFAULT_SOCKET, PodResourcesSource
+from numaguard.exporter.sources.nrt import NrtPublisher
 from numaguard.exporter.sources.resctrl import ResctrlOps, ResctrlSource
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class Settings:
     max_pods: int = 1000
     # the collectors to run (--collector.<name>); the rest are not run at all
     collectors: frozenset[str] = frozenset(c for c, i in COLLECTORS.items() if i.default)
+    nrt: bool = False  # publish this node's NodeResourceTopology each cycle it changes
+    nrt_kubelet_config: str = "/var/lib/kubelet/config.yaml"  # under the host root
 
 
 STUCK_CYCLES = 3  # cycles a read may hang before /healthz asks for a restart
@@ -115,9 +118,13 @@ def open_gpu_source(settings: Settings) -> NvmlSource | None:
 
 
 class Exporter:
-    def __init__(self, settings: Settings, collection: Collection) -> None:
+    def __init__(
+        self, settings: Settings, collection: Collection, publisher: NrtPublisher | None = None
+    ) -> None:
         self.settings = settings
         self.collection = collection
+        self.publisher = publisher  # --nrt
+        self._publishing: asyncio.Task | None = None
         self.last_cycle_end: float | None = None
         self.app = web.Application()
         self.app.add_routes(
@@ -138,7 +145,21 @@ class Exporter:
             except Exception:  # never let one bad cycle end the loop
                 log.exception("collection cycle failed")
             self.last_cycle_end = time.monotonic()
+            self._publish()
             await asyncio.sleep(max(0.0, interval - (self.last_cycle_end - started)))
+
+    def close(self) -> None:
+        if self._publishing is not None:
+            self._publishing.cancel()
+
+    def _publish(self) -> None:
+        """The NodeResourceTopology of this cycle, written beside the next one: a slow
+        API server delays the object, never a cycle; one write at a time."""
+        snap = self.collection.snapshot
+        if self.publisher is None or snap is None:
+            return
+        if self._publishing is None or self._publishing.done():
+            self._publishing = asyncio.create_task(self.publisher.publish(snap))
 
     async def metrics(self, request: web.Request) -> web.Response:
         rendered = self.collection.exposition
@@ -200,7 +221,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         thresholds=settings.thresholds,
         timeout_seconds=settings.collector_timeout_seconds,
     )
-    exporter = Exporter(settings, collection)
+    if settings.nrt and api is None:
+        raise KubeconfigError("nothing (--nrt needs it: give --kubeconfig)")
+    publisher = (
+        NrtPublisher(api, settings.host_root, settings.nrt_kubelet_config) if settings.nrt else None
+    )
+    exporter = Exporter(settings, collection, publisher)
     settle_garbage_collector()
     if settings.web_kubernetes_auth and api is None:
         raise KubeconfigError("nothing (--web.kubernetes-auth needs it: give --kubeconfig)")
@@ -234,6 +260,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        exporter.close()
         await runner.cleanup()
         if api is not None:
             await api.close()

@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 from numaguard.simulator.faultproxy import FaultProxy
-from numaguard.simulator.processes import free_port
+from numaguard.simulator.processes import free_port, until
 
 ROOT = Path(__file__).resolve().parent.parent
 # deploy/'s namespace, ServiceAccounts and RBAC, applied to the test cluster as shipped
@@ -80,6 +80,12 @@ KINDS = {
     "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
     "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
     "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
+    # the scheduler-plugins project's, published by the exporter's --nrt
+    "NodeResourceTopology": (
+        "/apis/topology.node.k8s.io/v1alpha2",
+        "noderesourcetopologies",
+        False,
+    ),
 }
 
 
@@ -104,6 +110,18 @@ def parts_dir() -> Path:
     built = stamp.read_text().split() if stamp.is_file() else []
     if not set(PARTS) <= set(built) or not all((path / p).is_file() for p in PARTS):
         raise ControlPlaneMissing(f"{path} lacks some of {', '.join(PARTS)}: run make k8s-parts")
+    return path
+
+
+def nrt_crd() -> Path:
+    """The NodeResourceTopology CRD ``make nrt-crd`` fetched, of the version
+    tests/nrt/go.mod pins."""
+    text = (ROOT / "tests/nrt/go.mod").read_text()
+    version = re.search(r"noderesourcetopology-api (v[0-9.]+)", text)[1]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    path = Path(cache) / "numaguard" / f"noderesourcetopology-api-{version}" / "crd.yaml"
+    if not path.is_file():
+        raise ControlPlaneMissing(f"no {path}: run make nrt-crd")
     return path
 
 
@@ -364,6 +382,23 @@ class ControlPlane:
         if query:
             path += "?" + "&".join(f"{k}={v}" for k, v in query.items())
         return (await self.call(session, "GET", path))["items"]
+
+    async def install_crd(self, session, path: Path) -> None:
+        """Create the CustomResourceDefinition in ``path`` (kept if another test made it)
+        and wait until the API server serves it."""
+        crd = yaml.safe_load(path.read_text())
+        try:
+            await self.create(session, crd)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+
+        async def established() -> bool:
+            got = await self.get(session, "CustomResourceDefinition", None, crd["metadata"]["name"])
+            conditions = (got or {}).get("status", {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        await until(established, f"{crd['metadata']['name']} established")
 
     async def evict(self, session, namespace: str, name: str, uid: str) -> int:
         """Ask the Eviction API (as the admin) to evict that pod, if it still has that

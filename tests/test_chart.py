@@ -72,6 +72,7 @@ def test_helm_lint_is_clean():
         (("remediator.enforce=true",), "overlays/enforce"),
         (("exporter.resctrlManage=true",), "overlays/resctrl-manage"),
         (("webConfig.kubernetesAuth=true",), "overlays/kubernetes-auth"),
+        (("exporter.nrt=true",), "overlays/nrt"),
     ],
 )
 def test_the_chart_renders_what_kustomize_does(sets, overlay):
@@ -85,6 +86,7 @@ def test_every_object_validates_with_every_switch_on():
     docs = template(
         "remediator.enforce=true",
         "exporter.resctrlManage=true",
+        "exporter.nrt=true",
         "webConfig.secretName=numaguard-web",
         "webConfig.kubernetesAuth=true",
         "serviceMonitor.scheme=https",

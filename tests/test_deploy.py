@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
+from numaguard.exporter.sources.nrt import API_USE as NRT_API_USE
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
 from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE
 from numaguard.simulator.controlplane import rendered
@@ -106,10 +107,29 @@ def test_rbac_grants_exactly_what_the_code_uses():
     assert granted(enforce, "numaguard-exporter") == EXPORTER_API_USE
     assert granted(enforce, "numaguard-remediator") == REMEDIATOR_API_USE
     assert REMEDIATOR_API_USE - DRY_RUN_API_USE == ENFORCE_API_USE
+    # --nrt: the exporter publishes its NodeResourceTopology, with no other grant
+    nrt = rendered("overlays/nrt")
+    assert granted(nrt, "numaguard-exporter") == EXPORTER_API_USE | NRT_API_USE
+    assert granted(nrt, "numaguard-remediator") == DRY_RUN_API_USE
+    exporter = of(nrt, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
+    assert "--nrt" in exporter["containers"][0]["args"]
+    assert (
+        "--nrt"
+        not in of(base, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"][
+            "containers"
+        ][0]["args"]
+    )
 
 
 @pytest.mark.parametrize(
-    "overlay", ["base", "overlays/enforce", "overlays/resctrl-manage", "overlays/kubernetes-auth"]
+    "overlay",
+    [
+        "base",
+        "overlays/enforce",
+        "overlays/resctrl-manage",
+        "overlays/kubernetes-auth",
+        "overlays/nrt",
+    ],
 )
 def test_every_overlay_renders_and_validates(overlay):
     docs = rendered(overlay)

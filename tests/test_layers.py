@@ -56,6 +56,7 @@ RULES = [
             "numaguard.exporter.collectors",
             "numaguard.exporter.exposition",
             "numaguard.exporter.catalogue",
+            "numaguard.exporter.nrt",
         ),
         ("numaguard.exporter.sources",),
         (),

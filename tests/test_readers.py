@@ -30,6 +30,7 @@ from numaguard.exporter.readers.dra import (
     read_claim_allocation,
     read_resource_slice,
 )
+from numaguard.exporter.readers.kubeletconfig import topology_manager
 from numaguard.exporter.readers.numa import (
     NodeMeminfo,
     parse_distance,
@@ -253,6 +254,7 @@ READERS = [
     parse_assign_mode,
     parse_domain_counts,
     parse_assignments,
+    topology_manager,
 ]
 VALID = [
     "0-3,8",
@@ -276,7 +278,18 @@ VALID = [
     "[mbm_event]\ndefault\n",
     "0=32;1=32\n",
     "mbm_total_bytes:0=e;1=_\nmbm_local_bytes:0=e;1=e\n",
+    "kind: KubeletConfiguration\ntopologyManagerPolicy: restricted\n",
 ]
+
+
+def test_the_kubelet_s_topology_manager_as_its_config_says_or_its_defaults():
+    config = "kind: KubeletConfiguration\ntopologyManagerPolicy: single-numa-node\n"
+    assert topology_manager(config) == ("single-numa-node", "container")
+    assert topology_manager(config + "topologyManagerScope: pod\n") == ("single-numa-node", "pod")
+    assert topology_manager("") == ("none", "container")
+    for bad in ("- a\n- b\n", "topologyManagerPolicy: [a]\n", "a: [\n"):
+        with pytest.raises(ParseError):
+            topology_manager(bad)
 
 
 def test_abmc_files_read_as_the_kernel_writes_them():

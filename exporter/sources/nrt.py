@@ -1,0 +1,73 @@
+"""Publishing this node's NodeResourceTopology (``--nrt``): written after a cycle when
+it differs from what was last written — created, or replaced at the resourceVersion
+read, so that a concurrent writer's change is never overwritten blind. A failed write is
+logged and tried again the next cycle; it never holds the cycle up.
+
+The Topology Manager's policy and scope come from the kubelet's configuration file on
+the host (``--nrt.kubelet-config``), read again each time: a kubelet restarted with
+another policy is published with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import aiohttp
+from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.nrt import PATH, node_resource_topology
+from numaguard.exporter.readers.kubeletconfig import topology_manager
+from numaguard.exporter.records import Issue
+from numaguard.exporter.sources import read_parsed
+from numaguard.exporter.sources.apiserver import ApiServer
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_SECONDS = 10.0
+# What --nrt needs of the API server, beyond the pod watch (deploy/overlays/nrt grants it)
+API_USE = {
+    ("topology.node.k8s.io", "noderesourcetopologies", "get"),
+    ("topology.node.k8s.io", "noderesourcetopologies", "create"),
+    ("topology.node.k8s.io", "noderesourcetopologies", "update"),
+}
+
+
+class NrtPublisher:
+    def __init__(self, api: ApiServer, host_root: str, kubelet_config: str) -> None:
+        self.api = api
+        self.kubelet_config = os.path.join(host_root, kubelet_config.lstrip("/"))
+        self.published: dict | None = None  # the object as last written
+        self._said = ""  # the last failure logged, so that one is not logged every cycle
+
+    async def publish(self, snap: NodeSnapshot) -> bool:
+        """Write the object if it changed; True when what is published is current."""
+        issues: list[Issue] = []
+        policy, scope = read_parsed(issues, self.kubelet_config, topology_manager) or (None, None)
+        obj = node_resource_topology(snap, policy, scope)
+        if obj is None or obj == self.published:
+            return obj is not None
+        path = f"{PATH}/{snap.node_name}"
+        try:
+            async with self.api.request("GET", path, REQUEST_TIMEOUT_SECONDS) as r:
+                current = await r.json() if r.status == 200 else None
+                if r.status not in (200, 404):
+                    return self._failed(f"GET {path}: HTTP {r.status}")
+            if current is None:
+                method, where, body = "POST", PATH, obj
+            else:
+                version = current["metadata"]["resourceVersion"]
+                body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
+                method, where = "PUT", path
+            async with self.api.request(method, where, REQUEST_TIMEOUT_SECONDS, json=body) as r:
+                if r.status not in (200, 201):  # 409: changed since the GET; next cycle
+                    return self._failed(f"{method} {where}: HTTP {r.status}")
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as err:
+            return self._failed(f"{path}: {err!r}")
+        self.published, self._said = obj, ""
+        return True
+
+    def _failed(self, why: str) -> bool:
+        if why != self._said:
+            self._said = why
+            log.warning("NodeResourceTopology not published: %s", why, extra={"detail": why})
+        return False

@@ -1,0 +1,171 @@
+"""--nrt on the real control plane with the NodeResourceTopology CRD (the scheduler-plugins
+project's, fetched by make): the exporter, as its ServiceAccount with deploy/overlays/nrt's
+RBAC, publishes its node's object; its zones are the exporter's numaguard_zone_* series
+and follow them when a pod goes; a pod that the rule of NodeResourceTopologyMatch
+(single-numa-node: one zone with all it asks) fits there is admitted by the node's
+kubelet on such a zone. Without --nrt nothing is published."""
+
+from __future__ import annotations
+
+import contextlib
+
+from numaguard.simulator import presets
+from numaguard.simulator.cluster import SimulatedCluster, one_node
+from numaguard.simulator.controlplane import ApiError, nrt_crd, rendered
+from numaguard.simulator.processes import get, until
+from prometheus_client.parser import text_string_to_metric_families
+
+NODE = "gpu-node-3"
+GPU = "nvidia.com/gpu"
+
+
+async def grant_nrt(cp, session) -> None:
+    """The CRD, and what deploy/overlays/nrt grants the exporter beyond the base."""
+    await cp.install_crd(session, nrt_crd())
+    for obj in rendered("overlays/nrt"):
+        if obj["metadata"]["name"] == "numaguard-exporter-nrt":
+            with contextlib.suppress(ApiError):  # another test made it
+                await cp.create(session, obj)
+
+
+def zones_of_series(metrics: bytes) -> dict[str, dict[str, tuple[int, int]]]:
+    """numa node -> resource -> (allocatable, available), as the exporter's series say."""
+    got: dict[tuple, float] = {}
+    for family in text_string_to_metric_families(metrics.decode()):
+        for s in family.samples:
+            if s.name.startswith("numaguard_zone_") and s.labels.get("numa_node"):
+                got[(s.name, s.labels["numa_node"], s.labels.get("resource", ""))] = s.value
+    zones: dict[str, dict[str, tuple[int, int]]] = {}
+    for (name, numa, resource), value in got.items():
+        zone = zones.setdefault(f"node-{numa}", {})
+        if name == "numaguard_zone_cpus_allocatable":
+            allocated = got[("numaguard_zone_cpus_allocated", numa, "")]
+            zone["cpu"] = (int(value), int(value - allocated))
+        elif name == "numaguard_zone_devices_allocatable":
+            free = got[("numaguard_zone_devices_free", numa, resource)]
+            zone[resource] = (int(value), int(free))
+        elif name == "numaguard_zone_memory_allocatable_bytes":
+            free = got[("numaguard_zone_memory_free_bytes", numa, "")]
+            zone["memory"] = (int(value), int(free))
+    return zones
+
+
+def zones_of_object(obj: dict) -> dict[str, dict[str, tuple[int, int]]]:
+    return {
+        z["name"]: {r["name"]: (int(r["allocatable"]), int(r["available"])) for r in z["resources"]}
+        for z in obj["zones"]
+    }
+
+
+def fitting(obj: dict, need: dict[str, int]) -> set[str]:
+    """NodeResourceTopologyMatch's single-numa-node rule over the object: the zones with
+    all the pod asks for available."""
+    return {
+        name
+        for name, resources in zones_of_object(obj).items()
+        if all(resources.get(r, (0, 0))[1] >= n for r, n in need.items())
+    }
+
+
+async def test_the_published_topology_is_the_exporter_s_zones_and_follows_them(
+    tmp_path, control_plane
+):
+    cp = control_plane
+    sim = SimulatedCluster(str(tmp_path / "cluster"), cp)
+    node = sim.add_node(NODE, *presets.gpu_node(), "single-numa-node")
+    async with contextlib.AsyncExitStack() as stack:
+        await sim.start()
+        stack.push_async_callback(sim.stop)
+        await grant_nrt(cp, sim.session)
+        account = "numaguard-exporter"
+        kubeconfig = cp.kubeconfig(tmp_path / "exporter.kubeconfig", cp.tokens[account], account)
+        url, _ = await stack.enter_async_context(
+            sim.exporter(node, kubeconfig, "--interval", "1", "--nrt")
+        )
+
+        async def published_as_series():
+            obj = await cp.get(sim.session, "NodeResourceTopology", None, NODE)
+            series = zones_of_series(await get(f"{url}/metrics"))
+            return obj is not None and series and zones_of_object(obj) == series and obj
+
+        obj = await until(published_as_series, "the object equal to the zone series", 60)
+        attributes = {a["name"]: a["value"] for a in obj["attributes"]}
+        assert attributes == {
+            "topologyManagerPolicy": "single-numa-node",
+            "topologyManagerScope": "container",
+        }
+        (zero,) = [z for z in obj["zones"] if z["name"] == "node-0"]
+        assert zero["type"] == "Node"
+        assert {c["name"]: c["value"] for c in zero["costs"]} == {"node-0": 10, "node-1": 21}
+        cpu = next(r for r in zero["resources"] if r["name"] == "cpu")
+        assert int(cpu["capacity"]) == 32  # the NUMA node's CPUs
+
+        # trainer (8 exclusive CPUs and GPU 0 on NUMA node 0) goes: node-0 has them back
+        before = zones_of_object(obj)["node-0"]
+        await cp.patch(sim.session, "Deployment", "ml", "trainer", {"spec": {"replicas": 0}})
+
+        async def freed():
+            now = await published_as_series()
+            return now and zones_of_object(now)["node-0"]["cpu"][1] == before["cpu"][1] + 8 and now
+
+        obj = await until(freed, "the object following trainer's CPUs back", 60)
+        after = zones_of_object(obj)["node-0"]
+        assert after[GPU][1] == before[GPU][1] + 1
+
+        # the rule over the object says where trainer fits; the kubelet puts it there
+        zones = fitting(obj, {"cpu": 8, GPU: 1})
+        assert zones
+        await cp.patch(sim.session, "Deployment", "ml", "trainer", {"spec": {"replicas": 1}})
+        await sim.wait_until(lambda: sim.running("trainer-"), "trainer admitted again")
+        (pod,) = sim.running("trainer-")
+        cpus = {int(c) for part in pod.containers[0].cpus.split(",") for c in _span(part)}
+        numa = {0 if c < 32 else 1 for c in cpus}
+        assert {f"node-{n}" for n in numa} <= zones and len(numa) == 1
+
+
+def _span(part: str) -> range:
+    lo, _, hi = part.partition("-")
+    return range(int(lo), int(hi or lo) + 1)
+
+
+async def test_without_nrt_nothing_is_published(control_plane):
+    async with one_node(control_plane, *presets.gpu_node(), name="gpu-node-5") as (sim, url):
+        await grant_nrt(control_plane, sim.session)
+
+        async def cycles():  # a few cycles' worth of zones seen
+            return zones_of_series(await get(f"{url}/metrics"))
+
+        await until(cycles, "zone series")
+        await until(cycles, "zone series again")
+        assert (
+            await control_plane.get(sim.session, "NodeResourceTopology", None, "gpu-node-5") is None
+        )
+
+
+def test_the_object_says_nothing_it_does_not_know():
+    """No zones from the kubelet: no object (never one saying the node has no room);
+    memory only where the memory manager reports it; available never below zero."""
+    from dataclasses import replace
+
+    from numaguard.exporter.model import NodeSnapshot, Topology, Zone
+    from numaguard.exporter.nrt import node_resource_topology
+
+    topology = Topology((0, 1), {0: 0, 1: 0, 2: 1, 3: 1}, {}, {0: {0: 10, 1: 21}}, {})
+    snap = NodeSnapshot(NODE, 0.0, topology, (), {}, None, (), False, None)
+    assert node_resource_topology(snap) is None
+    zones = (
+        Zone(0, 2, 1, {GPU: 2}, {GPU: 0}, None, None),
+        Zone(1, 2, 3, {}, {}, 8 << 30, 1 << 30),  # more handed out than allocatable
+        Zone(None, None, None, {"example.com/nic": 1}, {"example.com/nic": 1}, None, None),
+    )
+    obj = node_resource_topology(replace(snap, zones=zones), "restricted")
+    assert obj["attributes"] == [{"name": "topologyManagerPolicy", "value": "restricted"}]
+    assert [z["name"] for z in obj["zones"]] == ["node-0", "node-1"]  # no NUMA node: out
+    zero, one = obj["zones"]
+    assert zero["resources"] == [
+        {"name": "cpu", "capacity": 2, "allocatable": 2, "available": 1},
+        {"name": GPU, "capacity": 2, "allocatable": 2, "available": 0},
+    ]
+    assert zero["costs"] == [{"name": "node-0", "value": 10}, {"name": "node-1", "value": 21}]
+    assert one["resources"][0]["available"] == 0
+    assert one["resources"][1]["name"] == "memory" and "costs" not in one
