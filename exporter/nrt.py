@@ -35,25 +35,22 @@ def node_resource_topology(
     out = []
     for zone in sorted(zones, key=lambda z: z.numa_node):
         numa = zone.numa_node
-        resources = []
+        cpus_free = None
         if zone.cpus_allocatable is not None and zone.cpus_allocated is not None:
-            resources.append(
-                _resource(
-                    "cpu",
-                    cpus_of.get(numa, zone.cpus_allocatable),
-                    zone.cpus_allocatable,
-                    zone.cpus_allocatable - zone.cpus_allocated,
-                )
-            )
-        if zone.memory_allocatable_bytes is not None and zone.memory_free_bytes is not None:
-            resources.append(
-                _resource(
+            cpus_free = zone.cpus_allocatable - zone.cpus_allocated
+        resources = [
+            _resource(name, capacity or allocatable, allocatable, available)
+            for name, capacity, allocatable, available in (
+                ("cpu", cpus_of.get(numa), zone.cpus_allocatable, cpus_free),
+                (
                     "memory",
-                    memory_of.get(numa, zone.memory_allocatable_bytes),
+                    memory_of.get(numa),
                     zone.memory_allocatable_bytes,
                     zone.memory_free_bytes,
-                )
+                ),
             )
+            if allocatable is not None and available is not None
+        ]
         for name, count in sorted(zone.devices_allocatable.items()):
             resources.append(_resource(name, count, count, zone.devices_free.get(name, 0)))
         entry = {"name": f"node-{numa}", "type": "Node", "resources": resources}
