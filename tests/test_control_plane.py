@@ -62,7 +62,8 @@ async def test_the_shipped_rbac_grants_exactly_what_the_code_uses(control_plane)
                     verb,
                 )
         for account, group, resource, verb, ns in (
-            ("numaguard-remediator", "", "pods", "delete", "ml"),  # evictions only
+            # it deletes pods the kubelet refused, evicts the others: never makes one
+            ("numaguard-remediator", "", "pods", "create", "ml"),
             ("numaguard-remediator", "", "pods", "patch", "ml"),
             ("numaguard-remediator", "", "secrets", "get", "ml"),
             ("numaguard-remediator", "apps", "deployments", "delete", "ml"),
@@ -93,9 +94,9 @@ async def test_a_service_account_token_is_refused_what_its_role_does_not_grant(c
         assert status == 200  # list pods: granted
         status, body = await cp.request(session, "GET", "/api/v1/secrets", token=token)
         assert status == 403 and body["reason"] == "Forbidden"
-        path = "/api/v1/namespaces/default/pods/any"
+        path = "/apis/apps/v1/namespaces/default/deployments/any"
         status, body = await cp.request(session, "DELETE", path, token=token)
-        assert status == 403, body  # evictions only, never a plain delete
+        assert status == 403, body  # it patches workloads, never deletes one
 
 
 async def test_without_the_eviction_verb_the_remediator_s_eviction_gets_403(

@@ -79,10 +79,26 @@ async def test_a_topology_affinity_error_storm_is_reported_bounded_and_cleaned(
         await sim.wait_until(lambda: len(sim.rejected) >= KEEP + 4, "pods refused again and again")
         await cp.patch(sim.session, "Deployment", "ml", "trainer-remote", {"spec": {"replicas": 0}})
 
-        async def stopped():  # no pod of it left that is not Failed: no more to come
-            sets = await cp.items(sim.session, "ReplicaSet", "ml")
-            mine = [r for r in sets if r["metadata"]["name"].startswith("trainer-remote-")]
-            return all(not r["spec"]["replicas"] and not r["status"].get("replicas") for r in mine)
+        async def stopped():
+            """Its ReplicaSets have seen the scale-down and every pod of it has failed:
+            no more are coming."""
+            sets = [
+                r
+                for r in await cp.items(sim.session, "ReplicaSet", "ml")
+                if r["metadata"]["name"].startswith("trainer-remote-")
+            ]
+            seen = all(
+                not r["spec"]["replicas"]
+                and r["status"].get("observedGeneration", 0) >= r["metadata"]["generation"]
+                and not r["status"].get("replicas")
+                for r in sets
+            )
+            pods = [
+                p
+                for p in await cp.items(sim.session, "Pod", "ml")
+                if p["metadata"]["name"].startswith("trainer-remote-")
+            ]
+            return seen and all(p["status"].get("phase") == "Failed" for p in pods)
 
         await until(stopped, "the storm stopped")
         storm = await failed(sim)
