@@ -216,6 +216,14 @@ SERIES_LIMITED = _m(
     (),
     "health",
 )
+NRT_CURRENT = _m(
+    "nrt_current",
+    "gauge",
+    "With --nrt: 1 when this node's NodeResourceTopology says what the cycle before "
+    "found (written, or unchanged), 0 when writing it failed (the log says why).",
+    (),
+    "health",
+)
 POD_METADATA_SYNCED = _m(
     "pod_metadata_synced",
     "gauge",

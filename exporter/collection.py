@@ -134,6 +134,7 @@ class Collection:
         timeout_seconds: float = 10.0,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        nrt_current: Callable[[], bool | None] = lambda: None,
     ) -> None:
         self.node_name = node_name
         self.sources = dict(sources)
@@ -143,6 +144,7 @@ class Collection:
         self.timeout = timeout_seconds
         self.clock = clock  # snapshot timestamps, the base of every rate
         self.monotonic = monotonic  # how long a read has been running
+        self.nrt_current = nrt_current  # whether the published topology is current (--nrt)
         self.health = {name: Health() for name in self.sources}
         self.snapshot: NodeSnapshot | None = None
         self.exposition: Exposition | None = None
@@ -299,6 +301,9 @@ class Collection:
         synced.add(int(snap.pod_metadata_synced))
         limited = c.SERIES_LIMITED.family(node)
         limited.add(int(self.limited))
+        nrt = c.NRT_CURRENT.family(node)
+        if (current := self.nrt_current()) is not None:
+            nrt.add(int(current))
         success, duration, errors, last = (
             m.family(node)
             for m in (
@@ -315,4 +320,4 @@ class Collection:
                 errors.add(h.errors[reason], name, reason)
             if h.last_success is not None:
                 last.add(h.last_success, name)
-        return [build, synced, limited, success, duration, errors, last]
+        return [build, synced, limited, nrt, success, duration, errors, last]

@@ -213,6 +213,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     api = connect(settings.kubeconfig)
     tasks, metadata, dra = _watches(api, settings.node_name)
     sources = await _sources(settings)
+    if settings.nrt and api is None:
+        raise KubeconfigError("nothing (--nrt needs it: give --kubeconfig)")
+    publisher = (
+        NrtPublisher(api, settings.host_root, settings.nrt_kubelet_config) if settings.nrt else None
+    )
     collection = Collection(
         settings.node_name,
         sources,
@@ -220,11 +225,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         dra=dra,
         thresholds=settings.thresholds,
         timeout_seconds=settings.collector_timeout_seconds,
-    )
-    if settings.nrt and api is None:
-        raise KubeconfigError("nothing (--nrt needs it: give --kubeconfig)")
-    publisher = (
-        NrtPublisher(api, settings.host_root, settings.nrt_kubelet_config) if settings.nrt else None
+        nrt_current=(lambda: publisher.current) if publisher else (lambda: None),
     )
     exporter = Exporter(settings, collection, publisher)
     settle_garbage_collector()

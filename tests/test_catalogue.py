@@ -115,6 +115,7 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
         collection = make_collection(
             root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
         )
+        collection.nrt_current = lambda: True  # as with --nrt, its topology published
         await collection.run_once()
         now[0] += 15
         await collection.run_once()

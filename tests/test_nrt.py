@@ -89,6 +89,10 @@ async def test_the_published_topology_is_the_exporter_s_zones_and_follows_them(
             return obj is not None and series and zones_of_object(obj) == series and obj
 
         obj = await until(published_as_series, "the object equal to the zone series", 60)
+        health = await until(
+            lambda: _sample(url, "numaguard_nrt_current"), "the exporter saying it is current"
+        )
+        assert health == 1.0
         attributes = {a["name"]: a["value"] for a in obj["attributes"]}
         assert attributes == {
             "topologyManagerPolicy": "single-numa-node",
@@ -123,6 +127,14 @@ async def test_the_published_topology_is_the_exporter_s_zones_and_follows_them(
         assert {f"node-{n}" for n in numa} <= zones and len(numa) == 1
 
 
+async def _sample(url: str, name: str) -> float | None:
+    for family in text_string_to_metric_families((await get(f"{url}/metrics")).decode()):
+        for s in family.samples:
+            if s.name == name:
+                return s.value
+    return None
+
+
 def _span(part: str) -> range:
     lo, _, hi = part.partition("-")
     return range(int(lo), int(hi or lo) + 1)
@@ -137,6 +149,19 @@ async def test_without_nrt_nothing_is_published(control_plane):
 
         await until(cycles, "zone series")
         await until(cycles, "zone series again")
+        assert await _sample(url, "numaguard_nrt_current") is None  # no such series
+        # --nrt as an account its RBAC does not let write the object: said, and nothing made
+        node, cp = sim.nodes["gpu-node-5"], control_plane
+        account = "numaguard-remediator"
+        kubeconfig = cp.kubeconfig(f"{sim.directory}/other.kubeconfig", cp.tokens[account], account)
+        async with sim.exporter(node, kubeconfig, "--interval", "1", "--nrt") as (other, _):
+
+            async def not_current():
+                return await _sample(other, "numaguard_nrt_current") == 0.0
+
+            await until(not_current, "the exporter saying its topology is not published")
+        assert await cp.get(sim.session, "NodeResourceTopology", None, "gpu-node-5") is None
+
         assert (
             await control_plane.get(sim.session, "NodeResourceTopology", None, "gpu-node-5") is None
         )

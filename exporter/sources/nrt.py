@@ -37,10 +37,15 @@ class NrtPublisher:
         self.api = api
         self.kubelet_config = os.path.join(host_root, kubelet_config.lstrip("/"))
         self.published: dict | None = None  # the object as last written
+        self.current: bool | None = None  # None until the first cycle's object is known
         self._said = ""  # the last failure logged, so that one is not logged every cycle
 
     async def publish(self, snap: NodeSnapshot) -> bool:
         """Write the object if it changed; True when what is published is current."""
+        self.current = await self._publish(snap)
+        return self.current
+
+    async def _publish(self, snap: NodeSnapshot) -> bool:
         issues: list[Issue] = []
         policy, scope = read_parsed(issues, self.kubelet_config, topology_manager) or (None, None)
         obj = node_resource_topology(snap, policy, scope)
