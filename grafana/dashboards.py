@@ -237,6 +237,15 @@ DASHBOARDS = (
             ),
             Panel("Unremediable findings", c.REMEDIATOR_UNREMEDIABLE.name, "short", kind="stat"),
             Panel(
+                "Pods the kubelet refused, left Failed",
+                f"sum({c.REMEDIATOR_REJECTED.name}) or vector(0)",
+                "short",
+                kind="stat",
+                description="Pods refused at admission for NUMA alignment "
+                "(TopologyAffinityError, SMTAlignmentError) and still there; by workload "
+                f"and node: {c.REMEDIATOR_REJECTED.name}, and the AdmissionRejections Events.",
+            ),
+            Panel(
                 "Actions by kind and result (1h)",
                 f"sum by (kind, result) (increase({c.REMEDIATOR_ACTIONS.name}[1h]))",
                 "short",
