@@ -38,7 +38,8 @@ class NrtPublisher:
         self.kubelet_config = os.path.join(host_root, kubelet_config.lstrip("/"))
         self.published: dict | None = None  # the object as last written
         self.current: bool | None = None  # None until the first cycle's object is known
-        self._said = ""  # the last failure logged, so that one is not logged every cycle
+        # what was last logged of the kubelet's config and of writing: said once, not every cycle
+        self._said = {"config": "", "write": ""}
 
     async def publish(self, snap: NodeSnapshot) -> bool:
         """Write the object if it changed; True when what is published is current."""
@@ -48,6 +49,8 @@ class NrtPublisher:
     async def _publish(self, snap: NodeSnapshot) -> bool:
         issues: list[Issue] = []
         policy, scope = read_parsed(issues, self.kubelet_config, topology_manager) or (None, None)
+        for issue in issues:  # published without them, and said once
+            self._say("config", f"the kubelet's config: {issue.reason} {issue.path} {issue.detail}")
         obj = node_resource_topology(snap, policy, scope)
         if obj is None or obj == self.published:
             return obj is not None
@@ -59,20 +62,27 @@ class NrtPublisher:
                     return self._failed(f"GET {path}: HTTP {r.status}")
             if current is None:
                 method, where, body = "POST", PATH, obj
-            else:
-                version = current["metadata"]["resourceVersion"]
-                body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
+            else:  # what others put on it (labels, annotations, owners) stays
+                meta = current["metadata"]
+                kept = {
+                    k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta
+                }
+                version = meta["resourceVersion"]
+                body = {**obj, "metadata": {**kept, **obj["metadata"], "resourceVersion": version}}
                 method, where = "PUT", path
             async with self.api.request(method, where, REQUEST_TIMEOUT_SECONDS, json=body) as r:
                 if r.status not in (200, 201):  # 409: changed since the GET; next cycle
                     return self._failed(f"{method} {where}: HTTP {r.status}")
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as err:
             return self._failed(f"{path}: {err!r}")
-        self.published, self._said = obj, ""
+        self.published, self._said["write"] = obj, ""
         return True
 
     def _failed(self, why: str) -> bool:
-        if why != self._said:
-            self._said = why
-            log.warning("NodeResourceTopology not published: %s", why, extra={"detail": why})
+        self._say("write", f"not published: {why}")
         return False
+
+    def _say(self, about: str, what: str) -> None:
+        if what != self._said[about]:
+            self._said[about] = what
+            log.warning("NodeResourceTopology %s", what, extra={"detail": what})
