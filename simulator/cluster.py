@@ -83,6 +83,10 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# control plane (by id) -> the names of the Nodes its simulated clusters now run
+_LIVE: dict[int, set[str]] = {}
+
+
 class SimulatedCluster:
     def __init__(self, directory: str, control_plane: ControlPlane) -> None:
         self.directory = directory
@@ -135,6 +139,8 @@ class SimulatedCluster:
         """Register the nodes and create the presets' pods and workloads; returns once
         every pod is admitted and owned (see ``add_pods`` for ``customise``)."""
         self.session = aiohttp.ClientSession()
+        await self._forget_stale_nodes()
+        _LIVE.setdefault(id(self.cp), set()).update(self.nodes)
         for node in self.nodes.values():
             socket = f"{self.directory}/{node.name}/kubelet.sock"
             node.kubelet = await FakeKubelet(socket, node.host, node.nvml).start()
@@ -218,11 +224,25 @@ class SimulatedCluster:
                 self.session, "Deployment", namespace, name, {"spec": {"paused": False}}
             )
 
+    async def _forget_stale_nodes(self) -> None:
+        """Nodes no live simulated cluster of this control plane runs are left over by
+        one that could not stop (a test that failed mid-way): the scheduler would send
+        pods there, never to be admitted. They go, with what was bound to them."""
+        live = _LIVE.get(id(self.cp), set())
+        for node in await self.cp.items(self.session, "Node"):
+            name = node["metadata"]["name"]
+            if name not in live:
+                await self.cp.request(self.session, "DELETE", path_of("Node", None, name))
+                await self.cp.request(
+                    self.session, "DELETE", path_of("Lease", "kube-node-lease", name)
+                )
+
     async def stop(self) -> None:
         """Stop the agent and take everything this cluster made out of the control plane
         (its namespaces' contents, Nodes), so that the next cluster starts from a clean
         one. The namespaces stay, empty: deleting one takes the namespace controller
         seconds, and the next cluster likely wants it again."""
+        _LIVE.get(id(self.cp), set()).difference_update(self.nodes)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -158,18 +158,19 @@ async def scraped(tmp_path, control_plane, request):
             rule_files=[str(rule_file)],
             version=request.param,
         ) as prom:
-            await prom.wait_for('numaguard_remediator_actions_total{result="dry_run"} > 0', 60)
+            await prom.wait_for('numaguard_remediator_actions_total{result="dry_run"} > 0', 120)
             await asyncio.sleep(3)
             yield prom
-    finally:
-        remediator.terminate()
-        await remediator.wait()
-        ticker.cancel()
-        stop.set()
-        await exporter
-        restore.close()
-        await sim.stop()
-        shutil.rmtree(short, ignore_errors=True)
+    finally:  # each step whatever the one before did: a node left behind spoils the rest
+        async with contextlib.AsyncExitStack() as cleanup:
+            cleanup.callback(shutil.rmtree, short, ignore_errors=True)
+            cleanup.push_async_callback(sim.stop)
+            cleanup.callback(restore.close)
+            remediator.terminate()
+            await remediator.wait()
+            ticker.cancel()
+            stop.set()
+            await exporter
 
 
 async def test_every_panel_returns_data(scraped):

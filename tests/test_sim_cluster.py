@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 
+import aiohttp
 import pytest
 from numaguard.exporter.readers import parse_id_list
 from numaguard.remediator.actuator import Actuator
@@ -213,3 +214,14 @@ async def test_a_statefulset_pod_comes_back_by_name_and_its_old_uid_is_refused(
         assert again.uid != first.uid
     finally:
         await client.close()
+
+
+async def test_a_node_no_live_cluster_runs_is_forgotten_at_start(sim_cluster, control_plane):
+    """A Node left by a cluster that could not stop would draw the scheduler's pods,
+    never to be admitted: the next cluster removes it first."""
+    async with aiohttp.ClientSession() as session:
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "left-behind"}}
+        await control_plane.create(session, node)
+        await sim_cluster("single-numa-node")
+        assert await control_plane.get(session, "Node", None, "left-behind") is None
+        assert await control_plane.get(session, "Node", None, "a") is not None
