@@ -211,10 +211,13 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
 
     api = connect(settings.kubeconfig)
+    if api is None and (settings.nrt or settings.web_kubernetes_auth):
+        # before anything is started that would need stopping
+        raise KubeconfigError(
+            "nothing (--nrt and --web.kubernetes-auth need it: give --kubeconfig)"
+        )
     tasks, metadata, dra = _watches(api, settings.node_name)
     sources = await _sources(settings)
-    if settings.nrt and api is None:
-        raise KubeconfigError("nothing (--nrt needs it: give --kubeconfig)")
     publisher = (
         NrtPublisher(api, settings.host_root, settings.nrt_kubelet_config) if settings.nrt else None
     )
@@ -229,8 +232,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     )
     exporter = Exporter(settings, collection, publisher)
     settle_garbage_collector()
-    if settings.web_kubernetes_auth and api is None:
-        raise KubeconfigError("nothing (--web.kubernetes-auth needs it: give --kubeconfig)")
     scrapers = api if settings.web_kubernetes_auth else None
     tls = webconfig.secure(exporter.app, settings.web_config_file, scrapers)
     runner = web.AppRunner(

@@ -225,7 +225,7 @@ def _need(spec: dict) -> Need:
         cpus += float(parse_quantity(requests.get("cpu", 0)))
         memory += float(parse_quantity(requests.get("memory", 0)))
         for name, value in requests.items():
-            if "/" in name and not name.split("/")[0].endswith("kubernetes.io"):
+            if _is_device(name):
                 devices[name] = devices.get(name, 0) + int(parse_quantity(value))
     exclusive = cpus if guaranteed and cpus == int(cpus) else 0.0
     return Need(exclusive, memory, devices)
@@ -239,11 +239,16 @@ def _extended_resources(spec: dict) -> frozenset[str]:
         for c in spec.get("containers") or []
         for part in ("requests", "limits")
         for name in ((c.get("resources") or {}).get(part) or {})
-        if "/" in name and not name.split("/")[0].endswith("kubernetes.io")
+        if _is_device(name)
     }
     if spec.get("resourceClaims"):
         names.add(DRA)
     return frozenset(names)
+
+
+def _is_device(resource: str) -> bool:
+    """An extended resource: a domain of its own, not kubernetes.io's."""
+    return "/" in resource and not resource.split("/")[0].endswith("kubernetes.io")
 
 
 def _controller(meta: dict) -> dict | None:

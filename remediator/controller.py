@@ -209,7 +209,7 @@ class Controller:
             elif intent_of(f) == "resize":
                 needs.append((0.0, 0.0, ((mig_resource(f.recommended), 1),)))
         for pod in rejected:  # where the kubelet would have admitted them
-            needs.append((pod.need.cpus, pod.need.memory, tuple(sorted(pod.need.devices.items()))))
+            needs.append((pod.need.cpus, pod.need.memory, tuple(pod.need.devices.items())))
         policy = self.policy
         zones = await ask(
             q.zone_candidates(

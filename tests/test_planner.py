@@ -357,6 +357,15 @@ def sizing_rows(sm: float, memory_gib: float) -> dict:
     }
 
 
+def opted_in_infer() -> PodInfo:
+    """infer, on a 3g.40gb slice, its Deployment annotated to be resized."""
+    return pod_info(
+        "infer",
+        workload_annotations={"numaguard.io/auto-resize": "true"},
+        resources=frozenset({"nvidia.com/mig-3g.40gb"}),
+    )
+
+
 def test_oversized_slice_resized_only_when_opted_in():
     sig = signals(
         **merge(
@@ -365,11 +374,7 @@ def test_oversized_slice_resized_only_when_opted_in():
             zone("n2", "0", 0, 0, devices={"nvidia.com/mig-1g.10gb": 2}),
         )
     )
-    opted = pod_info(
-        "infer",
-        workload_annotations={"numaguard.io/auto-resize": "true"},
-        resources=frozenset({"nvidia.com/mig-3g.40gb"}),
-    )
+    opted = opted_in_infer()
     result = run(sig, [opted])
     assert [(a.kind, a.finding.recommended) for a in result.actions] == [("resize", "1g.10gb")]
     assert "3g.40gb -> 1g.10gb" in result.actions[0].detail
@@ -586,11 +591,7 @@ def test_device_remote_needs_a_device_the_kubelet_gave():
 
 
 def test_a_resize_must_name_a_slice_that_exists_and_the_pod_holds():
-    opted = pod_info(
-        "infer",
-        workload_annotations={"numaguard.io/auto-resize": "true"},
-        resources=frozenset({"nvidia.com/mig-3g.40gb"}),
-    )
+    opted = opted_in_infer()
     room = zone("n2", "0", 0, 0, devices={"nvidia.com/mig-1g.10gb": 2})
     rows = sizing_rows(sm=0.1, memory_gib=6)
     assert [
@@ -764,11 +765,7 @@ def test_each_kind_is_acted_on_recommended_or_ignored_as_the_policy_says(mode):
             zone("n2", "0", 0, 0, devices={"nvidia.com/mig-1g.10gb": 2}),
         )
     )
-    opted = pod_info(
-        "infer",
-        workload_annotations={"numaguard.io/auto-resize": "true"},
-        resources=frozenset({"nvidia.com/mig-3g.40gb"}),
-    )
+    opted = opted_in_infer()
     enforcement = Enforcement(cross_numa=mode, mis_sized="recommend")
     result = run(sig, [pod_info("trainer"), opted], Policy(dry_run=False, enforcement=enforcement))
     decided = {(a.finding.kind, a.kind, a.dry_run) for a in result.actions}
