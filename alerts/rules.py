@@ -248,16 +248,22 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         Alert(
             "NumaguardRemediationNotHolding",
             f"increase({c.REMEDIATOR_VERIFICATIONS.name}"
-            '{outcome=~"did_not_hold|unverified|gave_up"}[1h]) > 0',
+            '{outcome=~"did_not_hold|no_gain|unverified|gave_up"}[1h]) > 0',
             "0m",
             "warning",
             "numaguard fixes do not hold",
-            "In the last hour a remediated workload came back with the same finding "
-            "({{ $labels.outcome }}).",
-            "The replacement pod was placed as badly as before: typically a node whose Topology "
-            "Manager policy is `none` or `best-effort`, or a scheduler that keeps choosing the "
-            "same node.",
-            "Set `single-numa-node` on GPU nodes; check the `RemediationVerified` Events. The "
+            "In the last hour a remediated workload came back with the same finding, or "
+            "without the gain a fix should bring ({{ $labels.outcome }}).",
+            "did_not_hold: the replacement pod was placed as badly as before, typically on a "
+            "node whose Topology Manager policy is `none` or `best-effort`, or by a scheduler "
+            "that keeps choosing the same node. no_gain: the replacement is aligned but its "
+            "GPU is no busier (or its memory no more local) than before: placement was not "
+            "what held the job back (its input, its own code, a small batch). unverified: no "
+            "fresh data on the replacement by the deadline.",
+            "Set `single-numa-node` on GPU nodes; read the `RemediationVerified` Events (they "
+            "give the GPU activity before and after) and "
+            "`numaguard_remediator_fix_gain_ratio`. For no_gain, look at what the job waits "
+            "for instead, or raise `policy.enforcement` of that kind to `recommend`. The "
             "remediator backs off and gives up on such workloads by itself.",
             "numaguard-remediation",
         ),

@@ -17,15 +17,23 @@ _UNITS = ("bytes", "seconds", "ratio")
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
     name: str  # as exposed; counters end in _total
-    kind: str  # gauge | counter
+    kind: str  # gauge | counter | histogram (the remediator's only)
     help: str
     labels: tuple[str, ...] = ()  # besides "node"
     group: str = ""
+    buckets: tuple[float, ...] = ()  # a histogram's upper bounds
 
     @property
     def unit(self) -> str:
         base = self.name.removesuffix("_total")
         return next((u for u in _UNITS if base.endswith("_" + u)), "")
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        """The names its samples are exposed under, as queries select them."""
+        if self.kind == "histogram":
+            return tuple(f"{self.name}_{part}" for part in ("bucket", "sum", "count"))
+        return (self.name,)
 
     def family(self, node: str) -> Family:
         return Family(self, node)
@@ -135,9 +143,14 @@ CATALOGUE: dict[str, MetricSpec] = {}
 
 
 def _m(
-    name: str, kind: str, help: str, labels: tuple[str, ...] = (), group: str = ""
+    name: str,
+    kind: str,
+    help: str,
+    labels: tuple[str, ...] = (),
+    group: str = "",
+    buckets: tuple[float, ...] = (),
 ) -> MetricSpec:
-    spec = MetricSpec(PREFIX + name, kind, help, labels, group)
+    spec = MetricSpec(PREFIX + name, kind, help, labels, group, buckets)
     assert spec.name not in CATALOGUE, spec.name
     CATALOGUE[spec.name] = spec
     return spec
@@ -847,10 +860,22 @@ REMEDIATOR_REFUSALS = _m(
 REMEDIATOR_VERIFICATIONS = _m(
     "remediator_verifications_total",
     "counter",
-    "Fixes checked after the fact, by outcome: held, did_not_hold, unverified (no fresh "
+    "Fixes checked after the fact, by outcome: held, no_gain (the finding cleared, but the "
+    "workload gained less than policy.min_fix_gain), did_not_hold, unverified (no fresh "
     "evidence by the deadline), gave_up.",
     ("outcome",),
     "remediator",
+)
+REMEDIATOR_FIX_GAIN = _m(
+    "remediator_fix_gain_ratio",
+    "histogram",
+    "What fixes gained, by finding kind: the workload's GPU work (SM activity of its devices, "
+    "weighted by their SMs) after / before, over the verification period on either side "
+    "of the action; where no GPU activity is measured, its share of local memory after / "
+    "before. Over 1: faster. Fixes whose gain could not be measured are not counted.",
+    ("kind",),
+    "remediator",
+    (0.5, 0.8, 0.9, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0),
 )
 REMEDIATOR_ERRORS = _m(
     "remediator_cycle_errors_total",
@@ -891,6 +916,11 @@ REMEDIATOR_LAST_SUCCESS = _m(
     (),
     "remediator",
 )
+
+
+def series_names() -> set[str]:
+    """Every name a query may select: each metric's, a histogram's _bucket, _sum, _count."""
+    return {name for spec in CATALOGUE.values() for name in spec.series}
 
 
 def markdown() -> str:

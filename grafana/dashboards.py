@@ -226,7 +226,8 @@ DASHBOARDS = (
     Dashboard(
         "numaguard-remediation",
         "numaguard / Remediation",
-        "What the remediator finds, does, refuses (by guard) and whether its fixes hold.",
+        "What the remediator finds, does, refuses (by guard), whether its fixes hold and what "
+        "they gained.",
         (),
         (
             Panel(
@@ -262,6 +263,17 @@ DASHBOARDS = (
                 f"sum by (outcome) (increase({c.REMEDIATOR_VERIFICATIONS.name}[1h]))",
                 "short",
                 "{{outcome}}",
+            ),
+            Panel(
+                "What fixes gained, median by kind (24h)",
+                "histogram_quantile(0.5, sum by (kind, le) "
+                f"(increase({c.REMEDIATOR_FIX_GAIN.name}_bucket[24h])))",
+                "short",
+                "{{kind}}",
+                description="The workload's GPU work after / before each verified fix (or "
+                "its share of local memory, without GPU activity): over 1 it got faster. "
+                "Fixes under policy.min_fix_gain are verified no_gain; the "
+                "RemediationVerified Events give each fix's before and after.",
             ),
             Panel("Cycle duration", c.REMEDIATOR_DURATION.name, "s", "{{instance}}"),
             Panel("Leader", c.REMEDIATOR_LEADER.name, "short", "{{instance}}", kind="stat"),

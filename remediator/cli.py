@@ -25,7 +25,7 @@ from numaguard.remediator.findings import Detection
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
-from numaguard.remediator.planner import MODES, Enforcement, Policy
+from numaguard.remediator.planner import MODES, Enforcement, FixGain, Policy
 from numaguard.remediator.queries import Windows
 from numaguard.remediator.rejections import describe
 from numaguard.remediator.signals import Prometheus, Source
@@ -131,6 +131,18 @@ def parser() -> argparse.ArgumentParser:
             f"{', '.join(f.name for f in fields(Enforcement))}; MODE is act (evict or "
             "resize, under every guard and dry-run), recommend (an Event and the log say "
             "what would help; nothing else) or ignore. Default: act for all",
+        )
+        s.add_argument(
+            "--min-fix-gain",
+            action="append",
+            type=_min_gain,
+            metavar="KIND=GAIN",
+            help="the least gain a fix of a kind of finding must show to count as paid off "
+            "(repeatable): the workload's GPU work after / before (its share of local memory "
+            "without GPU activity). KIND is "
+            f"{', '.join(f.name for f in fields(FixGain))}; less, and the fix that cleared "
+            "its finding is verified no_gain and counts like one that did not hold; 0: any. "
+            "Default: " + ", ".join(f"{f.name}={f.default:g}" for f in fields(FixGain)),
         )
         s.add_argument(
             "--finding-window",
@@ -280,10 +292,11 @@ def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows, Sour
         value = getattr(args, flag, None)
         if value is not None:
             sections[section][key] = value
-    for kind, mode in getattr(args, "enforce", None) or ():
-        sections["policy"].setdefault("enforcement", {})
-        if isinstance(sections["policy"]["enforcement"], dict):  # else pydantic says why
-            sections["policy"]["enforcement"][kind] = mode
+    for flag, key in (("enforce", "enforcement"), ("min_fix_gain", "min_fix_gain")):
+        for kind, value in getattr(args, flag, None) or ():
+            sections["policy"].setdefault(key, {})
+            if isinstance(sections["policy"][key], dict):  # else pydantic says why
+                sections["policy"][key][kind] = value
     if getattr(args, "dry_run", None) is not None:  # `run --dry-run` / `--no-dry-run`
         sections["policy"]["dry_run"] = args.dry_run
     built = {}
@@ -320,6 +333,20 @@ def _enforcement(text: str) -> tuple[str, str]:
             f"{', '.join(MODES)}"
         )
     return kind, mode
+
+
+def _min_gain(text: str) -> tuple[str, float]:
+    kind, sep, value = text.partition("=")
+    kinds = [f.name for f in fields(FixGain)]
+    try:
+        gain = float(value)
+    except ValueError:
+        gain = -1.0
+    if not sep or kind not in kinds or not 0 <= gain < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give KIND=GAIN, KIND one of {', '.join(kinds)}, GAIN a number >= 0"
+        )
+    return kind, gain
 
 
 async def _controller(args, session, kube, elector, metrics) -> Controller:

@@ -24,10 +24,19 @@ from numaguard.remediator.cluster import (
     rejected_pods,
     workload_pods,
 )
-from numaguard.remediator.findings import Detection, Finding, FindingState, update
+from numaguard.remediator.findings import KINDS, Detection, Finding, FindingState, update
 from numaguard.remediator.kube import Kube
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
+from numaguard.remediator.outcome import (
+    Activity,
+    Gain,
+    activities,
+    described,
+    gain,
+    judged,
+    mean,
+)
 from numaguard.remediator.planner import (
     CAPACITY_DEPENDS_ON,
     DEPENDS_ON,
@@ -43,6 +52,7 @@ from numaguard.remediator.planner import (
     after_verification,
     holdings,
     intent_of,
+    measured_uid,
     need_of,
     plan,
 )
@@ -57,12 +67,21 @@ _VERIFY_LABELS = ("node", "instance", "pod_uid")
 _CLOCK_SLACK_SECONDS = 2.0
 
 
+@dataclass(frozen=True)
+class Verification:
+    workload: str
+    kind: str  # of the finding the fix was for
+    outcome: str  # held | no_gain | did_not_hold | unverified | gave_up
+    gain: Gain | None  # None: judged without evidence (unverified)
+    detail: str  # what was measured, as the Event says it
+
+
 @dataclass
 class CycleReport:
     findings: list[Finding] = field(default_factory=list)
     plan: Plan | None = None
     results: list[tuple[Action, str]] = field(default_factory=list)
-    verified: list[tuple[str, str]] = field(default_factory=list)  # (workload, outcome)
+    verified: list[Verification] = field(default_factory=list)
     storms: list[Storm] = field(default_factory=list)  # pods the kubelet refused, grouped
     error: str = ""
     leader: bool = True
@@ -144,7 +163,7 @@ class Controller:
             m.rejected.labels(storm.namespace, storm.workload, storm.node, storm.reason).set(
                 len(storm.pods)
             )
-        for kind in ("cross_numa", "starved", "noisy_neighbour", "oversized", "undersized"):
+        for kind in KINDS:
             m.findings.labels(kind).set(sum(f.kind == kind for f in report.findings))
         m.unremediable.set(len(report.plan.unremediable))
         if write and self.actuator is not None:
@@ -245,11 +264,16 @@ class Controller:
             if not self._said_before(finding, "ignored"):
                 pod = pods.get(finding.pod_uid)
                 _log_decision("ignored", finding, pod, "none", "policy.enforcement: ignore")
+        acting = [a for a in report.plan.actions if not a.dry_run and a.kind != "recommend"]
+        measured = await self._before(acting, now)
         for action in report.plan.actions:
             if action.dry_run and self._said_before(action.finding, action.kind):
                 continue  # advice and dry runs: said once per open finding
             before = history.get(action.pod.workload)
-            intent = None if action.dry_run else after_action(before, action, "evicted", now)
+            activity = measured.get(measured_uid(action.finding))
+            intent = (
+                None if action.dry_run else after_action(before, action, "evicted", now, activity)
+            )
             try:
                 result = await self.actuator.act(action, intent)
             except _TRANSPORT as err:
@@ -264,6 +288,24 @@ class Controller:
             report.results.append((action, result))
             self.metrics.actions.labels(action.kind, result).inc()
             _log_decision(result, action.finding, action.pod, action.kind, action.detail)
+
+    async def _before(self, actions: list[Action], now: float) -> dict[str, Activity]:
+        """What the pods that will judge these actions did over the verification period
+        before them; nothing when Prometheus cannot say now (the fix is then judged by
+        its finding alone: no gain measured)."""
+        pods = {(a.finding.node, measured_uid(a.finding)) for a in actions}
+        if not pods:
+            return {}
+        instances = {a.finding.node: a.finding.instance for a in actions}
+        queries = q.activity_expressions(
+            pods, self.policy.verify_after_seconds, self.prometheus.selector
+        )
+        try:
+            signals = await self.prometheus.fetch_set(queries, q.ACTIVITY_LABELS, now)
+        except (SignalsError, *_TRANSPORT) as err:
+            log.warning("activity before the actions not measured: %s", err)
+            return {}
+        return activities(signals, pods, instances)
 
     async def _clear_storms(self, storms: list[Storm]) -> None:
         """An Event on each workload whose pods the kubelet keeps refusing, when what it
@@ -337,7 +379,8 @@ class Controller:
         """Judge the actions awaiting verification, on positive evidence: a fix held
         when the workload's replacement pods have fresh series whose verdicts stayed 0
         over the whole verification period; it did not hold when they stayed 1. Neither,
-        by the deadline: unverified, which counts like a fix that did not hold."""
+        by the deadline: unverified, which counts like a fix that did not hold. A fix
+        that held with a measured gain under the policy's minimum: no_gain, alike."""
         now = self.clock()
         p = self.policy
         for workload, (history, obj) in (await pending_workloads(self.kube)).items():
@@ -350,19 +393,32 @@ class Controller:
             pods = await workload_pods(self.kube, workload, obj)
             changed = history
             for pending in due:
-                outcome = await self._outcome(pending, pods, now)
+                outcome, after = await self._outcome(pending, pods, now)
                 if outcome is None:
                     continue  # not yet: the evidence is not in
+                g = gain(pending.before, after) if outcome != "unverified" else None
+                least = p.min_fix_gain.of(pending.kind)
+                outcome = judged(outcome, g, least) if g else outcome
                 changed = after_verification(changed, pending, outcome)
                 if outcome != "held" and changed.failures >= p.give_up_after:
                     outcome = "gave_up"
+                detail = described(pending.kind, g, after) if g else "no evidence by the deadline"
+                if g and g.ratio is not None:
+                    self.metrics.fix_gain.labels(pending.kind).observe(g.ratio)
                 self.metrics.verifications.labels(outcome).inc()
-                report.verified.append((workload, outcome))
+                report.verified.append(Verification(workload, pending.kind, outcome, g, detail))
                 log.info(
-                    "verification of %s: %s",
+                    "verification of %s: %s (%s)",
                     workload,
                     outcome,
-                    extra={"workload": workload, "outcome": outcome, "finding": pending.kind},
+                    detail,
+                    extra={
+                        "workload": workload,
+                        "outcome": outcome,
+                        "finding": pending.kind,
+                        "gain": g.ratio if g else None,
+                        "min_gain": least,
+                    },
                 )
             if changed is not history:
                 await self._record_verification(workload, changed, report)
@@ -372,21 +428,23 @@ class Controller:
     ) -> None:
         await self.actuator.record(workload, history)
         namespace, name = workload.split("/")[1:]
-        outcomes = ", ".join(o for w, o in report.verified if w == workload)
+        mine = [v for v in report.verified if v.workload == workload]
+        text = "; ".join(f"{v.outcome}: {v.detail}" for v in mine)
         owner = PodInfo(namespace, name, "", "", 0.0, workload=workload)
         with contextlib.suppress(*_TRANSPORT):
             await self.actuator.event(
                 owner,
                 "RemediationVerified",
-                f"{outcomes} ({history.failures} failed in a row)",
-                "Normal" if outcomes.endswith("held") else "Warning",
+                f"{text} ({history.failures} failed in a row)",
+                "Normal" if mine[-1].outcome == "held" else "Warning",
                 owner=True,
             )
 
     async def _outcome(
         self, pending: Pending, pods: list[PodInfo] | None, now: float
-    ) -> str | None:
-        """held | did_not_hold | unverified, or None: wait."""
+    ) -> tuple[str | None, Activity | None]:
+        """held | did_not_hold | unverified, or None: wait; and, once the replacements'
+        verdicts decided it, what the pod that judges the fix did over the period."""
         late = now - pending.at >= self.policy.verify_deadline_seconds
         replacements = [
             q
@@ -396,24 +454,36 @@ class Controller:
             and q.phase == "Running"
         ]
         if not replacements:
-            return "unverified" if late else None
+            return ("unverified" if late else None), None
+        period = self.policy.verify_after_seconds
         queries = q.verification_expressions(
-            pending.kind,
-            [r.uid for r in replacements],
-            f"{int(self.policy.verify_after_seconds)}s",
-            self.prometheus.selector,
+            pending.kind, [r.uid for r in replacements], f"{int(period)}s", self.prometheus.selector
         )
-        # and whether the replacements' nodes can be believed: they may be any nodes
-        nodes = self._scoped(q.NODE_EVIDENCE, "node", {r.node for r in replacements})
+        # what judges the gain: the replacements, or the feeder that stayed where it was
+        if pending.kind == "noisy_neighbour":
+            judges = [(pending.before.node, pending.measured_uid)] if pending.before else []
+        else:
+            judges = [(r.node, r.uid) for r in replacements]
+        activity = q.activity_expressions(judges, period, self.prometheus.selector)
+        # and whether the nodes of both can be believed: they may be any nodes
+        nodes = self._scoped(
+            q.NODE_EVIDENCE, "node", {r.node for r in replacements} | {n for n, _ in judges}
+        )
         required = {**q.REQUIRED_LABELS, **dict.fromkeys(queries, _VERIFY_LABELS)}
-        signals = await self.prometheus.fetch_set([*queries.items(), *nodes], required, now)
+        signals = await self.prometheus.fetch_set(
+            [*queries.items(), *activity, *nodes], required, now
+        )
         evidence = Evidence(signals, self.policy.stale_after_seconds)
         verdicts = [self._verdict(pending, r, signals, evidence) for r in replacements]
         if "did_not_hold" in verdicts:
-            return "did_not_hold"
-        if all(v == "held" for v in verdicts):
-            return "held"
-        return "unverified" if late else None
+            outcome = "did_not_hold"
+        elif all(v == "held" for v in verdicts):
+            outcome = "held"
+        else:
+            return ("unverified" if late else None), None
+        instances = {node: evidence.instance(node)[0] for node, _ in judges}
+        measured = activities(signals, judges, instances)
+        return outcome, mean([measured[uid] for _, uid in judges])
 
     def _verdict(self, pending: Pending, pod: PodInfo, signals, evidence: Evidence) -> str | None:
         """One replacement: held | did_not_hold | None (no fresh, whole-period evidence)."""

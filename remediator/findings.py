@@ -18,6 +18,9 @@ from numaguard.remediator.validation import FORBID_EXTRA, Ratio
 GIB = 1 << 30
 
 
+KINDS = ("cross_numa", "starved", "noisy_neighbour", "oversized", "undersized")
+
+
 @dataclass(frozen=True)
 class Finding:
     kind: str  # cross_numa | starved | oversized | undersized | noisy_neighbour

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.process import ProcessCollector
+from numaguard.remediator.findings import KINDS
 from numaguard.remediator.planner import GUARDS
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     disable_created_metrics,
 )
 
@@ -21,6 +23,10 @@ class Metrics:
         ProcessCollector(registry=r)  # process_* (catalogue group "process")
 
         def make(spec: c.MetricSpec):
+            if spec.kind == "histogram":
+                return Histogram(
+                    spec.name, spec.help, list(spec.labels), registry=r, buckets=spec.buckets
+                )
             cls = Counter if spec.kind == "counter" else Gauge
             # prometheus_client adds the _total of a counter itself
             name = spec.name.removesuffix("_total") if spec.kind == "counter" else spec.name
@@ -31,6 +37,7 @@ class Metrics:
         self.actions = make(c.REMEDIATOR_ACTIONS)
         self.refusals = make(c.REMEDIATOR_REFUSALS)
         self.verifications = make(c.REMEDIATOR_VERIFICATIONS)
+        self.fix_gain = make(c.REMEDIATOR_FIX_GAIN)
         self.errors = make(c.REMEDIATOR_ERRORS)
         self.dropped_rows = make(c.REMEDIATOR_DROPPED_ROWS)
         self.duration = make(c.REMEDIATOR_DURATION)
@@ -40,7 +47,9 @@ class Metrics:
         self.rejected = make(c.REMEDIATOR_REJECTED)
         for guard in GUARDS:  # every guard and outcome starts at 0, so rate() sees the first
             self.refusals.labels(guard)
-        for outcome in ("held", "did_not_hold", "unverified", "gave_up"):
+        for outcome in ("held", "no_gain", "did_not_hold", "unverified", "gave_up"):
             self.verifications.labels(outcome)
+        for kind in KINDS:
+            self.fix_gain.labels(kind)
         for reason in ("missing_label", "bad_value"):
             self.dropped_rows.labels(reason)

@@ -11,15 +11,25 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.findings import Finding
+from numaguard.remediator.outcome import Activity
 from numaguard.remediator.signals import Signals
-from numaguard.remediator.validation import FORBID_EXTRA, Count, Factor, Flag, Names, Seconds, Text
+from numaguard.remediator.validation import (
+    FORBID_EXTRA,
+    Count,
+    Factor,
+    Flag,
+    Names,
+    NonNegative,
+    Seconds,
+    Text,
+)
 from pydantic import TypeAdapter, ValidationError
 
 # Starved for a placement reason: moving the pod fixes it. For the others (a CPU-bound
@@ -137,6 +147,24 @@ class Enforcement:
         return getattr(self, ENFORCED_AS.get(kind, kind))
 
 
+@dataclass(frozen=True)
+class FixGain:
+    """The least gain (outcome.py: the workload's GPU work, or share of local memory,
+    after / before) a fix of each kind must show to count as paid off; 0: any. A
+    shrink pays off by giving SMs back without slowing the job down much."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    cross_numa: NonNegative = 1.1
+    starved: NonNegative = 1.1
+    noisy_neighbour: NonNegative = 1.05
+    undersized: NonNegative = 1.1
+    oversized: NonNegative = 0.9
+
+    def of(self, kind: str) -> float:
+        return getattr(self, kind)
+
+
 # finding kinds under another name in the policy
 ENFORCED_AS = {"oversized": "mis_sized", "undersized": "mis_sized"}
 
@@ -164,6 +192,7 @@ class Policy:
     verify_after_seconds: Seconds = 900.0  # how long a fix must be seen holding
     verify_deadline_seconds: Seconds = 3600.0  # no verdict by then: unverified
     enforcement: Enforcement = Enforcement()
+    min_fix_gain: FixGain = FixGain()  # a fix that cleared its finding with less: no_gain
     keep_rejected_pods: Count = 3  # of a workload's pods rejected on a node, for diagnosis
     max_rejected_deletes_per_cycle: Count = 100  # they run nothing, but the API server does
 
@@ -179,6 +208,10 @@ class Pending:
     at: Seconds
     pod_uid: Text  # the pod acted on; its replacements have other uids
     recommended: Text = ""  # a resize's new profile
+    # whose activity tells whether the fix paid off (the pod acted on, or the feeder a
+    # noisy neighbour crowded out), and what it did before the action
+    measured_uid: Text = ""
+    before: Activity | None = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +236,7 @@ class WorkloadHistory:
             {
                 "last_action": self.last_action,
                 "failures": self.failures,
-                "pending": [vars(p) for p in self.pending],
+                "pending": [asdict(p) for p in self.pending],
                 "pdb_refusals": self.pdb_refusals,
                 "last_refusal": self.last_refusal,
             },
@@ -333,13 +366,20 @@ def plan(
 
 
 def after_action(
-    h: WorkloadHistory | None, action: Action, result: str, now: float
+    h: WorkloadHistory | None,
+    action: Action,
+    result: str,
+    now: float,
+    before: Activity | None = None,
 ) -> WorkloadHistory:
-    """The workload's history once ``action`` ended in ``result``."""
+    """The workload's history once ``action`` ended in ``result``; ``before``: what the
+    pod whose activity judges the fix did before it."""
     h = h or WorkloadHistory()
     f = action.finding
     if result in ("evicted", "resized"):
-        pending = Pending(f.kind, f.reason, now, action.pod.uid, f.recommended)
+        pending = Pending(
+            f.kind, f.reason, now, action.pod.uid, f.recommended, measured_uid(f), before
+        )
         return replace(h, last_action=now, pending=(*h.pending, pending), pdb_refusals=0)
     if result == "pdb_blocked":
         return replace(h, pdb_refusals=h.pdb_refusals + 1, last_refusal=now)
@@ -351,6 +391,12 @@ def after_verification(h: WorkloadHistory, pending: Pending, outcome: str) -> Wo
     that did not hold, or could not be verified, adds one (longer cooldown, then give up)."""
     rest = tuple(p for p in h.pending if p != pending)
     return replace(h, pending=rest, failures=0 if outcome == "held" else h.failures + 1)
+
+
+def measured_uid(f: Finding) -> str:
+    """The pod whose activity says whether a fix of ``f`` paid off: the pod moved or
+    resized (its replacements, after), or the feeder a noisy neighbour crowded out."""
+    return f.feeder_uid if f.kind == "noisy_neighbour" else f.pod_uid
 
 
 def _priority(f: Finding) -> tuple:

@@ -311,3 +311,79 @@ def verification_expressions(
         "peak": f"max by ({by}) (max_over_time({series}[{period}])) and on ({by}) {existed}",
         "age": f"min by ({by}) (time() - timestamp({series}))",
     }
+
+
+# What the activity queries answer: per pod, and for its devices, the labels a row needs
+ACTIVITY_LABELS: dict[str, tuple[str, ...]] = {
+    "activity_gpu": ("node", "instance", "pod_uid", "gpu_uuid"),
+    "activity_sms": ("node", "instance", "pod_uid", "mig_uuid", "mig_profile"),
+    "activity_cpus": ("node", "instance", "pod_uid", "numa_node"),
+    **{
+        f"activity_{name}": ("node", "instance", "pod_uid")
+        for name in ("remote_memory", "remote_traffic", "cpu_pressure", "memory_pressure")
+    },
+}
+REQUIRED_LABELS.update(ACTIVITY_LABELS)
+
+
+def activity_expressions(
+    pods: Iterable[tuple[str, str]], period: float, selector: str = DEFAULT_SELECTOR
+) -> Queries:
+    """What ``pods`` ((node, uid) pairs) did over the last ``period`` seconds (outcome.py
+    reads the answers): each device's SM activity at the instants the pod held it (a
+    subquery of about 30 steps, so that a device's time before the pod got it does not
+    count), its slices' SMs and profiles, its CPUs' NUMA nodes, its mean remote memory
+    ratio and remote traffic ratio, and its CPU and memory stall rates (PSI some). The
+    devices' series are asked of the pods' nodes only: the answer follows the pods."""
+    pods = sorted(set(pods))
+    if not all(_UID.fullmatch(uid) for _, uid in pods):
+        raise ValueError(f"not pod uids: {pods!r}")
+    out: Queries = []
+    for i in range(0, len(pods), BATCH):
+        batch = pods[i : i + BATCH]
+        (uids,) = matching("pod_uid", [uid for _, uid in batch])
+        (nodes,) = matching("node", [node for node, _ in batch])
+        out += _activity(uids, nodes, period, selector)
+    return out
+
+
+def _activity(uids: str, nodes: str, period: float, selector: str) -> Queries:
+    window = f"{int(period)}s"
+    span = f"[{window}:{max(1, int(period) // 30)}s]"
+
+    def m(spec: c.MetricSpec, *matchers: str) -> str:
+        return selected(spec.name, selector, *matchers)
+
+    device = "node, instance, gpu_uuid"
+    on_slices, on_gpus = 'mig_uuid!=""', 'mig_uuid=""'  # a whole GPU's holder has none
+    slices = f"group by ({device}, mig_uuid, pod_uid) ({m(c.GPU_HOLDER, uids, on_slices)})"
+    gpus = f"group by ({device}, pod_uid) ({m(c.GPU_HOLDER, uids, on_gpus)})"
+    sm = 'kind="sm"'
+    slice_sm = f"max by ({device}, mig_uuid) ({m(c.MIG_UTILIZATION, nodes, sm)})"
+    gpu_sm = f"max by ({device}) ({m(c.GPU_UTILIZATION, nodes, sm)})"
+    sizes = f"max by ({device}, mig_uuid, mig_profile) ({m(c.MIG_SMS, nodes)})"
+    by_pod = "node, instance, pod_uid"
+
+    def stalls(resource: str) -> str:
+        stalled = m(c.CONTAINER_PRESSURE[resource], uids, 'stall="some"')
+        return f"max by ({by_pod}) (rate({stalled}[{window}]))"
+
+    return [
+        (
+            "activity_gpu",
+            f"avg_over_time(({slice_sm} * on ({device}, mig_uuid) group_right {slices}){span})"
+            f" or avg_over_time(({gpu_sm} * on ({device}) group_right {gpus}){span})",
+        ),
+        ("activity_sms", f"{sizes} * on ({device}, mig_uuid) group_right (mig_profile) {slices}"),
+        ("activity_cpus", f"group by ({by_pod}, numa_node) ({m(c.POD_CPUS, uids)})"),
+        (
+            "activity_remote_memory",
+            f"max by ({by_pod}) (avg_over_time({m(c.POD_REMOTE_MEMORY, uids)}[{window}]))",
+        ),
+        (
+            "activity_remote_traffic",
+            f"max by ({by_pod}) (avg_over_time({m(c.POD_REMOTE_TRAFFIC, uids)}[{window}]))",
+        ),
+        ("activity_cpu_pressure", stalls("cpu")),
+        ("activity_memory_pressure", stalls("memory")),
+    ]

@@ -19,7 +19,9 @@ Deployment the ReplicaSet) and admitted where the preset put it: that is how a p
 up misaligned in the first place. Their replacements come from the real controllers.
 
 A GPU job keeps its GPU busy only when fed from its own NUMA node: its device shows its
-``demand`` when aligned and a fraction of it when not, so a fix can be seen to hold.
+``demand`` when aligned and a fraction of it when not, so a fix can be seen to hold and
+to pay off; an ``input_bound`` job shows its demand wherever it runs, so a fix that
+clears its finding gains nothing.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class SimulatedCluster:
         self.cp = control_plane
         self.nodes: dict[str, SimNode] = {}
         self.demand: dict[str, float] = {}  # workload -> SM demand of its GPU job
+        # workloads held back by something placement does not change (their input): as
+        # busy wherever they run
+        self.input_bound: set[str] = set()
         self.rejected: list[str] = []  # pods the Topology Manager refused
         self.admitted: list[str] = []  # pods admitted, in order
         self.namespaces: set[str] = set()
@@ -718,7 +723,8 @@ class SimulatedCluster:
                 else next(g for g in node.nvml.gpus if unit in (g.mig or []))
             )
             demand = self.demand.get(workload, 0.8)
-            sm = demand if gpu.numa_node in cpu_nodes else demand * STARVED_SHARE
+            fed = gpu.numa_node in cpu_nodes or workload in self.input_bound
+            sm = demand if fed else demand * STARVED_SHARE
             unit.processes.append(Process(node.host.pid(pod, ctr), 8 << 30))
             unit.activity.set(sm=sm, graphics=min(1.0, sm * 1.1))
             if isinstance(unit, FakeSlice):

@@ -31,6 +31,7 @@ from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.host import FakeContainer, FakePod
+from numaguard.simulator.nvml import Process
 from numaguard.simulator.processes import free_port
 from numaguard.simulator.prometheus import PrometheusServer
 
@@ -45,8 +46,10 @@ def add_nodes(sim: SimulatedCluster) -> None:
     """The preset GPU node three times (a namespace per node, its workloads pinned to
     it), each with a twist:
 
-    * gpu-a: its cross-socket trainer can be fixed, and the fix holds;
-    * gpu-b: a PodDisruptionBudget keeps its trainer in place (429, retried later);
+    * gpu-a: its cross-socket trainer can be fixed, the fix holds and pays off;
+    * gpu-b: a PodDisruptionBudget keeps its trainer in place (429, retried later); and
+      a cross-socket loader whose GPU waits on its input: moved, it is aligned and no
+      busier (no_gain);
     * gpu-c: no Topology Manager policy and GPU 3 taken: its replacement lands
       misaligned again, so the remediator backs off and gives up; and a cross-NUMA
       pod in kube-system that it must never touch.
@@ -56,27 +59,28 @@ def add_nodes(sim: SimulatedCluster) -> None:
         for pod in host.pods:  # pods are unique per cluster: a namespace per node
             pod.namespace = f"team-{name}"
             pod.uid = presets.pod_uid(f"{name}/{pod.name}")
+        team = f"team-{name}"
+        if name == "gpu-b":  # CPUs on NUMA node 1, GPU 3 on node 0, busy at 0.1 anywhere
+            loader = add_pod(host, name, "loader", team, "42-43", {1: 1 << 30}, nvml.gpus[3])
+            nvml.gpus[3].processes.append(Process(host.pid(loader, loader.containers[0]), 4 << 30))
+            nvml.gpus[3].activity.set(sm=0.1, graphics=0.11)
         if name == "gpu-c":
-            for pod_name, namespace, cpus, devices in (
-                ("holder", f"team-{name}", "24-25", {"nvidia.com/gpu": [nvml.gpus[3].uuid]}),
-                ("node-agent", "kube-system", "26,58", {}),
-            ):
-                host.pods.append(
-                    FakePod(
-                        pod_name,
-                        presets.pod_uid(f"{name}/{pod_name}"),
-                        "guaranteed",
-                        [
-                            FakeContainer(
-                                "main", cpus, {0: 1 << 30}, exclusive_cpus=True, devices=devices
-                            )
-                        ],
-                        namespace,
-                    )
-                )
+            add_pod(host, name, "holder", team, "24-25", {0: 1 << 30}, nvml.gpus[3])
+            add_pod(host, name, "node-agent", "kube-system", "26,58", {0: 1 << 30})
         sim.add_node(name, host, nvml, policy)
-        sim.node_pools[f"team-{name}"] = name  # its replacements stay on its node
+        sim.node_pools[team] = name  # its replacements stay on its node
     sim.demand["trainer-remote"] = 0.8
+    sim.demand["loader"] = 0.1
+    sim.input_bound.add("loader")
+
+
+def add_pod(host, node: str, name: str, namespace: str, cpus: str, memory, gpu=None) -> FakePod:
+    """A Guaranteed pod with exclusive CPUs (and a whole GPU) on a demo node."""
+    devices = {"nvidia.com/gpu": [gpu.uuid]} if gpu else {}
+    container = FakeContainer("main", cpus, memory, exclusive_cpus=True, devices=devices)
+    pod = FakePod(name, presets.pod_uid(f"{node}/{name}"), "guaranteed", [container], namespace)
+    host.pods.append(pod)
+    return pod
 
 
 async def protect(sim: SimulatedCluster) -> None:
@@ -152,8 +156,8 @@ def live_line(t: float, report) -> str:
     guards = Counter(r.guard for r in (report.plan.refusals if report.plan else ()))
     if guards:
         parts.append("  refused: " + ", ".join(f"{g} {n}" for g, n in sorted(guards.items())))
-    for workload, outcome in report.verified:
-        parts.append(f"  verified {workload}: {outcome}")
+    for v in report.verified:
+        parts.append(f"  verified {v.workload}: {v.outcome} ({v.detail})")
     if report.error:
         parts.append(f"  no action: {report.error}")
     return "\n".join(parts)
@@ -257,12 +261,14 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
         )
         refusals: Counter[str] = Counter()
         outcomes: Counter[str] = Counter()
+        fixes: list[str] = []  # each verification, with what the fix gained
         evictions = 0
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
             report = await controller.cycle()
             refusals.update(r.guard for r in (report.plan.refusals if report.plan else ()))
-            outcomes.update(o for _, o in report.verified)
+            outcomes.update(v.outcome for v in report.verified)
+            fixes += [f"    {v.workload}: {v.outcome}, {v.detail}" for v in report.verified]
             print(live_line(time.monotonic() - t0, report), flush=True)
             evictions += sum(result == "evicted" for _, result in report.results)
             if await settled(sim, report, sum(outcomes.values())):
@@ -279,6 +285,8 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
     lines.append(
         "  verifications: " + (", ".join(f"{o} {n}" for o, n in outcomes.items()) or "none")
     )
+    lines.append("  fixes and what they gained:")
+    lines += fixes or ["    none verified"]
     lines.append(
         "  refusals by guard: "
         + (", ".join(f"{g} {n}" for g, n in refusals.most_common()) or "none")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from numaguard.exporter.catalogue import CATALOGUE
+from numaguard.exporter.catalogue import series_names
 from numaguard.remediator.queries import EXPORTER_JOB
 from numaguard.simulator.prometheus import VERSIONS, binary
 
@@ -169,9 +169,14 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
     "NumaguardRemediationNotHolding": (
         {
             'numaguard_remediator_verifications_total{outcome="did_not_hold"}': "0 0 0 0 0 1x30",
+            'numaguard_remediator_verifications_total{outcome="no_gain"}': "0x8 1x30",
             'numaguard_remediator_verifications_total{outcome="held"}': "0+1x35",
         },
-        [("3m", []), ("10m", [{"outcome": "did_not_hold"}])],
+        [
+            ("3m", []),
+            ("7m", [{"outcome": "did_not_hold"}]),
+            ("10m", [{"outcome": "did_not_hold"}, {"outcome": "no_gain"}]),
+        ],
     ),
     "NumaguardAdmissionRejections": (
         {
@@ -242,7 +247,7 @@ def test_promtool_check_rules_is_clean(version):
 
 
 def test_every_rule_names_only_known_metrics_and_has_what_on_call_needs():
-    known = set(CATALOGUE) | set(rules.RECORDING) | {"up"}  # up: Prometheus's own
+    known = series_names() | set(rules.RECORDING) | {"up"}  # up: Prometheus's own
     names = {a.name for a in rules.ALERTS}
     assert len(names) == len(rules.ALERTS)
     for expr in [*rules.RECORDING.values(), *(a.expr for a in rules.ALERTS)]:

@@ -3,6 +3,7 @@ exporter view (``python -m numaguard.simulator.demo``)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -72,11 +73,25 @@ def test_the_whole_loop_demo():
     assert "Prometheus (rules loaded): http://127.0.0.1:" in out
     assert "evict team-gpu-a/trainer-remote (cross_numa:device_remote) -> evicted" in out
     assert "-> pdb_blocked" in out  # gpu-b's budget
-    assert "verified Deployment/team-gpu-a/trainer-remote: held" in out
+    # every fix prints what it gained: gpu-a's trainer, fed across sockets at 0.1, runs at
+    # its demand (0.8) once aligned; gpu-b's loader waits on its input wherever it runs
+    assert re.search(
+        r"verified Deployment/team-gpu-a/trainer-remote: held \(GPU activity 0\.1\d -> "
+        r"0\.[78]\d after moving to gpu-a NUMA node 0: gain [6-9]\.\d\d\)",
+        out,
+    ), out
+    assert re.search(
+        r"verified Deployment/team-gpu-b/loader: no_gain \(GPU activity 0\.1\d -> 0\.1\d "
+        r"after moving to gpu-b NUMA node [01]: gain (0\.9\d|1\.0\d)\)",
+        out,
+    ), out
     assert "verified Deployment/team-gpu-c/trainer-remote: did_not_hold" in out
     assert "verified Deployment/team-gpu-c/trainer-remote: gave_up" in out
     assert "settled: every fix verified or refused for good" in out  # not out of time
     summary = out.rsplit("before / after", 1)[1]
+    gained = summary.split("fixes and what they gained:\n", 1)[1].split("  refusals", 1)[0]
+    assert "Deployment/team-gpu-a/trainer-remote: held, GPU activity" in gained
+    assert "Deployment/team-gpu-b/loader: no_gain, GPU activity" in gained
     assert "protected_namespace" in summary  # the kube-system pod, never touched
     before, after = (
         int(x) for x in summary.split("pods placed across NUMA nodes")[1].split()[0:3:2]

@@ -57,6 +57,8 @@ def test_every_query_parses_and_names_only_catalogue_metrics():
     for kind in ("cross_numa", "starved", "noisy_neighbour", "oversized"):
         for expr in verification_expressions(kind, ["a-1", "b-2"], "900s").values():
             assert metric_names(expr) <= set(CATALOGUE)
+    for _, expr in q.activity_expressions([("n1", "a-1"), ("n2", "b-2")], 900):
+        assert metric_names(expr) and metric_names(expr) <= set(CATALOGUE), expr
 
 
 @pytest.mark.parametrize("selector", ['job="numaguard"', 'job="gpu-exporters",cluster="a"'])
@@ -66,6 +68,7 @@ def test_every_selector_reads_only_the_exporters_series(selector):
         *expressions(selector=selector).values(),
         *rounds(selector),
         *verification_expressions("cross_numa", ["a-1"], "60s", selector).values(),
+        *(e for _, e in q.activity_expressions([("n1", "a-1")], 60, selector)),
     ]
     for expr in queries:
         for s in selectors(expr):
@@ -107,3 +110,20 @@ def test_one_zone_query_per_kind_of_room_whatever_the_number_of_pods():
 def test_verification_names_pods_by_uid_only():
     with pytest.raises(ValueError):
         verification_expressions("cross_numa", ['x"} or vector(1) or {a="'], "60s")
+    with pytest.raises(ValueError):
+        q.activity_expressions([("n1", 'x"} or vector(1) or {a="')], 60)
+    with pytest.raises(ValueError):
+        q.activity_expressions([('n1"}', "a-1")], 60)
+
+
+def test_activity_is_asked_of_the_pods_and_their_nodes_only_in_batches():
+    pods = [(f"node-{i % 7}", f"uid-{i:04d}") for i in range(450)]
+    asked = q.activity_expressions(pods, 900)
+    assert len(asked) == 3 * len(q.ACTIVITY_LABELS)  # three batches of 200 at most
+    for _, expr in asked:
+        for s in selectors(expr):
+            names = {m.name for m in s.matchers.matchers}
+            assert "pod_uid" in names or "node" in names, (expr, s)
+    # a subquery of some 30 steps over the period, however long
+    assert "[900s:30s]" in dict(asked)["activity_gpu"]
+    assert "[12s:1s]" in dict(q.activity_expressions(pods[:1], 12))["activity_gpu"]

@@ -10,6 +10,7 @@ import asyncio
 import calendar
 import contextlib
 import json
+import re
 import signal
 import sys
 import time
@@ -153,7 +154,12 @@ async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
     recommended = [a[1] for a in acted if a[0] == "recommend"]
     assert sorted(recommended) == sorted(set(recommended))
     assert "infer-d" in recommended
-    assert [v for r in reports for v in r.verified] == [("Deployment/ml/trainer-remote", "held")]
+    (verified,) = [v for r in reports for v in r.verified]
+    assert (verified.workload, verified.kind, verified.outcome) == (
+        "Deployment/ml/trainer-remote",
+        "cross_numa",
+        "held",
+    )
     # the real ReplicaSet made the replacement, the scheduler bound it, and the node's
     # kubelet (single-numa-node) admitted it aligned
     (replacement,) = c.sim.running("trainer-remote-")
@@ -163,6 +169,40 @@ async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
         e["involvedObject"]["kind"] for e in await c.events() if e["reason"] == "RemediationEvicted"
     }
     assert evicted == {"Pod", "Deployment"}  # on the pod and on its owner
+    # and it paid off: its GPU, fed across sockets at 0.1, is busy at its demand (0.8)
+    # on the replacement's aligned GPU, as Prometheus saw both over the period
+    assert 6 < verified.gain.ratio < 9, verified.detail
+    assert re.fullmatch(
+        rf"GPU activity 0\.1\d -> 0\.[78]\d after moving to {NODE} NUMA node 0: gain \d\.\d\d",
+        verified.detail,
+    ), verified.detail
+    (said,) = [e for e in await c.events() if e["reason"] == "RemediationVerified"]
+    assert said["involvedObject"]["kind"] == "Deployment"
+    assert said["message"] == f"held: {verified.detail} (0 failed in a row)"
+    observed = controller.metrics.fix_gain.labels("cross_numa")._sum.get()
+    assert observed == pytest.approx(verified.gain.ratio)
+
+
+async def test_a_fix_that_cleared_its_finding_without_a_gain_is_no_gain(cluster):
+    c = await cluster(policy="single-numa-node")
+    # the trainer's input holds it back wherever it runs: aligned, it is no busier
+    c.sim.input_bound.add("trainer-remote")
+    c.sim.demand["trainer-remote"] = 0.1
+    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
+    await asyncio.sleep(5)  # a whole finding window of it
+    controller = c.controller(cooldown_seconds=3600)
+    reports = await cycles_until(controller, lambda rs: any(r.verified for r in rs))
+    (verified,) = [v for r in reports for v in r.verified]
+    assert verified.outcome == "no_gain" and 0.8 < verified.gain.ratio < 1.1, verified
+    # the replacement is aligned: the finding cleared, yet it counts as a failure
+    (replacement,) = c.sim.running("trainer-remote-")
+    verdict = await c.prom.query(f'numaguard_pod_cross_numa{{pod="{replacement.name}"}} == 1')
+    assert verdict == []
+    history = await c.history("trainer-remote")
+    assert history["failures"] == 1 and history["pending"] == []
+    (said,) = [e for e in await c.events() if e["reason"] == "RemediationVerified"]
+    assert said["type"] == "Warning" and said["message"].startswith("no_gain: GPU activity 0.1")
+    assert controller.metrics.verifications.labels("no_gain")._value.get() == 1
 
 
 async def test_no_aligned_capacity_means_no_eviction(cluster):
@@ -435,12 +475,12 @@ async def test_a_fix_that_does_not_hold_backs_off_then_stops(cluster):
     reports = await cycles_until(
         controller,
         lambda rs: (
-            [v for r in rs for v in r.verified][-1:]
+            [(v.workload, v.outcome) for r in rs for v in r.verified][-1:]
             == [("Deployment/ml/trainer-remote", "gave_up")]
         ),
         timeout=240,
     )
-    outcomes = [v[1] for r in reports for v in r.verified]
+    outcomes = [v.outcome for r in reports for v in r.verified]
     assert outcomes == ["did_not_hold", "gave_up"]
     assert len(c.evictions(201)) == 2
     # and from then on it is left alone, saying why, even by a remediator that restarted

@@ -76,6 +76,15 @@ BAD = [
     ("policy:\n  enforcement: act\n", [], "policy.enforcement"),
     ("", ["--enforce", "mis_sized"], "give KIND=MODE"),
     ("", ["--enforce", "starved=off"], "MODE one of act, recommend, ignore"),
+    (
+        "policy:\n  min_fix_gain:\n    cross_numa: -0.5\n",
+        [],
+        "policy.min_fix_gain.cross_numa: Input should be greater than or equal to 0",
+    ),
+    ("policy:\n  min_fix_gain:\n    mis_sized: 1\n", [], "policy.min_fix_gain.mis_sized"),
+    ("", ["--min-fix-gain", "starved=fast"], "GAIN a number >= 0"),
+    ("", ["--min-fix-gain", "starved=nan"], "GAIN a number >= 0"),
+    ("", ["--min-fix-gain", "crossnuma=1.2"], "KIND one of cross_numa, starved"),
 ]
 
 
@@ -111,3 +120,14 @@ def test_enforcement_flags_override_the_config_kind_by_kind(tmp_path):
     assert policy.enforcement == Enforcement(
         cross_numa="act", starved="recommend", mis_sized="recommend"
     )
+
+
+def test_minimum_gains_come_from_the_config_and_flags_kind_by_kind(tmp_path):
+    from numaguard.remediator.cli import parser, settings
+    from numaguard.remediator.planner import FixGain
+
+    config = tmp_path / "config.yaml"
+    config.write_text("policy:\n  min_fix_gain:\n    cross_numa: 1.5\n    oversized: 0\n")
+    args = ["plan", "--config", str(config), "--min-fix-gain", "starved=2"]
+    policy = settings(parser().parse_args([*args, "--min-fix-gain", "cross_numa=1.25"]))[0]
+    assert policy.min_fix_gain == FixGain(cross_numa=1.25, starved=2.0, oversized=0.0)
