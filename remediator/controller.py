@@ -481,7 +481,12 @@ class Controller:
             outcome = "held"
         else:
             return ("unverified" if late else None), None
-        instances = {node: evidence.instance(node)[0] for node, _ in judges}
+        # activity is read only of nodes whose exporter is up and whose collectors are fresh
+        instances = {
+            node: evidence.instance(node)[0]
+            for node, _ in judges
+            if not evidence.node_stale(node, DEPENDS_ON[pending.kind])
+        }
         measured = activities(signals, judges, instances)
         return outcome, mean([measured[uid] for _, uid in judges])
 

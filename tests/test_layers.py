@@ -68,6 +68,7 @@ RULES = [
             "numaguard.remediator.mig",
             "numaguard.remediator.queries",
             "numaguard.remediator.rejections",
+            "numaguard.remediator.outcome",
         ),
         ("aiohttp", "kubernetes", "numaguard.remediator.kube", "numaguard.remediator.actuator"),
         (),
