@@ -75,13 +75,14 @@ def test_the_whole_loop_demo():
     assert "-> pdb_blocked" in out  # gpu-b's budget
     # every fix prints what it gained: gpu-a's trainer, fed across sockets at 0.1, runs at
     # its demand (0.8) once aligned; gpu-b's loader waits on its input wherever it runs
+    # (a little under 0.1 at first: its first GPM interval began before it ran)
     assert re.search(
         r"verified Deployment/team-gpu-a/trainer-remote: held \(GPU activity 0\.1\d -> "
         r"0\.[78]\d after moving to gpu-a NUMA node 0: gain [6-9]\.\d\d\)",
         out,
     ), out
     assert re.search(
-        r"verified Deployment/team-gpu-b/loader: no_gain \(GPU activity 0\.1\d -> 0\.1\d "
+        r"verified Deployment/team-gpu-b/loader: no_gain \(GPU activity 0\.1\d -> 0\.(09|1\d) "
         r"after moving to gpu-b NUMA node [01]: gain (0\.9\d|1\.0\d)\)",
         out,
     ), out
