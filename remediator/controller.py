@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import aiohttp
 from numaguard.exporter.readers.nvml import mig_resource
@@ -418,6 +418,9 @@ class Controller:
                         "finding": pending.kind,
                         "gain": g.ratio if g else None,
                         "min_gain": least,
+                        # every signal measured on either side, host-side ones too
+                        "before": asdict(pending.before) if pending.before else None,
+                        "after": asdict(after) if after else None,
                     },
                 )
             if changed is not history:

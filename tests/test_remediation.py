@@ -10,6 +10,7 @@ import asyncio
 import calendar
 import contextlib
 import json
+import logging
 import re
 import signal
 import sys
@@ -183,7 +184,8 @@ async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
     assert observed == pytest.approx(verified.gain.ratio)
 
 
-async def test_a_fix_that_cleared_its_finding_without_a_gain_is_no_gain(cluster):
+async def test_a_fix_that_cleared_its_finding_without_a_gain_is_no_gain(cluster, caplog):
+    caplog.set_level(logging.INFO, "numaguard.remediator.controller")
     c = await cluster(policy="single-numa-node")
     # the trainer's input holds it back wherever it runs: aligned, it is no busier
     c.sim.input_bound.add("trainer-remote")
@@ -203,6 +205,12 @@ async def test_a_fix_that_cleared_its_finding_without_a_gain_is_no_gain(cluster)
     (said,) = [e for e in await c.events() if e["reason"] == "RemediationVerified"]
     assert said["type"] == "Warning" and said["message"].startswith("no_gain: GPU activity 0.1")
     assert controller.metrics.verifications.labels("no_gain")._value.get() == 1
+    # the log has every signal of both sides: the replacement kept its CPUs' NUMA node
+    # (0) and got a whole GPU there, and its memory is all local
+    (logged,) = [r for r in caplog.records if getattr(r, "outcome", None) == "no_gain"]
+    assert (logged.before["numa_nodes"], logged.after["numa_nodes"]) == ("0", "0")
+    assert logged.before["devices"] == logged.after["devices"] == "gpu"
+    assert logged.after["remote_memory"] == 0.0 and logged.min_gain == 1.1
 
 
 async def test_no_aligned_capacity_means_no_eviction(cluster):
