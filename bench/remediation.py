@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from numaguard.remediator.planner import Policy, plan
 from numaguard.remediator.signals import Prometheus, Source
 from numaguard.simulator.fleet import Fleet, pods_for
 from numaguard.simulator.processes import free_port
-from numaguard.simulator.prometheus import PrometheusMissing, PrometheusServer, binary
+from numaguard.simulator.prometheus import PrometheusMissing, PrometheusServer, tsdb_blocks
 
 TARGETS = {"wall_s": 3.0, "cpu_s": 1.0, "answer_mb": 5.0, "prometheus_cpu_s": 5.0}
 # the whole set's answers at 5,000 nodes are far over the default 32 MiB budget: give
@@ -43,21 +42,7 @@ def backfill(fleet: Fleet, end: float, into: Path) -> Path:
     text = into / "fleet.om"
     with text.open("w") as out:
         fleet.write(end, out)
-    blocks = into / "blocks"
-    subprocess.run(
-        [
-            binary("promtool", "2"),
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            str(text),
-            str(blocks),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    text.unlink()
-    return blocks
+    return tsdb_blocks(text)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -81,6 +81,26 @@ def binary(name: str = "prometheus", version: str = "2") -> str:
     return path
 
 
+def tsdb_blocks(openmetrics: Path) -> Path:
+    """The TSDB blocks (``PrometheusServer(blocks=...)``) of an OpenMetrics file's
+    samples, made by promtool beside it; the file is removed."""
+    blocks = openmetrics.parent / "blocks"
+    subprocess.run(
+        [
+            binary("promtool"),
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            str(openmetrics),
+            str(blocks),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    openmetrics.unlink()
+    return blocks
+
+
 class PrometheusServer:
     def __init__(
         self,

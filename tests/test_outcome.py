@@ -4,7 +4,6 @@ on another slice of the same profile that sat idle before the replacement got it
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import aiohttp
@@ -14,7 +13,7 @@ from numaguard.remediator import queries as q
 from numaguard.remediator.outcome import activities, gain
 from numaguard.remediator.signals import Prometheus
 from numaguard.simulator.processes import free_port
-from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, binary
+from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
 
 STEP = 5  # seconds between samples
 NODE, INSTANCE = "gpu-1", "gpu-1:9847"
@@ -72,13 +71,7 @@ def backfilled(tmp_path_factory):
                 for ago in range(start, stop - 1, -STEP):
                     out.write(f"{metric}{{{inside}}} {value(ago)} {end - ago:.3f}\n")
         out.write("# EOF\n")
-    subprocess.run(
-        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "history.om", "blocks"],
-        cwd=d,
-        check=True,
-        capture_output=True,
-    )
-    return d / "blocks", end
+    return tsdb_blocks(d / "history.om"), end
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -6,7 +6,6 @@ remediator would write them."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import aiohttp
@@ -19,7 +18,7 @@ from numaguard.remediator.queries import Windows
 from numaguard.remediator.signals import Prometheus
 from numaguard.simulator.fleet import Fleet, pods_for
 from numaguard.simulator.processes import free_port, until
-from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, binary
+from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
 
 from alerts import rules
 
@@ -34,13 +33,7 @@ def backfilled(tmp_path_factory):
     d = tmp_path_factory.mktemp("fleet")
     with (d / "fleet.om").open("w") as out:
         fleet.write(end, out)
-    subprocess.run(
-        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "fleet.om", "blocks"],
-        cwd=d,
-        check=True,
-        capture_output=True,
-    )
-    return d / "blocks", end
+    return tsdb_blocks(d / "fleet.om"), end
 
 
 def decided(findings, signals, at):
