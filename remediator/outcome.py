@@ -17,8 +17,8 @@ from dataclasses import dataclass, fields
 from numaguard.remediator.validation import FORBID_EXTRA, NonNegative, Text
 
 Measure = NonNegative | None
-# GPU activity under this counts as this much, and so does local memory: an idle job's
-# gain is large, not infinite.
+# Busy SMs under this share of the devices' SMs before the action count as that much,
+# and so does a share of local memory: an idle job's gain is large, not infinite.
 FLOOR = 0.01
 # Some memory must have been remote for moving it local to be a gain to measure.
 MIN_REMOTE = 0.05
@@ -112,7 +112,8 @@ def gain(before: Activity | None, after: Activity | None) -> Gain:
         return Gain(None, f"gain not measured: no activity recorded {missing}")
     if before.gpu is not None and after.gpu is not None:
         busy_before, busy_after = before.gpu * before.sms, after.gpu * after.sms
-        ratio = busy_after / (max(before.gpu, FLOOR) * before.sms)
+        least = FLOOR * before.sms  # on either side: a job idle before and after gained 1
+        ratio = max(busy_after, least) / max(busy_before, least)
         text = f"GPU activity {before.gpu:.2f} -> {after.gpu:.2f}"
         if before.devices != after.devices:
             text = (

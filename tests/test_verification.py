@@ -257,6 +257,13 @@ def test_without_gpu_activity_the_share_of_local_memory_is_the_gain():
     assert gain(Activity(remote_memory=0.0), Activity(remote_memory=0.0)).ratio is None
     # an idle GPU before: its gain is floored, not infinite
     assert gain(before(0.0), before(0.5)).ratio == pytest.approx(0.5 / FLOOR)
+    # an idle slice shrunk and idle still kept all its work: a shrink that paid off, a
+    # move that did not
+    idle_big = Activity(gpu=0.0, sms=60.0, devices="3g.40gb")
+    idle_small = Activity(gpu=0.0, sms=16.0, devices="1g.10gb")
+    g = gain(idle_big, idle_small)
+    assert g.ratio == 1.0 and judged("held", g, FixGain().oversized) == "held"
+    assert judged("held", gain(before(0.0), before(0.0)), FixGain().cross_numa) == "no_gain"
 
 
 def test_several_replacements_count_as_their_mean():
