@@ -23,7 +23,7 @@ from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.planner import Policy
-from numaguard.remediator.queries import Windows
+from numaguard.remediator.queries import Windows, expressions
 from numaguard.remediator.signals import Prometheus
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
@@ -87,6 +87,12 @@ class Cluster:
         self.stack.push_async_callback(self.client.close)
         return self
 
+    async def cross_numa_sustained(self, window: str = "4s") -> None:
+        """Wait until the trainer's device_remote verdict held a whole finding window, as
+        the controller's own query sees it: its first cycle then opens the finding."""
+        held = expressions(Windows(window, window), scope='reason="device_remote"')
+        await self.prom.wait_for(held["cross_numa_sustained"])
+
     def controller(self, window="4s", **policy) -> Controller:
         prometheus = Prometheus(self.prom.url, self.session, windows=Windows(window, window))
         settings = dict(
@@ -144,8 +150,7 @@ async def cycles_until(controller, done, timeout=120.0):
 
 async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
     c = await cluster(policy="single-numa-node")
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     controller = c.controller()
     reports = await cycles_until(controller, lambda rs: any(r.verified for r in rs))
     assert c.evictions(201) == [("ml", "trainer-remote", 201)]  # once, whatever the cycles saw
@@ -190,8 +195,7 @@ async def test_a_fix_that_cleared_its_finding_without_a_gain_is_no_gain(cluster,
     # the trainer's input holds it back wherever it runs: aligned, it is no busier
     c.sim.input_bound.add("trainer-remote")
     c.sim.demand["trainer-remote"] = 0.1
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     controller = c.controller(cooldown_seconds=3600)
     reports = await cycles_until(controller, lambda rs: any(r.verified for r in rs))
     (verified,) = [v for r in reports for v in r.verified]
@@ -239,8 +243,7 @@ async def test_no_aligned_capacity_means_no_eviction(cluster):
 
     c = await cluster(fill)
     await c.prom.wait_for('numaguard_zone_devices_free{resource="nvidia.com/gpu"} == 0')
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     controller = c.controller()
     reports = []
     for _ in range(8):
@@ -276,8 +279,7 @@ async def test_a_pdb_at_its_limit_gets_429_and_is_not_hammered(cluster):
     await c.sim.wait_for_api(counted, "the PDB's status from the disruption controller")
     status = (await c.get("PodDisruptionBudget", "trainer-remote"))["status"]
     assert status["disruptionsAllowed"] == 0 and status["desiredHealthy"] == 1
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     controller = c.controller(cooldown_seconds=3600)
     results = []
     for _ in range(6):
@@ -298,8 +300,7 @@ async def test_a_pdb_at_its_limit_gets_429_and_is_not_hammered(cluster):
 
 async def test_stale_data_and_a_dead_prometheus_mean_no_action(cluster):
     c = await cluster()
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     controller = c.controller(stale_after_seconds=0.001)  # every sample is too old
     report = await controller.cycle()
     assert report.results == [] and c.evictions() == []
@@ -318,8 +319,8 @@ async def test_an_opted_in_oversized_slice_is_resized_and_others_only_advised(cl
     before = await c.patch("Deployment", "infer-d", {"metadata": {"annotations": annotations}})
     (container,) = before["spec"]["template"]["spec"]["containers"]
     assert container["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "1"
-    await c.prom.wait_for('numaguard_mig_utilization_ratio{kind="sm"}')
-    await asyncio.sleep(5)  # a sizing window of data
+    # a whole sizing window of the slices' activity, as the controller's query sees it
+    await c.prom.wait_for(expressions(Windows("4s", "4s"))["slice_sm"])
     controller = c.controller(max_per_node=3)  # the eviction of trainer-remote is one
     report = await controller.cycle()
     done = {(a.kind, a.pod.name): (a.detail, result) for a, result in report.results}
@@ -352,8 +353,7 @@ async def test_an_opted_in_oversized_slice_is_resized_and_others_only_advised(cl
 
 async def test_only_the_leader_acts_and_a_successor_does_not_repeat(cluster):
     c = await cluster()
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     from numaguard.remediator.leader import LeaderElector
 
     now = [0.0]  # the replicas' monotonic clock, driven by the test
@@ -391,8 +391,7 @@ async def test_only_the_leader_acts_and_a_successor_does_not_repeat(cluster):
 
 async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path):
     c = await cluster()
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -432,8 +431,7 @@ async def test_plan_prints_what_it_would_do_and_writes_nothing(cluster, tmp_path
 
 async def test_api_server_errors_mean_no_action(cluster, monkeypatch):
     c = await cluster()
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     controller = c.controller()
     c.proxy.fail_next(500, times=50)
     report = await controller.cycle()
@@ -477,8 +475,7 @@ async def test_a_fix_that_does_not_hold_backs_off_then_stops(cluster):
     # a kubelet without a Topology Manager policy takes the lowest CPUs (socket 0) and
     # the first free GPU (socket 1): every replacement is as misaligned as the last
     c = await cluster(take_gpu3, policy="none")
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     controller = c.controller(cooldown_seconds=2, backoff_factor=2, give_up_after=2)
     reports = await cycles_until(
         controller,
@@ -528,8 +525,7 @@ async def base_rbac_only(cp: ControlPlane, session):
 
 async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
     c = await cluster()
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     # a dry run needs no more than deploy/base grants
     await c.stack.enter_async_context(base_rbac_only(c.cp, c.sim.session))
     port = free_port()
@@ -593,8 +589,7 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
 
 async def test_an_unreachable_api_server_means_no_action(cluster, tmp_path):
     c = await cluster()
-    await c.prom.wait_for('numaguard_pod_cross_numa{reason="device_remote"} == 1')
-    await asyncio.sleep(5)  # a whole finding window of it
+    await c.cross_numa_sustained()
     dead = tmp_path / "dead-kubeconfig"
     with open(c.kubeconfig) as f:
         dead.write_text(f.read().replace(c.proxy.url, f"https://127.0.0.1:{free_port()}"))
