@@ -27,9 +27,10 @@ import time
 from types import SimpleNamespace
 
 import aiohttp
-import numaguard.exporter.sources as sources
 import psutil
 import pynvml
+
+import numaguard.exporter.sources as sources
 from numaguard.exporter.collection import (
     GPU,
     HOST_NUMA,

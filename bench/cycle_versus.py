@@ -5,8 +5,9 @@ The tree is written once by this checkout's simulator (with the pods' sandbox cg
 as a node has them) and copied for the other, so both read the same files. Each side
 runs in a process of its own, with its own simulator's NVML library, kubelet and resctrl
 kernel, in alternating rounds; a round is the median process CPU of --cycles cycles.
-Checkouts from before the ``numaguard`` namespace (top-level ``exporter``) work too: the
-older one then gets no pod names and reads every cgroup, sandboxes included, as it did.
+Checkouts from before the ``numaguard`` namespace (top-level ``exporter``), or from when
+setup.py mapped top-level folders into it, work too: the oldest then gets no pod names
+and reads every cgroup, sandboxes included, as it did.
 
     git worktree add /tmp/before <rev> && python bench/cycle_versus.py /tmp/before
 """
@@ -112,8 +113,9 @@ def layout_of(checkout: Path) -> str:
 
 def importable(checkout: Path, into: Path) -> Path:
     """A directory that, first on sys.path, makes the checkout's code the one imported
-    (ahead of an installed numaguard): the namespace's folders linked under it."""
-    if layout_of(checkout) == "top-level":
+    (ahead of an installed numaguard): the checkout itself where its folders are the
+    import paths, else (setup.py's mapped folders) those folders linked under it."""
+    if layout_of(checkout) == "top-level" or (checkout / "numaguard" / "exporter").is_dir():
         return checkout
     package = into / "numaguard"
     package.mkdir(parents=True)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.findings import FindingState, update
 from numaguard.remediator.planner import Policy, plan

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from numaguard.exporter.collection import (
     GPU,
     HOST_NUMA,
@@ -26,7 +28,6 @@ from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.host import FakeHost, FakeHostRoot
 from numaguard.simulator.host import pod_metadata as metadata_of  # noqa: F401 (for the tests)
 from numaguard.simulator.resctrl import FakeResctrl
-from prometheus_client.parser import text_string_to_metric_families
 
 NODE = "test-node"
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+
+from alerts import rules
 from numaguard.remediator.queries import Windows
 from numaguard.simulator import presets
 from numaguard.simulator.alertmanager import AlertmanagerServer
 from numaguard.simulator.cluster import one_node
 from numaguard.simulator.processes import free_port
 from numaguard.simulator.prometheus import VERSIONS, PrometheusServer
-
-from alerts import rules
 
 
 def test_the_example_alertmanager_config_is_valid():

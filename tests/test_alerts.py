@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from alerts import rules
 from numaguard.exporter.catalogue import series_names
 from numaguard.remediator.queries import EXPORTER_JOB
 from numaguard.simulator.prometheus import VERSIONS, binary
-
-from alerts import rules
 from tests.test_queries import metric_names
 
 N = {"node": "n1"}

@@ -11,16 +11,16 @@ import subprocess
 import threading
 from pathlib import Path
 
-import numaguard.exporter.sources as sources
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import numaguard.exporter.sources as sources
 from numaguard.exporter.sources import KEPT, ReadFailure, read_text
 from numaguard.simulator import presets
 from numaguard.simulator.host import FakeHostRoot
 from numaguard.simulator.processes import until
 from numaguard.simulator.resctrl import FakeResctrl
-
 from tests.conftest import make_collection, metadata_of, samples, series
 
 

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 
 import pynvml
+from prometheus_client.parser import text_string_to_metric_families
+
 from numaguard.exporter import catalogue
 from numaguard.exporter.catalogue import CATALOGUE
 from numaguard.exporter.sources.gpu import NvmlSource
@@ -16,8 +18,6 @@ from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.simulator import presets
 from numaguard.simulator.kubelet import FakeKubelet
 from numaguard.simulator.resctrl import FakeResctrl
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.conftest import make_collection, metadata_of
 
 ALLOWED_LABELS = {

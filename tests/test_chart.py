@@ -12,8 +12,8 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from numaguard.simulator.controlplane import rendered
 
+from numaguard.simulator.controlplane import rendered
 from tests.test_deploy import CRDS, DEPLOY, K8S_VERSION
 
 CHART = DEPLOY / "helm" / "numaguard"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.cluster import (
     HISTORY_ANNOTATION,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
 from numaguard.remediator.actuator import Actuator, Writer
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE

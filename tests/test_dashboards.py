@@ -14,6 +14,9 @@ import sys
 import tempfile
 
 import pytest
+
+from alerts import rules
+from grafana import dashboards
 from numaguard.exporter.catalogue import series_names
 from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.exporter.server import Settings, serve
@@ -24,9 +27,6 @@ from numaguard.simulator.exporter import fake_gpus
 from numaguard.simulator.processes import free_port, wait_ok
 from numaguard.simulator.prometheus import VERSIONS, PrometheusServer
 from numaguard.simulator.resctrl import FakeResctrl
-
-from alerts import rules
-from grafana import dashboards
 from tests.test_queries import metric_names
 
 UNITS = {"bytes", "Bps", "percentunit", "s", "short", "watt", "celsius"}

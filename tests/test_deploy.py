@@ -10,15 +10,15 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+
+from alerts.rules import rules_document
+from deploy import generate
+from grafana import dashboards
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
 from numaguard.exporter.sources.nrt import API_USE as NRT_API_USE
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
 from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE
 from numaguard.simulator.controlplane import rendered
-
-from alerts.rules import rules_document
-from deploy import generate
-from grafana import dashboards
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S_VERSION = "1.31.0"

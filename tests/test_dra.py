@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 
 import aiohttp
+
 from numaguard.exporter.records import PodMeta
 from numaguard.exporter.sources.apiserver import connect
 from numaguard.exporter.sources.dra import DraWatch
@@ -17,7 +18,6 @@ from numaguard.simulator import dra, presets
 from numaguard.simulator.cluster import one_node
 from numaguard.simulator.controlplane import ApiError
 from numaguard.simulator.processes import until
-
 from tests.conftest import samples
 
 NODE = "dra-node"

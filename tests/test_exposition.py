@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import re
 
-from numaguard.exporter import catalogue as c
-from numaguard.exporter.collectors import host_numa, pods
-from numaguard.exporter.exposition import render
-from numaguard.simulator import presets
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics import exposition as om_exposition
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
+from numaguard.exporter import catalogue as c
+from numaguard.exporter.collectors import host_numa, pods
+from numaguard.exporter.exposition import render
+from numaguard.simulator import presets
 from tests.conftest import make_collection, metadata_of
 
 

@@ -7,12 +7,12 @@ a missing or an extra series fails.
 
 from __future__ import annotations
 
-import numaguard.exporter.sources as sources
 import pytest
+
+import numaguard.exporter.sources as sources
 from numaguard.exporter.catalogue import CATALOGUE
 from numaguard.simulator import presets
 from numaguard.simulator.host import GIB, MIB, SANDBOX, FakeContainer, FakeHostRoot
-
 from tests.conftest import make_collection, metadata_of, samples, series
 
 # the exporter's own health and process series, whose values are its own, not the node's

@@ -14,6 +14,7 @@ from dataclasses import replace
 import pynvml
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+
 from numaguard.exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, Collection
 from numaguard.exporter.server import Exporter, Settings
 from numaguard.exporter.sources.cgroups import CgroupSource
@@ -23,7 +24,6 @@ from numaguard.simulator import presets
 from numaguard.simulator.host import GIB, MIB
 from numaguard.simulator.nvml import BRANCHES, DriverBranch, FakeNvml
 from numaguard.simulator.processes import exporter_process, get, log_of
-
 from tests.conftest import NODE, metadata_of, samples, series
 
 INTERVAL = 15.0

@@ -4,11 +4,11 @@ from the same description agree with the exporter; a difference fails its row.""
 from __future__ import annotations
 
 import pynvml
+
+from bench.gpu_check import compare, parse_smi_driver, parse_smi_list, parse_smi_xml
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.simulator import presets
 from numaguard.simulator.host import MIB
-
-from bench.gpu_check import compare, parse_smi_driver, parse_smi_list, parse_smi_xml
 from tests.conftest import make_collection, metadata_of
 
 

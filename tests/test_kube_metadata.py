@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+
 from numaguard.exporter.sources.apiserver import KubeconfigError, connect
 from numaguard.exporter.sources.kube import PodMetadataWatch
 from numaguard.simulator import presets

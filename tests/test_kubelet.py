@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pynvml
 import pytest
+
 from numaguard.exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, POD_RESOURCES, Collection
 from numaguard.exporter.readers.dra import Allocated
 from numaguard.exporter.sources.cgroups import CgroupSource
@@ -23,7 +24,6 @@ from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.simulator import dra, presets
 from numaguard.simulator.host import GIB, FakeClaim, FakeContainer, FakePod
 from numaguard.simulator.kubelet import FakeKubelet
-
 from tests.conftest import NODE, metadata_of, samples, series
 
 

@@ -6,26 +6,28 @@ module the simulator; and only the actuator writes to the API server."""
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"exporter": "numaguard.exporter", "remediator": "numaguard.remediator"}
 
 
 def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
-    parts[0] = FOLDERS[parts[0]]
+    """The folders are the import paths: numaguard/exporter/model.py is
+    numaguard.exporter.model."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(p for p in parts if p != "__init__")
 
 
 PRODUCT = {
     module_name(p): p
-    for folder in FOLDERS
-    for p in sorted((ROOT / folder).rglob("*.py"))
-    if "_pb2" not in p.name
+    for p in sorted((ROOT / "numaguard").rglob("*.py"))
+    if "_pb2" not in p.name and not module_name(p).startswith("numaguard.simulator")
 }
 
 
@@ -167,3 +169,38 @@ def test_a_write_outside_the_actuator_is_caught():
     assert write_requests("class Kube:\n    async def post(self, path, body): ...") == ["Kube.post"]
     assert broken("numaguard.remediator.leader", {"kubernetes.aio"}) == ["kubernetes.aio"]
     assert broken("numaguard.remediator.kube", {"kubernetes.aio"}) == []
+
+
+def test_a_plain_checkout_imports_without_installation(tmp_path):
+    """The folders are the import paths: the repository's files, copied as a clone has
+    them, import from its root with nothing of numaguard installed (the venv's editable
+    install is taken off the import system)."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for name in filter(lambda n: (ROOT / n).is_file(), tracked):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    probe = """
+import importlib, pkgutil, sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__]
+sys.path[:] = [p for p in sys.path if "__editable__" not in p]
+import numaguard
+for module in pkgutil.walk_packages(numaguard.__path__, "numaguard."):
+    if not module.name.endswith((".__main__", "_pb2_grpc")):
+        loaded = importlib.import_module(module.name)
+        assert loaded.__file__.startswith(sys.argv[1]), loaded.__file__
+        print(module.name)
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = set(run.stdout.split())
+    assert {"numaguard.exporter.model", "numaguard.remediator.planner"} <= found
+    assert "numaguard.simulator.cluster" in found
+    assert len(found) >= len(PRODUCT)

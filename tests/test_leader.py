@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.leader import LeaderElector
 from numaguard.simulator.controlplane import ControlPlane, path_of

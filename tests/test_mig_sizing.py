@@ -4,6 +4,7 @@ slice's engines kept, and no guess where the family cannot be known."""
 from __future__ import annotations
 
 import pytest
+
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.findings import Detection, sizing_findings
 from numaguard.remediator.mig import FAMILIES, family_of, geometry

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster, one_node
 from numaguard.simulator.controlplane import ApiError, nrt_crd, rendered
 from numaguard.simulator.processes import get, until
-from prometheus_client.parser import text_string_to_metric_families
 
 NODE = "gpu-node-3"
 GPU = "nvidia.com/gpu"

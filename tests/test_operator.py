@@ -13,6 +13,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
+from alerts import rules
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.planner import Policy
@@ -24,8 +26,6 @@ from numaguard.simulator.controlplane import ControlPlane, path_of, rendered
 from numaguard.simulator.operator import PrometheusOperator, prometheus_resource
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import PrometheusServer, built_prometheus3
-
-from alerts import rules
 
 NODE = "gpu-node-3"
 MONITORING = "monitoring"

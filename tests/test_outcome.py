@@ -8,6 +8,7 @@ import time
 
 import aiohttp
 import pytest
+
 from numaguard.exporter import catalogue as c
 from numaguard.remediator import queries as q
 from numaguard.remediator.outcome import activities, gain

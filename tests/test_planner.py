@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from numaguard.remediator.findings import Detection, FindingState, smallest_fit, update
 from numaguard.remediator.planner import (
     GUARDS,

@@ -17,10 +17,10 @@ import subprocess
 import sys
 
 import psutil
+
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import one_node
 from numaguard.simulator.processes import exporter_process, get
-
 from tests.conftest import samples
 
 # root with nothing: every capability set empty, and no way to gain one back

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import one_node
 from numaguard.simulator.nvml import FakeNvml

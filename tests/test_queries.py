@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import promql_parser
 import pytest
+
 from numaguard.exporter.catalogue import CATALOGUE
 from numaguard.remediator import queries as q
 from numaguard.remediator.queries import Windows, expressions, verification_expressions

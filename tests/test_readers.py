@@ -8,6 +8,7 @@ import contextlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from numaguard.exporter.readers import (
     ParseError,
     format_id_list,

@@ -19,6 +19,8 @@ from collections import Counter
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.kube import Kube, api_client
@@ -32,8 +34,6 @@ from numaguard.simulator.host import FakeContainer, FakeHost, FakeNumaNode, Fake
 from numaguard.simulator.nvml import FakeNvml, Process
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import PrometheusServer
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.test_control_plane import allowed
 
 NODE = "gpu-node-3"

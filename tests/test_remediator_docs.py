@@ -6,6 +6,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+
 from numaguard.remediator.findings import Detection
 from numaguard.remediator.planner import GUARDS, Policy
 from numaguard.remediator.queries import Windows

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import errno
 
-import numaguard.exporter.sources as sources
 import pytest
+
+import numaguard.exporter.sources as sources
 from numaguard.exporter.collection import POD_PLACEMENT
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.resctrl import RESYNC_CYCLES
 from numaguard.simulator import presets
 from numaguard.simulator.host import GIB, MIB, FakeHostRoot
 from numaguard.simulator.resctrl import FakeResctrl
-
 from tests.conftest import make_collection, metadata_of, samples, series
 
 INTERVAL = 15.0

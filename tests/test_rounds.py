@@ -10,6 +10,8 @@ import time
 
 import aiohttp
 import pytest
+
+from alerts import rules
 from numaguard.remediator import queries as q
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.findings import FindingState, update
@@ -19,8 +21,6 @@ from numaguard.remediator.signals import Prometheus
 from numaguard.simulator.fleet import Fleet, pods_for
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
-
-from alerts import rules
 
 # caps high enough that the cycle's moves use up the free GPUs: later pods find no fit
 POLICY = Policy(max_per_cycle=40, max_per_node=4, max_per_namespace=40)

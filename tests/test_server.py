@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+
 from numaguard.exporter.collection import COLLECTORS, HOST_NUMA, POD_PLACEMENT, Collection
 from numaguard.exporter.server import STUCK_CYCLES, Exporter, Settings
 from numaguard.exporter.sources.cgroups import CgroupSource
@@ -26,7 +27,6 @@ from numaguard.exporter.sources.host import HostSource
 from numaguard.simulator import presets
 from numaguard.simulator.host import FakeContainer, FakeHostRoot, FakePod
 from numaguard.simulator.processes import exporter_process, get, log_of
-
 from tests.conftest import NODE, samples, series
 
 

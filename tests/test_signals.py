@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from numaguard.remediator.queries import Windows
 from numaguard.remediator.signals import Prometheus, SignalsError, Source, frame
 from numaguard.simulator import presets

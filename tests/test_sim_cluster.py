@@ -8,6 +8,7 @@ import types
 
 import aiohttp
 import pytest
+
 from numaguard.exporter.readers import parse_id_list
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.kube import Kube, api_client

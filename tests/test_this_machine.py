@@ -9,7 +9,6 @@ import re
 import socket
 
 from numaguard.simulator.processes import exporter_process, get
-
 from tests.conftest import samples
 
 NODE_DIR = "/sys/devices/system/node"

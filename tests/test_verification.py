@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.outcome import (
     FLOOR,
@@ -26,7 +27,6 @@ from numaguard.remediator.queries import (
     verification_expressions,
 )
 from numaguard.simulator.prometheus import as_signals
-
 from tests.test_planner import COLLECTORS, healthy, instance
 
 NOW = 1_800_000_000.0

@@ -15,6 +15,7 @@ import aiohttp
 import bcrypt
 import pytest
 import yaml
+
 from numaguard.simulator import presets
 from numaguard.simulator.controlplane import path_of, rendered
 from numaguard.simulator.processes import exporter_process, free_port, until, wait_ok

@@ -4,6 +4,7 @@ Manager does, for the NodeResourceTopology the exporter publishes."""
 from __future__ import annotations
 
 import yaml
+
 from numaguard.exporter.readers import ParseError
 
 # what the kubelet does when its configuration sets nothing

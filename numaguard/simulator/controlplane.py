@@ -22,10 +22,11 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+
 from numaguard.simulator.faultproxy import FaultProxy
 from numaguard.simulator.processes import free_port, until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # deploy/'s namespace, ServiceAccounts and RBAC, applied to the test cluster as shipped
 RBAC_KINDS = {
     *("Namespace", "ServiceAccount"),

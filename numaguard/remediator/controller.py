@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 import aiohttp
+
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator import queries as q
 from numaguard.remediator.actuator import Actuator

@@ -18,6 +18,9 @@ from dataclasses import fields, replace
 import aiohttp
 import yaml
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import TypeAdapter, ValidationError
+
 from numaguard.exporter import __version__, logs, webconfig
 from numaguard.exporter.sources.apiserver import KubeconfigError, connect
 from numaguard.remediator.controller import Controller, CycleReport
@@ -29,8 +32,6 @@ from numaguard.remediator.planner import MODES, Enforcement, FixGain, Policy
 from numaguard.remediator.queries import Windows
 from numaguard.remediator.rejections import describe
 from numaguard.remediator.signals import Prometheus, Source
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import TypeAdapter, ValidationError
 
 log = logging.getLogger("remediator")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from numaguard.exporter import catalogue, cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HELP_BLOCK = re.compile(r"(<!-- exporter-help:start -->\n).*?(<!-- exporter-help:end -->)", re.S)
 
 

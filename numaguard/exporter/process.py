@@ -18,9 +18,10 @@ import os
 import resource
 from collections.abc import Iterable
 
-from numaguard.exporter import catalogue as c
 from prometheus_client import process_collector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from numaguard.exporter import catalogue as c
 
 
 class ProcessCollector(process_collector.ProcessCollector):

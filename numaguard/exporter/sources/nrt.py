@@ -14,6 +14,7 @@ import logging
 import os
 
 import aiohttp
+
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.nrt import PATH, node_resource_topology
 from numaguard.exporter.readers.kubeletconfig import topology_manager

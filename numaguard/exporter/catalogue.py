@@ -170,7 +170,7 @@ CONTAINER = ("namespace", "pod", "container", "pod_uid", "container_id")
 POD = ("namespace", "pod", "pod_uid")
 COLLECTOR = ("collector",)
 
-# -- the process (both components; read by exporter/process.py) --------------------
+# -- the process (both components; read by numaguard/exporter/process.py) --------------------
 PROCESS_CPU = _process(
     "process_cpu_seconds_total", "counter", "User and system CPU time the process spent."
 )
@@ -928,8 +928,8 @@ def markdown() -> str:
     lines = [
         "# Metrics",
         "",
-        "Generated from `exporter/catalogue.py` by `python -m numaguard.exporter.catalogue`; "
-        "do not edit.",
+        "Generated from `numaguard/exporter/catalogue.py` by "
+        "`python -m numaguard.exporter.catalogue`; do not edit.",
         f"Every series also carries `{NODE_LABEL}`.",
         "",
     ]

@@ -20,6 +20,8 @@ import time
 from collections import Counter
 
 import aiohttp
+
+from alerts import rules
 from numaguard.exporter import logs
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.kube import Kube, api_client
@@ -34,8 +36,6 @@ from numaguard.simulator.host import FakeContainer, FakePod
 from numaguard.simulator.nvml import Process
 from numaguard.simulator.processes import free_port
 from numaguard.simulator.prometheus import PrometheusServer
-
-from alerts import rules
 
 # node -> its kubelet's Topology Manager policy
 NODES = {"gpu-a": "single-numa-node", "gpu-b": "single-numa-node", "gpu-c": "none"}

@@ -3,10 +3,6 @@ from the metric catalogue, like every other numaguard metric."""
 
 from __future__ import annotations
 
-from numaguard.exporter import catalogue as c
-from numaguard.exporter.process import ProcessCollector
-from numaguard.remediator.findings import KINDS
-from numaguard.remediator.planner import GUARDS
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -14,6 +10,11 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
+
+from numaguard.exporter import catalogue as c
+from numaguard.exporter.process import ProcessCollector
+from numaguard.remediator.findings import KINDS
+from numaguard.remediator.planner import GUARDS
 
 
 class Metrics:

@@ -13,6 +13,7 @@ import asyncio
 import os
 
 import grpc
+
 from numaguard.exporter.readers import parse_id_list
 from numaguard.exporter.sources.podresources import api_pb2 as pb
 from numaguard.exporter.sources.podresources import api_pb2_grpc

@@ -17,6 +17,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.readers.podresources import (
     read_allocatable,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from numaguard.exporter.webconfig import CLIENT_AUTH, TLS_VERSIONS
 from pydantic import BaseModel, ConfigDict
+
+from numaguard.exporter.webconfig import CLIENT_AUTH, TLS_VERSIONS
 
 
 class TlsServerConfig(BaseModel):

@@ -21,6 +21,7 @@ import time
 from datetime import UTC, datetime
 
 import aiohttp
+
 from numaguard.remediator.actuator import Writer
 from numaguard.remediator.kube import Kube
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Generic, TypeVar
 
 import aiohttp
+
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.records import PodMeta
 from numaguard.exporter.sources.apiserver import ApiServer

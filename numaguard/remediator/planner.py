@@ -16,6 +16,8 @@ from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
+from pydantic import TypeAdapter, ValidationError
+
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.findings import Finding
 from numaguard.remediator.outcome import Activity
@@ -30,7 +32,6 @@ from numaguard.remediator.validation import (
     Seconds,
     Text,
 )
-from pydantic import TypeAdapter, ValidationError
 
 # Starved for a placement reason: moving the pod fixes it. For the others (a CPU-bound
 # feeder on an aligned pod) only a recommendation can.

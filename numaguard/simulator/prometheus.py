@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import aiohttp
+
 from numaguard.remediator.queries import REQUIRED_LABELS
 from numaguard.remediator.signals import Signals, frame
 from numaguard.simulator.processes import wait_ok
@@ -53,7 +54,7 @@ class PrometheusMissing(RuntimeError):
 
 
 VERSIONS = ("2", "3")  # the majors the rules, dashboards and alert tests run on
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def built_prometheus3() -> Path:

@@ -22,6 +22,8 @@ from typing import Annotated
 import aiohttp
 import pandas as pd
 import promql_parser
+from pydantic import Field, StringConstraints
+
 from numaguard.remediator.queries import (
     DEFAULT_SELECTOR,
     RECORDED,
@@ -31,7 +33,6 @@ from numaguard.remediator.queries import (
     expressions,
 )
 from numaguard.remediator.validation import FORBID_EXTRA, Positive
-from pydantic import Field, StringConstraints
 
 log = logging.getLogger(__name__)
 # label matchers, as PromQL writes them between braces: job="numaguard",cluster=~"gpu-.*"

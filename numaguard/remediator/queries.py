@@ -21,9 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated
 
+from pydantic import Field
+
 from numaguard.exporter import catalogue as c
 from numaguard.remediator.validation import FORBID_EXTRA, Duration
-from pydantic import Field
 
 EXPORTER_JOB = "numaguard"  # the exporters' scrape job, as deploy/'s ServiceMonitor names it
 DEFAULT_SELECTOR = f'job="{EXPORTER_JOB}"'

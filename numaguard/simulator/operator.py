@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
+
 from numaguard.simulator.controlplane import ROOT, ControlPlane
 from numaguard.simulator.processes import free_port, until
 

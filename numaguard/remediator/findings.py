@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pandas as pd
+
 from numaguard.remediator.mig import family_of, geometry
 from numaguard.remediator.signals import Signals
 from numaguard.remediator.validation import FORBID_EXTRA, Ratio

@@ -14,6 +14,8 @@ import tempfile
 import time
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
 from numaguard.exporter import logs
 from numaguard.exporter.server import Settings, serve
 from numaguard.simulator import presets
@@ -22,7 +24,6 @@ from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.exporter import fake_gpus
 from numaguard.simulator.host import GIB, MIB, FakeContainer, FakePod
 from numaguard.simulator.resctrl import FakeResctrl
-from prometheus_client.parser import text_string_to_metric_families
 
 NODE = "demo-gpu-node-1"
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import aiohttp
+
 from numaguard.exporter.readers import format_id_list, parse_id_list
 from numaguard.simulator import dra
 from numaguard.simulator.controlplane import ApiError, ControlPlane, path_of, rendered

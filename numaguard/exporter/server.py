@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+
 from numaguard.exporter import webconfig
 from numaguard.exporter.collection import (
     COLLECTORS,

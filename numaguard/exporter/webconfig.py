@@ -81,8 +81,9 @@ class WebConfigError(Exception):
 def load(path: str) -> WebConfig:
     # pydantic costs ~9 MiB of the exporter's memory with what it imports: only a
     # config file needs it
-    from numaguard.exporter.webconfig_schema import WebConfig
     from pydantic import ValidationError
+
+    from numaguard.exporter.webconfig_schema import WebConfig
 
     try:
         text = Path(path).read_text()
