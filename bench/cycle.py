@@ -1,4 +1,4 @@
-"""Benchmark: one exporter collection cycle on the SPEC §7 reference node, against the
+"""Benchmark: one exporter collection cycle on the reference node (docs/design.md), against the
 cost of merely reading the same files, measured side by side in one run.
 
 Reference node (built by the fake-host builder): 8 NUMA nodes, 224 CPUs, 150 pods /
@@ -279,7 +279,7 @@ def main() -> None:
         host, nvml = presets.reference_gpu_node(clock)
         FakeHostRoot(tmp, host).write()
         names = pod_metadata(host)
-        # Sub-NUMA Clustering, 4 nodes per socket's L3, as on the SPEC's 8-node box
+        # Sub-NUMA Clustering, 4 nodes per socket's L3, as on the reference 8-node box
         kernel = FakeResctrl(tmp, host, snc={0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}).write()
         socket = f"{tmp}/kubelet.sock"
         kubelet = subprocess.Popen(

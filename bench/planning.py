@@ -1,5 +1,5 @@
 """Benchmark: one remediator planning cycle over a simulated 5,000-node / 40,000-pod
-cluster (SPEC §7: <= 1 s of CPU), measured as process CPU time, median of several runs;
+cluster (docs/design.md: <= 1 s of CPU), measured as process CPU time, median of several runs;
 the queries and answers of a whole cycle are bench/remediation.py's.
 
 The signals are the frames the whole query set returns for such a cluster (8 pods per

@@ -1,5 +1,5 @@
 """Benchmark: whole remediator cycles (queries, evidence checks, planning) against a real
-Prometheus holding a synthetic cluster's series (SPEC §7: at 5,000 nodes / 40,000 pods
+Prometheus holding a synthetic cluster's series (docs/design.md: at 5,000 nodes / 40,000 pods
 <= 3 s wall, <= 1 s of the remediator's CPU, answers <= 5 MB, <= 5 s of Prometheus CPU,
 growing with the findings, not with the cluster).
 

@@ -1,12 +1,12 @@
 """Benchmark: scrape latency and CPU per scrape for the numaguard exporter and
 node_exporter (Debian ``prometheus-node-exporter``, its ``meminfo_numa`` collector only)
 serving the same fake host root, measured in one run: one scraper at a time (the service
-time: SPEC §7, p99 <= 2 ms), and 50 concurrent scrapers driven by wrk (Debian's; an
+time: docs/design.md: p99 <= 2 ms), and 50 concurrent scrapers driven by wrk (Debian's; an
 aiohttp client where it is missing), whose p99 is mostly queueing on this machine's
 cores — there, ours must be no worse than node_exporter's, and so its CPU per scrape.
 
 Our scrapes are answered from the bytes of the last collection cycle; node_exporter reads
-and renders its collector on every scrape. Both serve the SPEC §7 reference node.
+and renders its collector on every scrape. Both serve the reference node (docs/design.md).
 """
 
 from __future__ import annotations

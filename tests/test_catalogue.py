@@ -21,7 +21,7 @@ from numaguard.simulator.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of
 
 ALLOWED_LABELS = {
-    # SPEC §4
+    # docs/design.md, Metric contract
     "numa_node",
     "socket",
     "l3_domain",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -204,3 +205,15 @@ for module in pkgutil.walk_packages(numaguard.__path__, "numaguard."):
     assert {"numaguard.exporter.model", "numaguard.remediator.planner"} <= found
     assert "numaguard.simulator.cluster" in found
     assert len(found) >= len(PRODUCT)
+
+
+def test_the_notes_the_code_cites_are_in_the_repository():
+    """Every document the code names is a file here; none points outside (a "SPEC")."""
+    cited, outside = set(), []
+    for path in [*(ROOT / "numaguard").rglob("*.py"), *(ROOT / "bench").glob("*.py")]:
+        text = path.read_text()
+        cited |= set(re.findall(r"\bdocs/[\w/.-]+\.md\b", text))
+        outside += [f"{path.name}: {m}" for m in re.findall(r"\bSPEC\b[^\n]*", text)]
+    assert "docs/design.md" in cited
+    assert [c for c in sorted(cited) if not (ROOT / c).is_file()] == []
+    assert outside == []

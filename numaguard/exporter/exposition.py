@@ -2,7 +2,7 @@
 
 prometheus_client renders the same bytes (a test holds the two equal) but spends ~40 µs
 per sample validating names it does not know to be safe; at 10k series per cycle that
-alone is ten times the SPEC §7 budget. Our names and label names are fixed in the
+alone is ten times the CPU budget (docs/design.md). Our names and label names are fixed in the
 catalogue and checked by its tests, so only label values need escaping, and each sample
 line is rendered once, as it is added (catalogue.Family), for both formats.
 """

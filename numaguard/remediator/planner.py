@@ -1,7 +1,7 @@
 """The planner (pure): findings + cluster state + capacity + policy -> actions, each
 refusal recorded with the name of the guard that refused it.
 
-Every guard of SPEC §5 is here, in the order they are checked; an eviction is planned
+Every guard (docs/design.md) is here, in the order they are checked; an eviction is planned
 only when some NUMA zone, on some node, can take the pod aligned (its exclusive CPUs,
 its memory and its devices on one NUMA node), and that capacity is then counted as
 taken for the rest of the cycle.

@@ -74,7 +74,7 @@ def _profiles(*rows: tuple[str, int, int, int, int]) -> tuple[Profile, ...]:
     return tuple(Profile(*row) for row in rows)
 
 
-# Geometry per SPEC §3; SM counts as the drivers report them.
+# Geometry per docs/design.md (Signals); SM counts as the drivers report them.
 MODELS = {
     "A100-40GB": Model(
         "NVIDIA A100-SXM4-40GB",

@@ -160,7 +160,7 @@ def far_memory() -> FakeHost:
 
 
 def reference_node() -> FakeHost:
-    """SPEC §7 reference node: 8 NUMA nodes on 2 sockets, 224 CPUs, 150 pods / 300
+    """The reference node (docs/design.md): 8 NUMA nodes on 2 sockets, 224 CPUs, 150 pods / 300
     containers (60 Guaranteed pods with exclusive CPUs, 90 burstable ones)."""
     nodes = [
         FakeNumaNode(
@@ -301,7 +301,7 @@ def gpu_node(
 def reference_gpu_node(
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[FakeHost, FakeNvml]:
-    """SPEC §7 reference node with its GPUs: the reference node, 8 H100-80GB with 7
+    """The reference node (docs/design.md) with its GPUs: the reference node, 8 H100-80GB with 7
     1g.10gb slices each (GPUs 0-3 on socket 0's NUMA nodes 0-3, 4-7 on 4-7), and 56 of
     its Guaranteed pods each using a slice, known to the kubelet and running on it."""
     host = reference_node()
