@@ -138,7 +138,9 @@ def test_the_exporter_never_loads_the_kubernetes_package_nor_grpcio():
     only to check a --web.config.file; the kubelet is asked through grpclib, not grpcio
     (~10 MiB more, and threads of its own)."""
     probe = (
-        "import sys, exporter.cli, exporter.server, exporter.webconfig, exporter.sources.kubelet\n"
+        "import sys\n"
+        "import numaguard.exporter.cli, numaguard.exporter.server, numaguard.exporter.webconfig\n"
+        "import numaguard.exporter.sources.kubelet\n"
         "loaded = {m.split('.')[0] for m in sys.modules}\n"
         "print(sorted(loaded & {'kubernetes', 'pydantic', 'grpc'}))\n"
     )
