@@ -4,11 +4,13 @@
 # prometheus-alertmanager) and the Kubernetes control plane built from its Go modules.
 
 PYTHON ?= python3
+# every test's outcome and time, kept by CI
+JUNIT ?= test-results/junit.xml
 VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs proto image system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd clean FORCE
+.PHONY: demo test test-fast bench lint docs proto image system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -133,7 +135,13 @@ nrt-crd: $(NRT)/crd.yaml
 
 test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.built \
   $(OPERATOR)/.built $(NRT)/crd.yaml
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=30 --junitxml=$(JUNIT)
+	$(VENV)/bin/ruff check .
+
+# The pure tier alone (no real Prometheus, control plane or VM): the inner loop, under a
+# minute. Tiers are markers (tests/conftest.py): pytest -m prometheus, -m cluster, -m vm.
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m pure -q
 	$(VENV)/bin/ruff check .
 
 bench: $(VENV)/.installed system-deps $(PARTS)/.built

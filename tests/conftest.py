@@ -24,9 +24,11 @@ from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.exporter.sources.resctrl import ResctrlSource
+from numaguard.simulator.alertmanager import AlertmanagerServer
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.host import FakeHost, FakeHostRoot
 from numaguard.simulator.host import pod_metadata as metadata_of  # noqa: F401 (for the tests)
+from numaguard.simulator.prometheus import PrometheusServer
 from numaguard.simulator.resctrl import FakeResctrl
 
 NODE = "test-node"
@@ -78,6 +80,39 @@ def make_collection(
         timeout_seconds=timeout,
         **({"clock": clock} if clock else {}),
     )
+
+
+# The tiers, by the real parts a test starts: `pure` (nothing but this process and its
+# threads, sockets and children of our own), `prometheus` (a real Prometheus, promtool or
+# Alertmanager), `cluster` (the real control plane), `vm` (a real node in a QEMU guest).
+# A module names the tiers it needs with ``pytestmark``; a test that uses the control
+# plane fixture is a cluster test by that alone; a test with no tier is pure, and a pure
+# test that starts a real part fails, so a tier cannot be forgotten.
+TIERS = ("pure", "prometheus", "cluster", "vm")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "control_plane" in item.fixturenames:
+            item.add_marker(pytest.mark.cluster)
+        if not any(item.get_closest_marker(t) for t in TIERS[1:]):
+            item.add_marker(pytest.mark.pure)
+
+
+@pytest.fixture(autouse=True)
+def _pure_tests_start_no_real_part(request, monkeypatch):
+    if request.node.get_closest_marker("pure") is None:
+        return
+
+    async def refused(self, *args, **kwargs):
+        raise AssertionError(
+            f"{request.node.nodeid} starts {type(self).__name__}: mark its module with the "
+            "tier it needs (pytestmark = pytest.mark.prometheus or .cluster)"
+        )
+
+    monkeypatch.setattr(PrometheusServer, "start", refused)
+    monkeypatch.setattr(ControlPlane, "start", refused)
+    monkeypatch.setattr(AlertmanagerServer, "__aenter__", refused)
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ from numaguard.simulator.cluster import one_node
 from numaguard.simulator.processes import free_port
 from numaguard.simulator.prometheus import VERSIONS, PrometheusServer
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
+
 
 def test_the_example_alertmanager_config_is_valid():
     example = Path(rules.ROOT) / "alerts" / "alertmanager.example.yml"

@@ -18,6 +18,8 @@ from numaguard.remediator.queries import EXPORTER_JOB
 from numaguard.simulator.prometheus import VERSIONS, binary
 from tests.test_queries import metric_names
 
+pytestmark = pytest.mark.prometheus
+
 N = {"node": "n1"}
 POD = {**N, "namespace": "ml", "pod": "trainer", "pod_uid": "u1"}
 SLICE = {**N, "gpu": "1", "gpu_uuid": "GPU-1", "mig_uuid": "MIG-1", "mig_profile": "3g.40gb"}

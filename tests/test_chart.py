@@ -16,6 +16,9 @@ import yaml
 from numaguard.simulator.controlplane import rendered
 from tests.test_deploy import CRDS, DEPLOY, K8S_VERSION
 
+# kubectl kustomize and helm come from the control plane's build
+pytestmark = pytest.mark.cluster
+
 CHART = DEPLOY / "helm" / "numaguard"
 CHART_ONLY_ANNOTATIONS = {"checksum/config"}  # rolls the remediator when its config changes
 

@@ -24,6 +24,8 @@ from numaguard.remediator.planner import Action, Pending, WorkloadHistory
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
 
+pytestmark = pytest.mark.cluster
+
 NOW = 1_800_000_000.0
 NODE = "gpu-node-3"
 

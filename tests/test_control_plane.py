@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import aiohttp
+import pytest
 import yaml
 
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
@@ -17,6 +18,8 @@ from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.processes import until
+
+pytestmark = pytest.mark.cluster
 
 DEPLOY = Path(__file__).parent.parent / "deploy" / "base"
 

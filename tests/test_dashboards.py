@@ -29,6 +29,8 @@ from numaguard.simulator.prometheus import VERSIONS, PrometheusServer
 from numaguard.simulator.resctrl import FakeResctrl
 from tests.test_queries import metric_names
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
+
 UNITS = {"bytes", "Bps", "percentunit", "s", "short", "watt", "celsius"}
 
 

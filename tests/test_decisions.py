@@ -3,7 +3,11 @@ protected pod ever, and most remediable findings fixed within three cycles."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.decisions import run_scenario
+
+pytestmark = pytest.mark.cluster
 
 
 async def test_decisions_on_simulated_clusters(control_plane):

@@ -7,8 +7,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from numaguard.simulator.controlplane import parts_dir
 from numaguard.simulator.processes import free_port
+
+pytestmark = pytest.mark.cluster
 
 
 def test_demo_shows_the_findings_and_stops_cleanly():

@@ -20,6 +20,9 @@ from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
 from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE
 from numaguard.simulator.controlplane import rendered
 
+# kubectl kustomize and helm come from the control plane's build
+pytestmark = pytest.mark.cluster
+
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S_VERSION = "1.31.0"
 CRDS = {"ServiceMonitor", "PrometheusRule", "Kustomization"}

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 
 import aiohttp
+import pytest
 
 from numaguard.exporter.records import PodMeta
 from numaguard.exporter.sources.apiserver import connect
@@ -19,6 +20,8 @@ from numaguard.simulator.cluster import one_node
 from numaguard.simulator.controlplane import ApiError
 from numaguard.simulator.processes import until
 from tests.conftest import samples
+
+pytestmark = pytest.mark.cluster
 
 NODE = "dra-node"
 

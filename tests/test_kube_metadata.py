@@ -18,6 +18,8 @@ from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
 from numaguard.simulator.nvml import FakeNvml
 
+pytestmark = pytest.mark.cluster
+
 NODE = "gpu-node-1"
 
 

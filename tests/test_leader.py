@@ -24,6 +24,8 @@ from numaguard.simulator.controlplane import ControlPlane, path_of
 from numaguard.simulator.faultproxy import FaultProxy
 from numaguard.simulator.processes import free_port, until
 
+pytestmark = pytest.mark.cluster
+
 NAMESPACE = "numaguard"  # where deploy/'s Role lets the remediator keep its Lease
 LEASE = path_of("Lease", NAMESPACE, "lease")
 

@@ -27,6 +27,8 @@ from numaguard.simulator.operator import PrometheusOperator, prometheus_resource
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import PrometheusServer, built_prometheus3
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
+
 NODE = "gpu-node-3"
 MONITORING = "monitoring"
 JOB = "serviceMonitor/numaguard/numaguard/0"  # the operator's name for the exporter's job

@@ -16,6 +16,8 @@ from numaguard.remediator.signals import Prometheus
 from numaguard.simulator.processes import free_port
 from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
 
+pytestmark = pytest.mark.prometheus
+
 STEP = 5  # seconds between samples
 NODE, INSTANCE = "gpu-1", "gpu-1:9847"
 TARGET = {"job": "numaguard", "instance": INSTANCE, "node": NODE}

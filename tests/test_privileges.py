@@ -17,11 +17,14 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import one_node
 from numaguard.simulator.processes import exporter_process, get
 from tests.conftest import samples
+
+pytestmark = pytest.mark.cluster
 
 # root with nothing: every capability set empty, and no way to gain one back
 WITHOUT_CAPABILITIES = (

@@ -14,6 +14,8 @@ from numaguard.simulator.nvml import FakeNvml
 from numaguard.simulator.processes import free_port, get
 from numaguard.simulator.prometheus import PrometheusServer, binary
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
+
 
 @pytest.fixture
 async def exporter(control_plane):

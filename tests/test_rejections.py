@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 
 import aiohttp
+import pytest
 
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.kube import Kube, api_client
@@ -20,6 +21,8 @@ from numaguard.simulator.cluster import SimulatedCluster
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import PrometheusServer
 from tests.test_sim_cluster import busy_socket1, evict, hold_gpu3
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 
 KEEP = 2
 

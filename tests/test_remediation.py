@@ -36,6 +36,8 @@ from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import PrometheusServer
 from tests.test_control_plane import allowed
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
+
 NODE = "gpu-node-3"
 
 

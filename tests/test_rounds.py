@@ -22,6 +22,8 @@ from numaguard.simulator.fleet import Fleet, pods_for
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
 
+pytestmark = pytest.mark.prometheus
+
 # caps high enough that the cycle's moves use up the free GPUs: later pods find no fit
 POLICY = Policy(max_per_cycle=40, max_per_node=4, max_per_namespace=40)
 

@@ -21,6 +21,8 @@ from numaguard.simulator.cluster import one_node
 from numaguard.simulator.processes import free_port
 from numaguard.simulator.prometheus import PrometheusServer
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
+
 
 async def test_signals_from_a_real_prometheus(control_plane):
     host, nvml = presets.gpu_node()

@@ -16,6 +16,8 @@ from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
 from numaguard.simulator.host import FakeContainer, FakePod
 
+pytestmark = pytest.mark.cluster
+
 
 @pytest.fixture
 async def sim_cluster(tmp_path, control_plane):

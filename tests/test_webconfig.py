@@ -21,6 +21,8 @@ from numaguard.simulator.controlplane import path_of, rendered
 from numaguard.simulator.processes import exporter_process, free_port, until, wait_ok
 from numaguard.simulator.prometheus import PrometheusServer
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
+
 PASSWORD = "s3cret"
 
 
