@@ -17,7 +17,7 @@ from numaguard.exporter.collection import (
     RESCTRL,
     Collection,
 )
-from numaguard.exporter.model import Thresholds
+from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.records import PodMeta
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster, one_node
 from numaguard.simulator.controlplane import ApiError, nrt_crd, rendered
 from numaguard.simulator.processes import get, until
+
+pytestmark = pytest.mark.cluster
 
 NODE = "gpu-node-3"
 GPU = "nvidia.com/gpu"
@@ -173,7 +176,9 @@ def test_the_object_says_nothing_it_does_not_know():
     memory only where the memory manager reports it; available never below zero."""
     from dataclasses import replace
 
-    from numaguard.exporter.model import NodeSnapshot, Topology, Zone
+    from numaguard.exporter.model import NodeSnapshot
+    from numaguard.exporter.model.placement import Topology
+    from numaguard.exporter.model.zones import Zone
     from numaguard.exporter.nrt import node_resource_topology
 
     topology = Topology((0, 1), {0: 0, 1: 0, 2: 1, 3: 1}, {}, {0: {0: 10, 1: 21}}, {})

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from numaguard.exporter.model.thresholds import STARVED_REASONS
+
 PREFIX = "numaguard_"
 NODE_LABEL = "node"
 _UNITS = ("bytes", "seconds", "ratio")
@@ -775,10 +777,13 @@ GPU_STARVED = _m(
     "gauge",
     "1 when a GPU or MIG slice (mig_uuid empty: a whole GPU) with processes on it was "
     "barely busy over the last interval (SM activity under --gpu-starved-utilization) "
-    "while its pod's host side held it back for the reason given: device_remote, "
-    "memory_remote (the pod's cross-NUMA verdicts), cpu_throttled, cpu_pressure, "
-    "memory_pressure (over their thresholds in the interval) or remote_traffic (resctrl). "
-    "0 when that reason does not hold; absent when it cannot be decided.",
+    "while its pod's host side held it back for the reason given: "
+    + "; ".join(
+        f"{r.name}: {r.measure}"
+        + (f", at least --gpu-starved-{r.name.replace('_', '-')}" if r.default is not None else "")
+        for r in STARVED_REASONS
+    )
+    + ". 0 when that reason does not hold; absent when it cannot be decided.",
     (*GPU, "mig_uuid", "namespace", "pod", "pod_uid", "reason"),
     "gpu",
 )

@@ -12,7 +12,7 @@ import sys
 
 from numaguard.exporter import __version__, logs, webconfig
 from numaguard.exporter.collection import COLLECTORS
-from numaguard.exporter.model import Thresholds
+from numaguard.exporter.model.thresholds import STARVED_REASONS, STARVED_THRESHOLDS, Thresholds
 from numaguard.exporter.process import one_malloc_arena
 from numaguard.exporter.server import GpuBackendError, Settings, serve
 from numaguard.exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
@@ -96,37 +96,21 @@ def parser() -> argparse.ArgumentParser:
         help="gpu_starved needs a device with processes whose SM activity (graphics where "
         "SM is not measured) stayed under this over the last interval",
     )
-    p.add_argument(
-        "--gpu-starved-throttled",
-        type=_ratio,
-        default=0.1,
-        metavar="RATIO",
-        help="gpu_starved{reason=cpu_throttled}: share of the pod's CFS periods throttled",
-    )
-    p.add_argument(
-        "--gpu-starved-cpu-pressure",
-        type=_ratio,
-        default=0.2,
-        metavar="RATIO",
-        help="gpu_starved{reason=cpu_pressure}: share of time some task of the pod stalled "
-        "waiting for CPU (PSI)",
-    )
-    p.add_argument(
-        "--gpu-starved-memory-pressure",
-        type=_ratio,
-        default=0.1,
-        metavar="RATIO",
-        help="gpu_starved{reason=memory_pressure}: share of time some task of the pod "
-        "stalled on memory (PSI)",
-    )
-    p.add_argument(
-        "--gpu-starved-remote-traffic",
-        type=_ratio,
-        default=0.5,
-        metavar="RATIO",
-        help="gpu_starved{reason=remote_traffic}: share of the pod's memory traffic that "
-        "crossed to another NUMA node (resctrl)",
-    )
+    for reason in STARVED_REASONS:
+        if reason.default is None:
+            continue  # the pod's cross-NUMA verdict decides
+        flag = f"--gpu-starved-{reason.name.replace('_', '-')}"
+        # --gpu-starved-throttled: the name cpu_throttled's flag had first
+        old = ("--gpu-starved-throttled",) if reason.name == "cpu_throttled" else ()
+        p.add_argument(
+            flag,
+            *old,
+            dest=f"starved_{reason.name}",
+            type=_ratio,
+            default=reason.default,
+            metavar="RATIO",
+            help=f"gpu_starved{{reason={reason.name}}}: {reason.measure}",
+        )
     p.add_argument(
         "--resctrl-mode",
         choices=MODES,
@@ -248,10 +232,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             memory_remote_ratio=args.memory_remote_threshold,
             memory_remote_min_bytes=args.memory_remote_min_bytes,
             gpu_starved_utilization=args.gpu_starved_utilization,
-            starved_cpu_throttled=args.gpu_starved_throttled,
-            starved_cpu_pressure=args.gpu_starved_cpu_pressure,
-            starved_memory_pressure=args.gpu_starved_memory_pressure,
-            starved_remote_traffic=args.gpu_starved_remote_traffic,
+            starved={name: getattr(args, f"starved_{name}") for name in STARVED_THRESHOLDS},
         ),
         resctrl_mode=args.resctrl_mode,
         gpu_backend=args.gpu_backend,

@@ -20,7 +20,8 @@ from numaguard.exporter import __version__, sources
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.collectors import capacity, gpu, host_numa, pods, resctrl
 from numaguard.exporter.exposition import render
-from numaguard.exporter.model import NodeSnapshot, Thresholds, build_snapshot
+from numaguard.exporter.model import NodeSnapshot, build_snapshot
+from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.process import ProcessCollector
 from numaguard.exporter.readers.dra import DraView
 from numaguard.exporter.records import Issue, PodMeta

@@ -25,7 +25,7 @@ from numaguard.exporter.collection import (
     Source,
 )
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
-from numaguard.exporter.model import Thresholds
+from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.process import settle_garbage_collector
 from numaguard.exporter.sources.apiserver import KubeconfigError, connect
 from numaguard.exporter.sources.cgroups import CgroupSource

@@ -4,7 +4,8 @@ remote memory, throttling, pressure, and the cross-NUMA verdicts."""
 from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
-from numaguard.exporter.model import ContainerState, NodeSnapshot, PodState
+from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.model.placement import ContainerState, PodState
 
 
 def families(snap: NodeSnapshot) -> list[c.Family]:

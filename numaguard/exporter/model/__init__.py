@@ -1,0 +1,138 @@
+"""The model: one NodeSnapshot per collection cycle, with every derived signal computed
+once, here. Pure: readings (and the previous snapshot, for rates) in, snapshot out. By
+topic: placement (topology, pods, cpu_span and memory_remote), devices (who uses which
+GPU or slice, device_remote), starvation, zones (capacity per NUMA node); thresholds
+holds what decides the verdicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from numaguard.exporter.model.devices import (
+    DeviceFinder,
+    DeviceUse,
+    device_uses,
+    with_device_verdicts,
+)
+from numaguard.exporter.model.placement import (
+    NumaNodeState,
+    PodState,
+    Topology,
+    build_topology,
+    delta_ratio,
+    numa_node_state,
+    pods_of,
+)
+from numaguard.exporter.model.starvation import Starvation, starvation_of
+from numaguard.exporter.model.thresholds import Thresholds
+from numaguard.exporter.model.zones import Zone, dra_devices, zones_of
+from numaguard.exporter.readers.dra import DraView
+from numaguard.exporter.readers.podresources import ContainerResources
+from numaguard.exporter.records import (
+    GpuReading,
+    HostReading,
+    KubeletReading,
+    PodMeta,
+    PodsReading,
+    ResctrlReading,
+)
+from numaguard.exporter.traffic import ResctrlState, build_resctrl
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    node_name: str
+    timestamp: float
+    topology: Topology | None
+    numa_nodes: tuple[NumaNodeState, ...]
+    balancing: Mapping[str, int]
+    hint_fault_locality: float | None
+    pods: tuple[PodState, ...]
+    pod_metadata_synced: bool
+    resctrl: ResctrlState | None
+    gpus: GpuReading | None = None
+    device_uses: tuple[DeviceUse, ...] = ()
+    zones: tuple[Zone, ...] = ()
+    starvation: tuple[Starvation, ...] = ()
+
+
+def build_snapshot(
+    node_name: str,
+    timestamp: float,
+    host: HostReading | None,
+    pods: PodsReading | None,
+    metadata: Mapping[str, PodMeta] | None,
+    previous: NodeSnapshot | None,
+    thresholds: Thresholds,
+    resctrl: ResctrlReading | None = None,
+    gpus: GpuReading | None = None,
+    kubelet: KubeletReading | None = None,
+    dra: DraView | None = None,
+) -> NodeSnapshot:
+    """Combine this cycle's readings; a reading that failed (None) contributes nothing.
+
+    ``metadata`` is None when the API server is not in use or not yet synced.
+    """
+    topology = build_topology(host) if host else (previous.topology if previous else None)
+    prev_nodes = {n.id: n for n in previous.numa_nodes} if previous else {}
+    numa_nodes = (
+        tuple(numa_node_state(n, host, prev_nodes.get(n.id)) for n in host.nodes) if host else ()
+    )
+    balancing = dict(host.balancing) if host else {}
+    locality = None
+    if previous and balancing:
+        locality = delta_ratio(
+            previous.balancing, balancing, "numa_hint_faults_local", ("numa_hint_faults",)
+        )
+    granted = kubelet_index(kubelet)
+    pod_states = pods_of(pods, topology, metadata or {}, thresholds, granted) if pods else ()
+    traffic = None
+    if resctrl is not None:
+        traffic = build_resctrl(
+            resctrl,
+            topology.l3_domains if topology else {},
+            topology.node_of_cpu if topology else {},
+            topology.socket_of_cpu if topology else {},
+            previous.resctrl if previous else None,
+            timestamp - previous.timestamp if previous else None,
+        )
+    find = DeviceFinder(gpus, dra) if gpus else None  # one index of the devices a cycle
+    uses = device_uses(gpus, pod_states, granted, metadata or {}, find) if find else ()
+    starvation: tuple[Starvation, ...] = ()
+    if uses:
+        pod_states = with_device_verdicts(pod_states, uses)
+        by_uid = {p.uid: p for p in pod_states}
+        uses = tuple(replace(u, pod_state=by_uid.get(u.pod_uid)) for u in uses)
+        starvation = starvation_of(
+            uses,
+            previous,
+            timestamp - previous.timestamp if previous else None,
+            traffic,
+            thresholds,
+        )
+    return NodeSnapshot(
+        node_name=node_name,
+        timestamp=timestamp,
+        topology=topology,
+        numa_nodes=numa_nodes,
+        balancing=balancing,
+        hint_fault_locality=locality,
+        pods=pod_states,
+        pod_metadata_synced=metadata is not None,
+        resctrl=traffic,
+        gpus=gpus,
+        device_uses=uses,
+        zones=zones_of(kubelet, topology, dra_devices(find, uses)) if kubelet else (),
+        starvation=starvation,
+    )
+
+
+def kubelet_index(
+    kubelet: KubeletReading | None,
+) -> dict[tuple[str, str, str], ContainerResources] | None:
+    """(namespace, pod, container) -> what the kubelet gave it; None when it is silent."""
+    if kubelet is None or kubelet.pods is None:
+        return None
+    return {(p.namespace, p.name, c.name): c for p in kubelet.pods for c in p.containers}

@@ -1,0 +1,110 @@
+"""Zones (pure): what each NUMA node can still give a pod — exclusive CPUs, devices per
+resource, memory — from the kubelet's answers, for the remediator's fit check."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from numaguard.exporter.model.devices import DeviceFinder, DeviceUse
+from numaguard.exporter.model.placement import Topology
+from numaguard.exporter.records import KubeletReading
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    """What one NUMA node can still give a pod, from the kubelet (None: not reported)."""
+
+    numa_node: int | None  # None: devices the kubelet places on no NUMA node
+    cpus_allocatable: int | None
+    cpus_allocated: int | None  # exclusive CPUs handed out
+    devices_allocatable: Mapping[str, int]  # resource -> devices
+    devices_free: Mapping[str, int]
+    memory_allocatable_bytes: int | None  # memory manager; None without it
+    memory_free_bytes: int | None
+
+
+def dra_devices(
+    find: DeviceFinder | None, uses: tuple[DeviceUse, ...]
+) -> list[tuple[int | None, str, bool]]:
+    """(NUMA node, driver, free) of each DRA device of the node's ResourceSlices that is a
+    GPU or slice NVML knows; taken when a pod holds it through a claim."""
+    if find is None or find.dra is None:
+        return []
+    held = {(u.mig or u.gpu).uuid for u in uses if u.source != "process"}
+    out = []
+    for driver, pool, name in sorted(find.dra.devices):
+        unit = find.dra_device(driver, pool, name)
+        if unit is not None:
+            out.append((unit[0].numa_node, driver, (unit[1] or unit[0]).uuid not in held))
+    return out
+
+
+def zones_of(
+    kubelet: KubeletReading, topology: Topology | None, dra: list[tuple[int | None, str, bool]]
+) -> tuple[Zone, ...]:
+    """Per NUMA node: allocatable and allocated exclusive CPUs, devices per resource and
+    memory, from the kubelet's GetAllocatableResources and List; DRA devices (``dra``)
+    under their driver's name."""
+    alloc = kubelet.allocatable
+    if kubelet.pods is None or alloc is None:
+        return ()
+    given = [c for p in kubelet.pods for c in p.containers]
+    node_of_cpu = topology.node_of_cpu if topology else {}
+    nodes: set[int | None] = set(topology.nodes) if topology else set()
+
+    def per_node(cpus) -> dict[int | None, int]:
+        out: dict[int | None, int] = {}
+        for cpu in cpus:
+            node = node_of_cpu.get(cpu)
+            out[node] = out.get(node, 0) + 1
+        return out
+
+    cpus_allocatable = per_node(alloc.cpus)
+    cpus_allocated = per_node(frozenset().union(*(c.exclusive_cpus for c in given)))
+    taken = {(d.resource, i) for c in given for d in c.devices for i in d.ids}
+    devices_all: dict[int | None, dict[str, int]] = {}
+    devices_free: dict[int | None, dict[str, int]] = {}
+    for d in alloc.devices:
+        # a device on several nodes (or none) cannot be placed on one: zone None
+        node = d.numa_nodes[0] if len(d.numa_nodes) == 1 else None
+        nodes.add(node)
+        for i in d.ids:
+            devices_all.setdefault(node, {}).setdefault(d.resource, 0)
+            devices_free.setdefault(node, {}).setdefault(d.resource, 0)
+            devices_all[node][d.resource] += 1
+            devices_free[node][d.resource] += (d.resource, i) not in taken
+    for node, driver, free in dra:
+        nodes.add(node)
+        devices_all.setdefault(node, {}).setdefault(driver, 0)
+        devices_free.setdefault(node, {}).setdefault(driver, 0)
+        devices_all[node][driver] += 1
+        devices_free[node][driver] += free
+    memory_all: dict[int | None, int] = {}
+    memory_used: dict[int | None, int] = {}
+    for m in alloc.memory:
+        if m.kind == "memory" and len(m.numa_nodes) == 1:
+            memory_all[m.numa_nodes[0]] = memory_all.get(m.numa_nodes[0], 0) + m.size_bytes
+    for c in given:
+        for m in c.memory:
+            if m.kind == "memory" and m.numa_nodes:
+                # a multi-node allocation is split evenly, as the memory manager does
+                share = m.size_bytes // len(m.numa_nodes)
+                for n in m.numa_nodes:
+                    memory_used[n] = memory_used.get(n, 0) + share
+    has_cpus = bool(alloc.cpus)
+    zones = []
+    for node in sorted(nodes | set(cpus_allocatable), key=lambda n: -1 if n is None else n):
+        memory = memory_all.get(node)
+        zones.append(
+            Zone(
+                node,
+                cpus_allocatable.get(node, 0) if has_cpus and node is not None else None,
+                cpus_allocated.get(node, 0) if has_cpus and node is not None else None,
+                devices_all.get(node, {}),
+                devices_free.get(node, {}),
+                memory,
+                None if memory is None else max(0, memory - memory_used.get(node, 0)),
+            )
+        )
+    return tuple(zones)
