@@ -25,7 +25,8 @@ from numaguard.remediator.cluster import (
     rejected_pods,
     workload_pods,
 )
-from numaguard.remediator.findings import KINDS, Detection, Finding, FindingState, update
+from numaguard.remediator.findings import Detection, Finding, FindingState, update
+from numaguard.remediator.kinds import KINDS, NOISY_NEIGHBOUR, PLACEMENT, RESIZED, STARVED
 from numaguard.remediator.kube import Kube
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
@@ -40,7 +41,6 @@ from numaguard.remediator.outcome import (
 )
 from numaguard.remediator.planner import (
     CAPACITY_DEPENDS_ON,
-    DEPENDS_ON,
     Action,
     Capacity,
     Evidence,
@@ -201,17 +201,18 @@ class Controller:
         # round two: what the verdicts' pods, slices and nodes need to be findings
         before = list(self.state.open.values())
         second: q.Queries = []
-        for kind, seen in q.SEEN.items():
-            still = {f.pod_uid for f in before if f.kind == kind}
-            named = {n for name in (f"{kind}_sustained", seen) for n in found[name]["pod_uid"]}
-            names = [f"{kind}_age"]
-            if f"{kind}_sustained" not in found.frames:  # no record of it: judged here
-                names.append(f"{kind}_sustained")
+        for kind in PLACEMENT:
+            sustained, seen = kind.sustained, kind.seen
+            still = {f.pod_uid for f in before if f.kind == kind.name}
+            named = {n for name in (sustained, seen) for n in found[name]["pod_uid"]}
+            names = [kind.age]
+            if sustained not in found.frames:  # no record of it: judged here
+                names.append(sustained)
             second += self._scoped(names, "pod_uid", named | still)
             if seen not in found.frames:  # what keeps open findings open
                 second += self._scoped([seen], "pod_uid", still)
-        starved = {f.node for f in before if f.kind == "starved"}
-        starved |= {n for k in ("sustained", "seen") for n in found[f"starved_{k}"]["node"]}
+        starved = {f.node for f in before if f.kind == STARVED.name}
+        starved |= {n for name in (STARVED.sustained, STARVED.seen) for n in found[name]["node"]}
         second += self._scoped((*q.SLICES, "holders"), "mig_uuid", self.slices)
         second += self._scoped(["gpu_models"], "gpu_uuid", self.slice_gpus)
         second += self._scoped(q.LLC, "node", starved)
@@ -464,7 +465,7 @@ class Controller:
             pending.kind, [r.uid for r in replacements], f"{int(period)}s", self.prometheus.selector
         )
         # what judges the gain: the replacements, or the feeder that stayed where it was
-        if pending.kind == "noisy_neighbour":
+        if pending.kind == NOISY_NEIGHBOUR.name:
             judges = [(pending.before.node, pending.measured_uid)] if pending.before else []
         else:
             judges = [(r.node, r.uid) for r in replacements]
@@ -489,7 +490,7 @@ class Controller:
         instances = {
             node: evidence.instance(node)[0]
             for node, _ in judges
-            if not evidence.node_stale(node, DEPENDS_ON[pending.kind])
+            if not evidence.node_stale(node, KINDS[pending.kind].depends_on)
         }
         measured = activities(signals, judges, instances)
         return outcome, mean([measured[uid] for _, uid in judges])
@@ -497,7 +498,7 @@ class Controller:
     def _verdict(self, pending: Pending, pod: PodInfo, signals, evidence: Evidence) -> str | None:
         """One replacement: held | did_not_hold | None (no fresh, whole-period evidence)."""
         instance, _ = evidence.instance(pod.node)
-        if instance is None or evidence.node_stale(pod.node, DEPENDS_ON[pending.kind]):
+        if instance is None or evidence.node_stale(pod.node, KINDS[pending.kind].depends_on):
             return None
 
         def values(name: str) -> list[dict]:
@@ -511,11 +512,11 @@ class Controller:
         throughout, peak = values("held_throughout"), values("peak")
         if not throughout or not peak:
             return None  # its series did not yet cover the whole period
-        if pending.kind in ("oversized", "undersized"):
+        if pending.kind in RESIZED:
             wanted = mig_resource(pending.recommended)
             held = any(r.get("resource") == wanted for r in throughout)
             return "held" if held else "did_not_hold"
-        limit = self.detection.llc_dominant_share if pending.kind == "noisy_neighbour" else 1
+        limit = self.detection.llc_dominant_share if pending.kind == NOISY_NEIGHBOUR.name else 1
         if max(r["value"] for r in peak) < limit:
             return "held"  # no verdict of the finding's kind, of any reason, all period
         if max(r["value"] for r in throughout) >= limit:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from numaguard.remediator.kinds import NOISY_NEIGHBOUR, OVERSIZED, PLACEMENT, STARVED, UNDERSIZED
 from numaguard.remediator.mig import family_of, geometry
 from numaguard.remediator.signals import Signals
 from numaguard.remediator.validation import FORBID_EXTRA, Ratio
@@ -19,12 +20,9 @@ from numaguard.remediator.validation import FORBID_EXTRA, Ratio
 GIB = 1 << 30
 
 
-KINDS = ("cross_numa", "starved", "noisy_neighbour", "oversized", "undersized")
-
-
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # cross_numa | starved | oversized | undersized | noisy_neighbour
+    kind: str  # one of kinds.KINDS
     node: str
     namespace: str
     pod: str
@@ -86,12 +84,13 @@ def update(
 
 
 def _placement(signals: Signals, which: str) -> list[Finding]:
+    """``which``: sustained | seen, of each kind the exporter's verdicts find."""
     out = []
-    for kind in ("cross_numa", "starved"):
-        for row in _rows(signals[f"{kind}_{which}"]):
+    for kind in PLACEMENT:
+        for row in _rows(signals[getattr(kind, which)]):
             out.append(
                 Finding(
-                    kind,
+                    kind.name,
                     row["node"],
                     row["namespace"],
                     row["pod"],
@@ -107,7 +106,7 @@ def _placement(signals: Signals, which: str) -> list[Finding]:
 def noisy_neighbours(signals: Signals, open_findings, detection: Detection) -> list[Finding]:
     """Pods holding most of an L3 domain that a starved GPU's feeder also uses."""
     share = signals["llc_share"]
-    starved = {f.pod_uid: f for f in open_findings if f.kind == "starved"}
+    starved = {f.pod_uid: f for f in open_findings if f.kind == STARVED.name}
     if share.empty or not starved or "pod_uid" not in share:
         return []
     rows = share.to_dict("records")
@@ -124,7 +123,7 @@ def noisy_neighbours(signals: Signals, open_findings, detection: Detection) -> l
         feeder = starved[feeder_uid]
         out.append(
             Finding(
-                "noisy_neighbour",
+                NOISY_NEIGHBOUR.name,
                 r["node"],
                 r.get("namespace", ""),
                 r.get("pod", ""),
@@ -175,10 +174,10 @@ def sizing_findings(signals: Signals, detection: Detection) -> list[Finding]:
         memory_full = row.memory_peak >= detection.memory_full * row.memory_total
         compute_full = row.sm >= detection.saturated
         if compute_full or memory_full:
-            kind = "undersized"
+            kind = UNDERSIZED.name
             recommended = next_larger(sizes, row.mig_profile, compute_full, memory_full)
         elif row.sm < detection.low_utilization:
-            kind = "oversized"
+            kind = OVERSIZED.name
             recommended = smallest_fit(sizes, row.mig_profile, row.sm, row.memory_peak, detection)
         else:
             continue

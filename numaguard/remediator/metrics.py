@@ -13,7 +13,7 @@ from prometheus_client import (
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.process import ProcessCollector
-from numaguard.remediator.findings import KINDS
+from numaguard.remediator.kinds import KINDS
 from numaguard.remediator.planner import GUARDS
 
 

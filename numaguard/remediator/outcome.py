@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from numaguard.remediator.kinds import NOISY_NEIGHBOUR, RESIZED
 from numaguard.remediator.validation import FORBID_EXTRA, NonNegative, Text
 
 Measure = NonNegative | None
@@ -145,9 +146,9 @@ def described(kind: str, g: Gain, after: Activity | None) -> str:
     after moving to gpu-a NUMA node 1: gain 5.47"."""
     if g.ratio is None:
         return g.detail
-    if kind in ("oversized", "undersized"):
+    if kind in RESIZED:
         how = " after the resize"
-    elif kind == "noisy_neighbour":
+    elif kind == NOISY_NEIGHBOUR.name:
         how = " after its noisy neighbour left"
     else:
         numa = f" NUMA node {after.numa_nodes}" if after.numa_nodes else ""

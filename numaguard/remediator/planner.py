@@ -20,6 +20,15 @@ from pydantic import TypeAdapter, ValidationError
 
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.findings import Finding
+from numaguard.remediator.kinds import (
+    CROSS_NUMA,
+    KINDS,
+    NOISY_NEIGHBOUR,
+    OVERSIZED,
+    RESIZED,
+    STARVED,
+    UNDERSIZED,
+)
 from numaguard.remediator.outcome import Activity
 from numaguard.remediator.signals import Signals
 from numaguard.remediator.validation import (
@@ -33,9 +42,6 @@ from numaguard.remediator.validation import (
     Text,
 )
 
-# Starved for a placement reason: moving the pod fixes it. For the others (a CPU-bound
-# feeder on an aligned pod) only a recommendation can.
-_MOVABLE_STARVED = {"device_remote", "memory_remote", "remote_traffic"}
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 GUARDS = (
     "paused",
@@ -83,16 +89,8 @@ HISTORY_OWNERS = {
     "StatefulSet": "statefulsets",
     "ReplicaSet": "replicasets",
 }
-# The collectors each finding's evidence comes from; their freshness is checked on the
-# pod's node before anything is done about it.
-DEPENDS_ON = {
-    "cross_numa": ("host_numa", "pod_placement"),
-    "starved": ("pod_placement", "gpu", "pod_resources"),
-    "noisy_neighbour": ("pod_placement", "resctrl", "gpu", "pod_resources"),
-    "oversized": ("gpu", "pod_resources"),
-    "undersized": ("gpu", "pod_resources"),
-}
-# ... and those the capacity of a zone that would take a pod comes from
+# The collectors the capacity of a zone that would take a pod comes from (each kind's
+# own are in its record, kinds.py)
 CAPACITY_DEPENDS_ON = ("host_numa", "pod_resources")
 
 
@@ -145,29 +143,25 @@ class Enforcement:
     topology_affinity_error: Mode = "act"
 
     def of(self, kind: str) -> str:
-        return getattr(self, ENFORCED_AS.get(kind, kind))
+        return getattr(self, KINDS[kind].enforced_as)
 
 
 @dataclass(frozen=True)
 class FixGain:
     """The least gain (outcome.py: the workload's GPU work, or share of local memory,
-    after / before) a fix of each kind must show to count as paid off; 0: any. A
-    shrink pays off by giving SMs back without slowing the job down much."""
+    after / before) a fix of each kind must show to count as paid off; 0: any. The
+    defaults are the kinds' own (kinds.py)."""
 
     __pydantic_config__ = FORBID_EXTRA
 
-    cross_numa: NonNegative = 1.1
-    starved: NonNegative = 1.1
-    noisy_neighbour: NonNegative = 1.05
-    undersized: NonNegative = 1.1
-    oversized: NonNegative = 0.9
+    cross_numa: NonNegative = CROSS_NUMA.min_gain
+    starved: NonNegative = STARVED.min_gain
+    noisy_neighbour: NonNegative = NOISY_NEIGHBOUR.min_gain
+    undersized: NonNegative = UNDERSIZED.min_gain
+    oversized: NonNegative = OVERSIZED.min_gain
 
     def of(self, kind: str) -> float:
         return getattr(self, kind)
-
-
-# finding kinds under another name in the policy
-ENFORCED_AS = {"oversized": "mis_sized", "undersized": "mis_sized"}
 
 
 @dataclass(frozen=True)
@@ -328,12 +322,14 @@ def plan(
             or intent == "recommend"
             or (intent == "resize" and not _opted_in(pod))
         ):
-            actions.append(Action("recommend", finding, pod, _advice(finding), True))
+            actions.append(
+                Action("recommend", finding, pod, KINDS[finding.kind].advice(finding), True)
+            )
             continue
         if finding.pod_uid in acted:
             continue
         guard, detail = _guard(pod, policy, history, now)
-        if guard is None and finding.kind == "noisy_neighbour":
+        if guard is None and finding.kind == NOISY_NEIGHBOUR.name:
             feeder = pods.get(finding.feeder_uid)
             if feeder is None or pod.priority >= feeder.priority:
                 guard = "not_lower_priority"
@@ -397,23 +393,16 @@ def after_verification(h: WorkloadHistory, pending: Pending, outcome: str) -> Wo
 def measured_uid(f: Finding) -> str:
     """The pod whose activity says whether a fix of ``f`` paid off: the pod moved or
     resized (its replacements, after), or the feeder a noisy neighbour crowded out."""
-    return f.feeder_uid if f.kind == "noisy_neighbour" else f.pod_uid
+    return getattr(f, KINDS[f.kind].measured)
 
 
 def _priority(f: Finding) -> tuple:
-    """Placement findings first (they cost throughput now), then sizing; stable."""
-    order = {"cross_numa": 0, "starved": 1, "noisy_neighbour": 2, "undersized": 3, "oversized": 4}
-    return (order.get(f.kind, 9), f.node, f.namespace, f.pod, f.reason)
+    """By kind (kinds.py), then stable."""
+    return (KINDS[f.kind].priority, f.node, f.namespace, f.pod, f.reason)
 
 
 def intent_of(f: Finding) -> str:
-    if f.kind in ("cross_numa", "noisy_neighbour") or (
-        f.kind == "starved" and f.reason in _MOVABLE_STARVED
-    ):
-        return "evict"
-    if f.kind in ("oversized", "undersized"):
-        return "resize"
-    return "recommend"
+    return KINDS[f.kind].intent_of(f.reason)
 
 
 def _opted_in(pod: PodInfo | None) -> bool:
@@ -422,16 +411,6 @@ def _opted_in(pod: PodInfo | None) -> bool:
         and pod.workload.split("/")[0] in ("Deployment", "StatefulSet")
         and pod.workload_annotations.get("numaguard.io/auto-resize") == "true"
     )
-
-
-def _advice(f: Finding) -> str:
-    if f.kind in ("oversized", "undersized"):
-        return f"use {mig_resource(f.recommended)} instead of {f.profile} ({f.kind})"
-    if f.kind == "noisy_neighbour":
-        return f"move it off the L3 cache it crowds {f.feeder} out of (policy: recommend)"
-    if intent_of(f) == "evict":  # a placement the policy says only to point out
-        return f"recreate it with CPUs, memory and devices on one NUMA node ({f.kind}: {f.reason})"
-    return f"GPU starved by {f.reason} on an aligned pod: give the feeder more CPU"
 
 
 def _guard(pod, policy, history, now) -> tuple[str | None, str]:
@@ -516,17 +495,21 @@ class Evidence:
         for node, uid, gpu, mig in _columns(holders, "node", "pod_uid", "gpu_uuid", "mig_uuid"):
             self.holders.setdefault((node, uid), set()).update((gpu, mig))
         self.slices = set(_columns(s["slice_memory_total"], "node", "mig_uuid"))
-        # the age of the newest sample of each verdict, keyed as findings name them
+        # the age of the newest sample of each verdict, by its query and the fields of
+        # a finding its kind's record names (Kind.age_of)
         self.ages: dict[tuple, float] = {}
-        for uid, reason, age in _columns(s["cross_numa_age"], "pod_uid", "reason", "value"):
-            self._age(("cross_numa", uid, reason, ""), age)
-        starved = _columns(s["starved_age"], "pod_uid", "reason", "gpu_uuid", "mig_uuid", "value")
-        for uid, reason, gpu, mig, age in starved:
-            self._age(("starved", uid, reason, mig or gpu), age)
-        for uid, domain, age in _columns(s["llc_age"], "pod_uid", "l3_domain", "value"):
-            self._age(("llc", uid, domain), age)
-        for mig, age in _columns(s["slice_age"], "mig_uuid", "value"):
-            self._age(("slice", "", mig), age)
+        cross, starved, llc, slices = (
+            k.age for k in (CROSS_NUMA, STARVED, NOISY_NEIGHBOUR, OVERSIZED)
+        )
+        for uid, reason, age in _columns(s[cross], "pod_uid", "reason", "value"):
+            self._age((cross, uid, reason), age)
+        rows = _columns(s[starved], "pod_uid", "reason", "gpu_uuid", "mig_uuid", "value")
+        for uid, reason, gpu, mig, age in rows:
+            self._age((starved, uid, reason, mig or gpu), age)
+        for uid, domain, age in _columns(s[llc], "pod_uid", "l3_domain", "value"):
+            self._age((llc, uid, f"l3:{domain}"), age)
+        for mig, age in _columns(s[slices], "mig_uuid", "value"):
+            self._age((slices, mig), age)
 
     def _age(self, key: tuple, age: float) -> None:
         self.ages[key] = min(age, self.ages.get(key, age))
@@ -567,8 +550,9 @@ class Evidence:
             return "evidence_mismatch", (
                 f"series from {f.instance or 'no target'}, but {f.node}'s exporter is {instance}"
             )
-        collectors = DEPENDS_ON[f.kind]
-        if f.kind == "cross_numa" and f.reason == "device_remote":
+        kind = KINDS[f.kind]
+        collectors = kind.depends_on
+        if f.reason in kind.device_reasons:
             collectors = (*collectors, "pod_resources")
         why = self.node_stale(f.node, collectors)
         if not why:
@@ -585,7 +569,7 @@ class Evidence:
             return "evidence_mismatch", f"the pod is {pod.phase or 'in no phase'}, not Running"
         if pod.node != f.node:
             return "evidence_mismatch", f"the pod runs on {pod.node or 'no node'}, not {f.node}"
-        device_finding = (f.kind == "cross_numa" and f.reason == "device_remote") or (
+        device_finding = f.reason in kind.device_reasons or (
             f.device and not f.device.startswith("l3:")
         )
         if not device_finding:
@@ -597,7 +581,7 @@ class Evidence:
             )
         if not pod.resources:
             return "evidence_mismatch", "the pod requests no device"
-        if f.kind in ("oversized", "undersized"):
+        if f.kind in RESIZED:
             wanted = mig_resource(f.profile)
             if (f.node, f.device) not in self.slices:
                 return "evidence_mismatch", f"no slice {f.device} on {f.node}"
@@ -606,11 +590,8 @@ class Evidence:
         return None, ""
 
     def _sample_age(self, f: Finding) -> float | None:
-        if f.kind == "noisy_neighbour":
-            return self.ages.get(("llc", f.pod_uid, f.device.removeprefix("l3:")))
-        if f.kind in ("oversized", "undersized"):
-            return self.ages.get(("slice", "", f.device))
-        return self.ages.get((f.kind, f.pod_uid, f.reason, f.device if f.kind == "starved" else ""))
+        kind = KINDS[f.kind]
+        return self.ages.get((kind.age, *(getattr(f, name) for name in kind.age_of)))
 
 
 def holdings(s: Signals, pods: set[str]) -> dict[str, dict]:

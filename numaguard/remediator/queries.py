@@ -24,6 +24,7 @@ from typing import Annotated
 from pydantic import Field
 
 from numaguard.exporter import catalogue as c
+from numaguard.remediator.kinds import CROSS_NUMA, KINDS, PLACEMENT, RESIZED, STARVED
 from numaguard.remediator.validation import FORBID_EXTRA, Duration
 
 EXPORTER_JOB = "numaguard"  # the exporters' scrape job, as deploy/'s ServiceMonitor names it
@@ -36,8 +37,8 @@ BATCH = 200  # names per =~ matcher: a query of some 10 kB at most
 # The recording rules alerts/ installs for the costliest detection expressions: read
 # instead of evaluated when Prometheus runs them as the remediator would write them.
 RECORDED = {
-    "cross_numa_sustained": "numaguard:pod_cross_numa:sustained",
-    "starved_sustained": "numaguard:gpu_starved:sustained",
+    CROSS_NUMA.sustained: "numaguard:pod_cross_numa:sustained",
+    STARVED.sustained: "numaguard:gpu_starved:sustained",
     "slice_sm": "numaguard:mig_sm_utilization:avg",
 }
 
@@ -78,18 +79,18 @@ def expressions(
         # it (a new series is not yet sustained) opens a finding. The sample at the
         # window's start is the offset's: Prometheus 3's ranges leave it out, 2's take
         # it in, and the two then agree ...
-        "cross_numa_sustained": (
+        CROSS_NUMA.sustained: (
             f"min_over_time({cross}[{w.finding}]) == 1 and {cross} offset {w.finding} == 1"
         ),
         # ... and one that held at any scrape keeps it open (hysteresis)
-        "cross_numa_seen": f"max_over_time({cross}[{w.finding}]) == 1",
-        "starved_sustained": (
+        CROSS_NUMA.seen: f"max_over_time({cross}[{w.finding}]) == 1",
+        STARVED.sustained: (
             f"min_over_time({starved}[{w.finding}]) == 1 and {starved} offset {w.finding} == 1"
         ),
-        "starved_seen": f"max_over_time({starved}[{w.finding}]) == 1",
+        STARVED.seen: f"max_over_time({starved}[{w.finding}]) == 1",
         # how old the newest sample saying so is: an action needs the verdict now
-        "cross_numa_age": f"time() - timestamp({cross} == 1)",
-        "starved_age": f"time() - timestamp({starved} == 1)",
+        CROSS_NUMA.age: f"time() - timestamp({cross} == 1)",
+        STARVED.age: f"time() - timestamp({starved} == 1)",
         # MIG sizing: what each slice did over the whole sizing window, and what it is
         "slice_sm": f"avg_over_time({sm}[{w.sizing}]) and {sm} offset {w.sizing}",
         "slice_sm_peak": f"max_over_time({sm}[{w.sizing}])",
@@ -123,12 +124,12 @@ def expressions(
 # Labels a row of each answer must carry to be used; a row without one is dropped (and
 # counted), never the answer. Empty labels are absent in Prometheus: mig_uuid is optional.
 REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
-    "cross_numa_sustained": ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
-    "cross_numa_seen": ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
-    "starved_sustained": ("node", "instance", "namespace", "pod", "pod_uid", "reason", "gpu_uuid"),
-    "starved_seen": ("node", "instance", "namespace", "pod", "pod_uid", "reason", "gpu_uuid"),
-    "cross_numa_age": ("node", "instance", "pod_uid", "reason"),
-    "starved_age": ("node", "instance", "pod_uid", "reason", "gpu_uuid"),
+    CROSS_NUMA.sustained: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
+    CROSS_NUMA.seen: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
+    STARVED.sustained: ("node", "instance", "namespace", "pod", "pod_uid", "reason", "gpu_uuid"),
+    STARVED.seen: ("node", "instance", "namespace", "pod", "pod_uid", "reason", "gpu_uuid"),
+    CROSS_NUMA.age: ("node", "instance", "pod_uid", "reason"),
+    STARVED.age: ("node", "instance", "pod_uid", "reason", "gpu_uuid"),
     "slice_sm": ("node", "instance", "mig_uuid", "mig_profile"),
     "slice_sm_peak": ("node", "mig_uuid"),
     "slice_memory_peak": ("node", "mig_uuid"),
@@ -152,8 +153,8 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
 REQUIRED_LABELS["slice_candidates"] = ("node", "instance", "mig_uuid")
 REQUIRED_LABELS["zone_candidates"] = ("node", "numa_node")
 
-# What later rounds ask about each kind of thing round one named
-SEEN = {"cross_numa": "cross_numa_seen", "starved": "starved_seen"}
+# What later rounds ask about each kind of thing round one named (the placement kinds'
+# own queries are in their records, kinds.py)
 SLICES = ("slice_sm", "slice_sm_peak", "slice_memory_peak", "slice_memory_total", "slice_age")
 LLC = ("llc_share", "llc_age")
 HOLDINGS = ("pod_exclusive_cpus", "pod_memory", "holders")
@@ -201,8 +202,8 @@ def detection(
         return selected(RECORDED[name], selector) if name in recorded else e[name]
 
     out = []
-    for kind, seen in SEEN.items():
-        sustained = f"{kind}_sustained"
+    for kind in PLACEMENT:
+        sustained, seen = kind.sustained, kind.seen
         out.append((sustained, read(sustained)) if sustained in recorded else (seen, e[seen]))
     if sizing is not None:
         low, saturated, memory_full = sizing
@@ -276,16 +277,6 @@ def zone_candidates(
     return out
 
 
-# What verification reads for an action of each finding kind: the metric of its verdict.
-VERIFIED_BY = {
-    "cross_numa": c.POD_CROSS_NUMA,
-    "starved": c.GPU_STARVED,
-    "noisy_neighbour": c.POD_LLC_SHARE,
-    "oversized": c.GPU_HOLDER,
-    "undersized": c.GPU_HOLDER,
-}
-
-
 def verification_expressions(
     kind: str, pod_uids: list[str], period: str, selector: str = DEFAULT_SELECTOR
 ) -> dict[str, str]:
@@ -300,10 +291,10 @@ def verification_expressions(
     uids = "|".join(sorted(pod_uids))
     matchers = [f'pod_uid=~"{uids}"']
     by = "node, instance, pod_uid"
-    if kind in ("oversized", "undersized"):
+    if kind in RESIZED:
         matchers.append('source="kubelet"')
         by += ", resource"
-    series = selected(VERIFIED_BY[kind].name, selector, *matchers)
+    series = selected(KINDS[kind].verified_by.name, selector, *matchers)
     existed = f"max by ({by}) ({series} offset {period})"
     return {
         "held_throughout": (

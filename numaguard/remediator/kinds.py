@@ -1,0 +1,119 @@
+"""Each kind of finding, in one record (pure): what its evidence rests on, when it is
+planned, what fixing it means, how the policy names it, what a fix must gain, what it
+advises, and which queries find it, date it and verify it. The findings, queries,
+planner, controller and outcome read these records; none spells a kind's traits itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from numaguard.exporter import catalogue as c
+from numaguard.exporter.model.thresholds import STARVED_REASONS
+from numaguard.exporter.readers.nvml import mig_resource
+
+if TYPE_CHECKING:
+    from numaguard.remediator.findings import Finding
+
+_RECREATE = "recreate it with CPUs, memory and devices on one NUMA node ({f.kind}: {f.reason})"
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    priority: int  # planned in this order: placement first (it costs throughput now)
+    depends_on: tuple[str, ...]  # collectors that must be fresh on the pod's node
+    # evict | resize | recommend; ``recommend_for``: reasons for which it is recommend
+    intent: str
+    enforced_as: str  # its field in policy.enforcement
+    min_gain: float  # the default of its field in policy.min_fix_gain
+    advice: Callable[[Finding], str]  # what the recommendation says
+    age: str  # the query saying how old the newest sample saying so is
+    age_of: tuple[str, ...]  # the finding's fields that name its row there
+    verified_by: c.MetricSpec  # the verdict verification reads for a replacement
+    measured: str = "pod_uid"  # the finding's field naming the pod whose activity is the gain
+    sustained: str = ""  # round one's queries, for the verdicts the exporter writes
+    seen: str = ""
+    recommend_for: frozenset[str] = frozenset()
+    # reasons about a device: the kubelet must attribute it to the pod, fresh
+    device_reasons: frozenset[str] = frozenset()
+
+    def intent_of(self, reason: str) -> str:
+        return "recommend" if reason in self.recommend_for else self.intent
+
+
+CROSS_NUMA = Kind(
+    "cross_numa",
+    priority=0,
+    depends_on=("host_numa", "pod_placement"),
+    intent="evict",
+    enforced_as="cross_numa",
+    min_gain=1.1,
+    advice=lambda f: _RECREATE.format(f=f),
+    age="cross_numa_age",
+    age_of=("pod_uid", "reason"),
+    verified_by=c.POD_CROSS_NUMA,
+    sustained="cross_numa_sustained",
+    seen="cross_numa_seen",
+    device_reasons=frozenset({"device_remote"}),
+)
+STARVED = Kind(
+    "starved",
+    priority=1,
+    depends_on=("pod_placement", "gpu", "pod_resources"),
+    intent="evict",
+    enforced_as="starved",
+    min_gain=1.1,
+    advice=lambda f: (
+        _RECREATE.format(f=f)
+        if f.reason not in STARVED.recommend_for
+        else f"GPU starved by {f.reason} on an aligned pod: give the feeder more CPU"
+    ),
+    age="starved_age",
+    age_of=("pod_uid", "reason", "device"),
+    verified_by=c.GPU_STARVED,
+    sustained="starved_sustained",
+    seen="starved_seen",
+    # a CPU-bound feeder on an aligned pod: moving it fixes nothing
+    recommend_for=frozenset(r.name for r in STARVED_REASONS if not r.movable),
+)
+NOISY_NEIGHBOUR = Kind(
+    "noisy_neighbour",
+    priority=2,
+    depends_on=("pod_placement", "resctrl", "gpu", "pod_resources"),
+    intent="evict",
+    enforced_as="noisy_neighbour",
+    min_gain=1.05,
+    advice=lambda f: f"move it off the L3 cache it crowds {f.feeder} out of (policy: recommend)",
+    age="llc_age",
+    age_of=("pod_uid", "device"),
+    verified_by=c.POD_LLC_SHARE,
+    measured="feeder_uid",  # the feeder it crowded out shows the gain
+)
+
+
+def _resize(kind: str, priority: int, min_gain: float) -> Kind:
+    return Kind(
+        kind,
+        priority=priority,
+        depends_on=("gpu", "pod_resources"),
+        intent="resize",
+        enforced_as="mis_sized",
+        min_gain=min_gain,
+        advice=lambda f: f"use {mig_resource(f.recommended)} instead of {f.profile} ({f.kind})",
+        age="slice_age",
+        age_of=("device",),
+        verified_by=c.GPU_HOLDER,
+    )
+
+
+UNDERSIZED = _resize("undersized", 3, 1.1)
+# a shrink pays off by giving SMs back without slowing the job down much
+OVERSIZED = _resize("oversized", 4, 0.9)
+
+KINDS = {k.name: k for k in (CROSS_NUMA, STARVED, NOISY_NEIGHBOUR, OVERSIZED, UNDERSIZED)}
+# the kinds whose verdicts the exporter writes: found from their sustained and seen queries
+PLACEMENT = tuple(k for k in KINDS.values() if k.seen)
+RESIZED = tuple(k.name for k in KINDS.values() if k.intent == "resize")
