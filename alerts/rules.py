@@ -2,7 +2,7 @@
 
 ``python -m alerts.rules`` (or ``make docs``) writes ``alerts/numaguard.rules.yml`` and
 ``docs/runbooks/<Alert>.md``; a test fails when they are stale. The detection conditions
-are the remediator's own expressions (numaguard/remediator/queries.py), so an alert and a
+are the remediator's own expressions (numaguard/remediator/core/queries.py), so an alert and a
 remediation never disagree about what a finding is.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import yaml
 
 from numaguard.exporter import catalogue as c
-from numaguard.remediator.findings import Detection
-from numaguard.remediator.queries import DEFAULT_SELECTOR, Windows, expressions, selected
+from numaguard.remediator.core.findings import Detection
+from numaguard.remediator.core.queries import DEFAULT_SELECTOR, Windows, expressions, selected
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_FILE = ROOT / "alerts" / "numaguard.rules.yml"

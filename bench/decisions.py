@@ -21,17 +21,12 @@ import tempfile
 import time
 
 from numaguard.exporter.readers import parse_id_list
-from numaguard.remediator.findings import FindingState, update
-from numaguard.remediator.planner import (
-    PodInfo,
-    Policy,
-    WorkloadHistory,
-    after_action,
-    after_verification,
-    plan,
-)
-from numaguard.remediator.queries import REQUIRED_LABELS
-from numaguard.remediator.signals import Signals
+from numaguard.remediator.core.answers import Signals
+from numaguard.remediator.core.findings import FindingState, update
+from numaguard.remediator.core.history import WorkloadHistory, after_action, after_verification
+from numaguard.remediator.core.planner import PodInfo, plan
+from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.queries import REQUIRED_LABELS
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
 from numaguard.simulator.controlplane import ControlPlane

@@ -15,10 +15,11 @@ import random
 import statistics
 import time
 
-from numaguard.remediator.findings import FindingState, update
-from numaguard.remediator.planner import PodInfo, Policy, plan
-from numaguard.remediator.queries import expressions
-from numaguard.remediator.signals import Signals
+from numaguard.remediator.core.answers import Signals
+from numaguard.remediator.core.findings import FindingState, update
+from numaguard.remediator.core.planner import PodInfo, plan
+from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.queries import expressions
 from numaguard.simulator.prometheus import as_signals
 
 GIB = 1 << 30

@@ -24,8 +24,9 @@ from pathlib import Path
 import aiohttp
 
 from numaguard.remediator.controller import Controller
-from numaguard.remediator.findings import FindingState, update
-from numaguard.remediator.planner import Policy, plan
+from numaguard.remediator.core.findings import FindingState, update
+from numaguard.remediator.core.planner import plan
+from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.signals import Prometheus, Source
 from numaguard.simulator.fleet import Fleet, pods_for
 from numaguard.simulator.processes import free_port

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from alerts import rules
-from numaguard.remediator.queries import Windows
+from numaguard.remediator.core.queries import Windows
 from numaguard.simulator import presets
 from numaguard.simulator.alertmanager import AlertmanagerServer
 from numaguard.simulator.cluster import one_node

@@ -14,7 +14,7 @@ import yaml
 
 from alerts import rules
 from numaguard.exporter.catalogue import series_names
-from numaguard.remediator.queries import EXPORTER_JOB
+from numaguard.remediator.core.queries import EXPORTER_JOB
 from numaguard.simulator.prometheus import VERSIONS, binary
 from tests.test_queries import metric_names
 

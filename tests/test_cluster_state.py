@@ -18,9 +18,10 @@ from numaguard.remediator.cluster import (
     pods_of,
     workload_pods,
 )
-from numaguard.remediator.findings import Finding
+from numaguard.remediator.core.findings import Finding
+from numaguard.remediator.core.history import Pending, WorkloadHistory
+from numaguard.remediator.core.planner import Action
 from numaguard.remediator.kube import Kube, api_client
-from numaguard.remediator.planner import Action, Pending, WorkloadHistory
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
 

@@ -20,7 +20,7 @@ from grafana import dashboards
 from numaguard.exporter.catalogue import series_names
 from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.exporter.server import Settings, serve
-from numaguard.remediator.queries import Windows
+from numaguard.remediator.core.queries import Windows
 from numaguard.simulator import demo
 from numaguard.simulator.cluster import SimulatedCluster
 from numaguard.simulator.exporter import fake_gpus

@@ -64,17 +64,11 @@ RULES = [
         ("numaguard.exporter.sources",),
         (),
     ),
+    # the remediator's pure core, by prefix: a new module there is held to it too
     (
-        (
-            "numaguard.remediator.findings",
-            "numaguard.remediator.planner",
-            "numaguard.remediator.mig",
-            "numaguard.remediator.queries",
-            "numaguard.remediator.rejections",
-            "numaguard.remediator.outcome",
-        ),
-        ("aiohttp", "kubernetes", "numaguard.remediator.kube", "numaguard.remediator.actuator"),
-        (),
+        "numaguard.remediator.core",
+        ("aiohttp", "kubernetes", "numaguard.remediator."),
+        ("numaguard.remediator.core",),
     ),
     ("numaguard", ("numaguard.simulator", "simulator"), ()),
     # the Kubernetes client is wrapped once: no typed API (create_*, patch_*) elsewhere
@@ -116,7 +110,11 @@ def test_a_forbidden_import_is_caught():
     assert broken("numaguard.exporter.server", {"numaguard.simulator.nvml"}) == [
         "numaguard.simulator.nvml"
     ]
-    assert broken("numaguard.remediator.planner", {"kubernetes.aio"}) == ["kubernetes.aio"]
+    assert broken("numaguard.remediator.core.planner", {"kubernetes.aio"}) == ["kubernetes.aio"]
+    assert broken("numaguard.remediator.core.new", {"numaguard.remediator.signals"}) == [
+        "numaguard.remediator.signals"
+    ]
+    assert broken("numaguard.remediator.core.new", {"numaguard.remediator.core.kinds"}) == []
     assert broken("numaguard.exporter.readers.cgroup", {"numaguard.exporter.readers"}) == []
 
 
@@ -202,7 +200,7 @@ for module in pkgutil.walk_packages(numaguard.__path__, "numaguard."):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     found = set(run.stdout.split())
-    assert {"numaguard.exporter.model", "numaguard.remediator.planner"} <= found
+    assert {"numaguard.exporter.model", "numaguard.remediator.core.planner"} <= found
     assert "numaguard.simulator.cluster" in found
     assert len(found) >= len(PRODUCT)
 

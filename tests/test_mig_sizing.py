@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from numaguard.exporter.readers.nvml import mig_resource
-from numaguard.remediator.findings import Detection, sizing_findings
-from numaguard.remediator.mig import FAMILIES, family_of, geometry
+from numaguard.remediator.core.findings import Detection, sizing_findings
+from numaguard.remediator.core.mig import FAMILIES, family_of, geometry
 from numaguard.simulator.prometheus import as_signals
 
 GIB = 1 << 30

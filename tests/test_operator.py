@@ -16,9 +16,9 @@ import pytest
 
 from alerts import rules
 from numaguard.remediator.controller import Controller
+from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.kube import Kube, api_client
-from numaguard.remediator.planner import Policy
-from numaguard.remediator.queries import Windows
 from numaguard.remediator.signals import Prometheus
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster

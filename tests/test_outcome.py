@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from numaguard.exporter import catalogue as c
-from numaguard.remediator import queries as q
-from numaguard.remediator.outcome import activities, gain
+from numaguard.remediator.core import queries as q
+from numaguard.remediator.core.outcome import activities, gain
 from numaguard.remediator.signals import Prometheus
 from numaguard.simulator.processes import free_port
 from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, tsdb_blocks

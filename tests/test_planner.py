@@ -11,22 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numaguard.remediator.findings import Detection, FindingState, smallest_fit, update
-from numaguard.remediator.planner import (
-    GUARDS,
-    Capacity,
-    Enforcement,
-    Evidence,
-    Need,
-    Pending,
-    PodInfo,
-    Policy,
-    WorkloadHistory,
-    plan,
-)
-from numaguard.remediator.queries import REQUIRED_LABELS
-from numaguard.remediator.rejections import RejectedPod, describe, storms
-from numaguard.remediator.signals import Signals
+from numaguard.remediator.core.answers import Signals
+from numaguard.remediator.core.capacity import Capacity, Need
+from numaguard.remediator.core.evidence import Evidence
+from numaguard.remediator.core.findings import Detection, FindingState, smallest_fit, update
+from numaguard.remediator.core.history import Pending, WorkloadHistory
+from numaguard.remediator.core.planner import GUARDS, PodInfo, plan
+from numaguard.remediator.core.policy import Enforcement, Policy
+from numaguard.remediator.core.queries import REQUIRED_LABELS
+from numaguard.remediator.core.rejections import RejectedPod, describe, storms
 from numaguard.simulator.prometheus import as_signals
 
 GIB = 1 << 30

@@ -9,8 +9,8 @@ import promql_parser
 import pytest
 
 from numaguard.exporter.catalogue import CATALOGUE
-from numaguard.remediator import queries as q
-from numaguard.remediator.queries import Windows, expressions, verification_expressions
+from numaguard.remediator.core import queries as q
+from numaguard.remediator.core.queries import Windows, expressions, verification_expressions
 
 NEEDS = [(8.0, 2.0**34, (("nvidia.com/gpu", 1),)), (0.0, 0.0, (("nvidia.com/mig-1g.10gb", 1),))]
 

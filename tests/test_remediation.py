@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.remediator.controller import Controller
+from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.kube import Kube, api_client
-from numaguard.remediator.planner import Policy
-from numaguard.remediator.queries import Windows, expressions
 from numaguard.remediator.signals import Prometheus
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster

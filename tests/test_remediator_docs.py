@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from numaguard.remediator.findings import Detection
-from numaguard.remediator.planner import GUARDS, Policy
-from numaguard.remediator.queries import Windows
+from numaguard.remediator.core.findings import Detection
+from numaguard.remediator.core.planner import GUARDS
+from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.signals import Source
 
 
@@ -112,7 +113,7 @@ def test_lease_timing_must_be_ordered(capsys):
 
 def test_enforcement_flags_override_the_config_kind_by_kind(tmp_path):
     from numaguard.remediator.cli import parser, settings
-    from numaguard.remediator.planner import Enforcement
+    from numaguard.remediator.core.policy import Enforcement
 
     config = tmp_path / "config.yaml"
     config.write_text("policy:\n  enforcement:\n    cross_numa: ignore\n    starved: recommend\n")
@@ -125,7 +126,7 @@ def test_enforcement_flags_override_the_config_kind_by_kind(tmp_path):
 
 def test_minimum_gains_come_from_the_config_and_flags_kind_by_kind(tmp_path):
     from numaguard.remediator.cli import parser, settings
-    from numaguard.remediator.planner import FixGain
+    from numaguard.remediator.core.policy import FixGain
 
     config = tmp_path / "config.yaml"
     config.write_text("policy:\n  min_fix_gain:\n    cross_numa: 1.5\n    oversized: 0\n")

@@ -12,11 +12,12 @@ import aiohttp
 import pytest
 
 from alerts import rules
-from numaguard.remediator import queries as q
 from numaguard.remediator.controller import Controller
-from numaguard.remediator.findings import FindingState, update
-from numaguard.remediator.planner import Policy, plan
-from numaguard.remediator.queries import Windows
+from numaguard.remediator.core import queries as q
+from numaguard.remediator.core.findings import FindingState, update
+from numaguard.remediator.core.planner import plan
+from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.signals import Prometheus
 from numaguard.simulator.fleet import Fleet, pods_for
 from numaguard.simulator.processes import free_port, until

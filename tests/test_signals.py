@@ -14,7 +14,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numaguard.remediator.queries import Windows
+from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.signals import Prometheus, SignalsError, Source, frame
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import one_node

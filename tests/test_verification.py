@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from numaguard.remediator.controller import Controller
-from numaguard.remediator.outcome import (
+from numaguard.remediator.core.history import Pending, WorkloadHistory
+from numaguard.remediator.core.outcome import (
     FLOOR,
     Activity,
     activities,
@@ -19,8 +20,9 @@ from numaguard.remediator.outcome import (
     judged,
     mean,
 )
-from numaguard.remediator.planner import FixGain, Pending, PodInfo, Policy, WorkloadHistory
-from numaguard.remediator.queries import (
+from numaguard.remediator.core.planner import PodInfo
+from numaguard.remediator.core.policy import FixGain, Policy
+from numaguard.remediator.core.queries import (
     Windows,
     activity_expressions,
     scoped,

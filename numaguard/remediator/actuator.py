@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL
+from numaguard.remediator.core.history import WorkloadHistory
+from numaguard.remediator.core.planner import HISTORY_OWNERS, Action, PodInfo, Refusal
+from numaguard.remediator.core.rejections import RejectedPod
 from numaguard.remediator.kube import Answer, Kube
-from numaguard.remediator.planner import HISTORY_OWNERS, Action, PodInfo, Refusal, WorkloadHistory
-from numaguard.remediator.rejections import RejectedPod
 
 if TYPE_CHECKING:
     from numaguard.remediator.leader import LeaderElector

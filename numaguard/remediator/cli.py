@@ -24,13 +24,13 @@ from pydantic import TypeAdapter, ValidationError
 from numaguard.exporter import __version__, logs, webconfig
 from numaguard.exporter.sources.apiserver import KubeconfigError, connect
 from numaguard.remediator.controller import Controller, CycleReport
-from numaguard.remediator.findings import Detection
+from numaguard.remediator.core.findings import Detection
+from numaguard.remediator.core.policy import MODES, Enforcement, FixGain, Policy
+from numaguard.remediator.core.queries import Windows
+from numaguard.remediator.core.rejections import describe
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
-from numaguard.remediator.planner import MODES, Enforcement, FixGain, Policy
-from numaguard.remediator.queries import Windows
-from numaguard.remediator.rejections import describe
 from numaguard.remediator.signals import Prometheus, Source
 
 log = logging.getLogger("remediator")

@@ -8,10 +8,12 @@ import asyncio
 import math
 from datetime import datetime
 
-from numaguard.remediator.findings import Finding
+from numaguard.remediator.core.capacity import Need
+from numaguard.remediator.core.findings import Finding
+from numaguard.remediator.core.history import WorkloadHistory
+from numaguard.remediator.core.planner import DRA, HISTORY_OWNERS, PodInfo
+from numaguard.remediator.core.rejections import ADMISSION_REJECTIONS, RejectedPod
 from numaguard.remediator.kube import Kube, parse_quantity
-from numaguard.remediator.planner import DRA, HISTORY_OWNERS, Need, PodInfo, WorkloadHistory
-from numaguard.remediator.rejections import ADMISSION_REJECTIONS, RejectedPod
 
 HISTORY_ANNOTATION = "numaguard.io/history"  # the workload's history, JSON
 PENDING_LABEL = "numaguard.io/pending"  # "true" while an action awaits verification

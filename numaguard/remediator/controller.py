@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field, replace
 import aiohttp
 
 from numaguard.exporter.readers.nvml import mig_resource
-from numaguard.remediator import queries as q
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.cluster import (
     ClusterError,
@@ -25,12 +24,20 @@ from numaguard.remediator.cluster import (
     rejected_pods,
     workload_pods,
 )
-from numaguard.remediator.findings import Detection, Finding, FindingState, update
-from numaguard.remediator.kinds import KINDS, NOISY_NEIGHBOUR, PLACEMENT, RESIZED, STARVED
-from numaguard.remediator.kube import Kube
-from numaguard.remediator.leader import LeaderElector
-from numaguard.remediator.metrics import Metrics
-from numaguard.remediator.outcome import (
+from numaguard.remediator.core import queries as q
+from numaguard.remediator.core.answers import Signals, merged
+from numaguard.remediator.core.capacity import CAPACITY_DEPENDS_ON, Capacity, holdings, need_of
+from numaguard.remediator.core.evidence import Evidence
+from numaguard.remediator.core.findings import Detection, Finding, FindingState, update
+from numaguard.remediator.core.history import (
+    Pending,
+    WorkloadHistory,
+    after_action,
+    after_verification,
+    measured_uid,
+)
+from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR, PLACEMENT, RESIZED, STARVED
+from numaguard.remediator.core.outcome import (
     Activity,
     Gain,
     activities,
@@ -39,26 +46,13 @@ from numaguard.remediator.outcome import (
     judged,
     mean,
 )
-from numaguard.remediator.planner import (
-    CAPACITY_DEPENDS_ON,
-    Action,
-    Capacity,
-    Evidence,
-    Pending,
-    Plan,
-    PodInfo,
-    Policy,
-    WorkloadHistory,
-    after_action,
-    after_verification,
-    holdings,
-    intent_of,
-    measured_uid,
-    need_of,
-    plan,
-)
-from numaguard.remediator.rejections import Storm, describe, storms
-from numaguard.remediator.signals import Prometheus, Signals, SignalsError, merged
+from numaguard.remediator.core.planner import Action, Plan, PodInfo, intent_of, plan
+from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.rejections import Storm, describe, storms
+from numaguard.remediator.kube import Kube
+from numaguard.remediator.leader import LeaderElector
+from numaguard.remediator.metrics import Metrics
+from numaguard.remediator.signals import Prometheus, SignalsError
 
 log = logging.getLogger(__name__)
 _TRANSPORT = (aiohttp.ClientError, OSError, TimeoutError)

@@ -13,8 +13,8 @@ from prometheus_client import (
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.process import ProcessCollector
-from numaguard.remediator.kinds import KINDS
-from numaguard.remediator.planner import GUARDS
+from numaguard.remediator.core.kinds import KINDS
+from numaguard.remediator.core.planner import GUARDS
 
 
 class Metrics:

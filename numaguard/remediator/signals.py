@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
 
@@ -24,7 +24,8 @@ import pandas as pd
 import promql_parser
 from pydantic import Field, StringConstraints
 
-from numaguard.remediator.queries import (
+from numaguard.remediator.core.answers import Signals, empty_frame, joined
+from numaguard.remediator.core.queries import (
     DEFAULT_SELECTOR,
     RECORDED,
     REQUIRED_LABELS,
@@ -32,7 +33,7 @@ from numaguard.remediator.queries import (
     Windows,
     expressions,
 )
-from numaguard.remediator.validation import FORBID_EXTRA, Positive
+from numaguard.remediator.core.validation import FORBID_EXTRA, Positive
 
 log = logging.getLogger(__name__)
 # label matchers, as PromQL writes them between braces: job="numaguard",cluster=~"gpu-.*"
@@ -61,42 +62,6 @@ class SignalsError(Exception):
         super().__init__(f"{reason}: {detail}")
         # unreachable | timeout | http | garbage | query | answer_too_large
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class Signals:
-    """One cycle's answers: query name -> frame (label columns plus ``value``)."""
-
-    at: float  # evaluation time, seconds since the epoch
-    frames: dict[str, pd.DataFrame]
-    dropped: Counter = field(default_factory=Counter)  # (query, reason) -> rows dropped
-
-    def __getitem__(self, name: str) -> pd.DataFrame:
-        """A query not asked this cycle answered nothing."""
-        found = self.frames.get(name)
-        return _empty(REQUIRED_LABELS.get(name, ())) if found is None else found
-
-
-def merged(*parts: Signals) -> Signals:
-    """The answers of several rounds as one: frames of the same name joined, a series
-    asked twice (in two rounds, or two overlapping batches) kept once."""
-    frames: dict[str, list[pd.DataFrame]] = {}
-    dropped: Counter = Counter()
-    for part in parts:
-        dropped.update(part.dropped)
-        for name, df in part.frames.items():
-            frames.setdefault(name, []).append(df)
-    return Signals(parts[0].at, {n: _joined(dfs) for n, dfs in frames.items()}, dropped)
-
-
-def _joined(dfs: list[pd.DataFrame]) -> pd.DataFrame:
-    dfs = [df for df in dfs if not df.empty] or dfs[:1]
-    if len(dfs) == 1:
-        return dfs[0]
-    df = pd.concat(dfs, ignore_index=True)
-    labels = [c for c in df.columns if c != "value"]
-    df[labels] = df[labels].fillna("")
-    return df.drop_duplicates(labels, ignore_index=True)
 
 
 class Prometheus:
@@ -144,7 +109,7 @@ class Prometheus:
             parts.setdefault(name, []).append(df)
             dropped.update({(name, reason): n for reason, n in lost.items()})
             self.rows_read += len(df)
-        return Signals(at, {n: _joined(dfs) for n, dfs in parts.items()}, dropped)
+        return Signals(at, {n: joined(dfs) for n, dfs in parts.items()}, dropped)
 
     async def recorded(self, at: float) -> frozenset[str]:
         """The expressions Prometheus records as the remediator would write them, and
@@ -243,11 +208,6 @@ def _decode(expr: str, raw: bytes, required: tuple[str, ...]) -> tuple[pd.DataFr
     return frame(expr, body, required)
 
 
-def _empty(labels: tuple[str, ...]) -> pd.DataFrame:
-    columns = {name: pd.Series(dtype=object) for name in labels}
-    return pd.DataFrame({**columns, "value": pd.Series(dtype=float)})
-
-
 def _too_large(expr: str, limit: int) -> SignalsError:
     return SignalsError("answer_too_large", f"{expr}: the cycle's answers are over {limit} bytes")
 
@@ -284,7 +244,7 @@ def frame(expr: str, body, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame
         labels["value"] = value
         rows.append(labels)
     if not rows:
-        return _empty(required), dropped
+        return empty_frame(required), dropped
     df = pd.DataFrame(rows)
     # Prometheus drops empty labels: a series without one had it empty
     labels = [c for c in df.columns if c != "value"]

@@ -21,7 +21,7 @@ from functools import cached_property
 from typing import TextIO
 
 from numaguard.exporter import catalogue as c
-from numaguard.remediator.planner import PodInfo
+from numaguard.remediator.core.planner import PodInfo
 
 GIB = 1 << 30
 SLICES, PROFILE = 4, "1g.20gb"  # a slice of an H100-80GB

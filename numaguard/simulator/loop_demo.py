@@ -24,10 +24,11 @@ import aiohttp
 from alerts import rules
 from numaguard.exporter import logs
 from numaguard.remediator.controller import Controller
+from numaguard.remediator.core.planner import LASTING_GUARDS
+from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.leader import LeaderElector
-from numaguard.remediator.planner import LASTING_GUARDS, Policy
-from numaguard.remediator.queries import Windows
 from numaguard.remediator.signals import Prometheus
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster

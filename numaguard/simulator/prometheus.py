@@ -18,8 +18,9 @@ from pathlib import Path
 
 import aiohttp
 
-from numaguard.remediator.queries import REQUIRED_LABELS
-from numaguard.remediator.signals import Signals, frame
+from numaguard.remediator.core.answers import Signals
+from numaguard.remediator.core.queries import REQUIRED_LABELS
+from numaguard.remediator.signals import frame
 from numaguard.simulator.processes import wait_ok
 
 

@@ -12,10 +12,16 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from numaguard.remediator.kinds import NOISY_NEIGHBOUR, OVERSIZED, PLACEMENT, STARVED, UNDERSIZED
-from numaguard.remediator.mig import family_of, geometry
-from numaguard.remediator.signals import Signals
-from numaguard.remediator.validation import FORBID_EXTRA, Ratio
+from numaguard.remediator.core.answers import Signals
+from numaguard.remediator.core.kinds import (
+    NOISY_NEIGHBOUR,
+    OVERSIZED,
+    PLACEMENT,
+    STARVED,
+    UNDERSIZED,
+)
+from numaguard.remediator.core.mig import family_of, geometry
+from numaguard.remediator.core.validation import FORBID_EXTRA, Ratio
 
 GIB = 1 << 30
 

@@ -24,8 +24,8 @@ from typing import Annotated
 from pydantic import Field
 
 from numaguard.exporter import catalogue as c
-from numaguard.remediator.kinds import CROSS_NUMA, KINDS, PLACEMENT, RESIZED, STARVED
-from numaguard.remediator.validation import FORBID_EXTRA, Duration
+from numaguard.remediator.core.kinds import CROSS_NUMA, KINDS, PLACEMENT, RESIZED, STARVED
+from numaguard.remediator.core.validation import FORBID_EXTRA, Duration
 
 EXPORTER_JOB = "numaguard"  # the exporters' scrape job, as deploy/'s ServiceMonitor names it
 DEFAULT_SELECTOR = f'job="{EXPORTER_JOB}"'

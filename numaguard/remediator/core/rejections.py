@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from numaguard.remediator.planner import Capacity, Need, Policy
+from numaguard.remediator.core.capacity import Capacity, Need
+from numaguard.remediator.core.policy import Policy
 
 ADMISSION_REJECTIONS = ("TopologyAffinityError", "SMTAlignmentError")
 OPT_OUT = "numaguard.io/remediate"

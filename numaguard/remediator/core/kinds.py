@@ -15,7 +15,7 @@ from numaguard.exporter.model.thresholds import STARVED_REASONS
 from numaguard.exporter.readers.nvml import mig_resource
 
 if TYPE_CHECKING:
-    from numaguard.remediator.findings import Finding
+    from numaguard.remediator.core.findings import Finding
 
 _RECREATE = "recreate it with CPUs, memory and devices on one NUMA node ({f.kind}: {f.reason})"
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from numaguard.remediator.kinds import NOISY_NEIGHBOUR, RESIZED
-from numaguard.remediator.validation import FORBID_EXTRA, NonNegative, Text
+from numaguard.remediator.core.kinds import NOISY_NEIGHBOUR, RESIZED
+from numaguard.remediator.core.validation import FORBID_EXTRA, NonNegative, Text
 
 Measure = NonNegative | None
 # Busy SMs under this share of the devices' SMs before the action count as that much,

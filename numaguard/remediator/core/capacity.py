@@ -1,0 +1,179 @@
+"""Capacity (pure): what each NUMA zone of the fresh nodes can still give, what each
+finding's pod holds and needs on one zone, and the fit check over every zone."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.remediator.core.answers import Signals
+from numaguard.remediator.core.evidence import Evidence
+from numaguard.remediator.core.findings import Finding
+
+# The collectors the capacity of a zone that would take a pod comes from (each kind's
+# own are in its record, kinds.py)
+CAPACITY_DEPENDS_ON = ("host_numa", "pod_resources")
+
+
+def holdings(s: Signals, pods: set[str]) -> dict[str, dict]:
+    """Pod uid -> {(node, numa node): [exclusive CPUs, memory, {resource: count}]}: what
+    each of ``pods`` holds, per zone."""
+    held: dict[str, dict] = {}
+
+    def slot(uid: str, node: str, numa: str) -> list:
+        return held.setdefault(uid, {}).setdefault((node, numa), [0.0, 0.0, Counter()])
+
+    for name, i in (("pod_exclusive_cpus", 0), ("pod_memory", 1)):
+        df = s[name]
+        df = df[df["pod_uid"].isin(pods)].reindex(
+            columns=["pod_uid", "node", "numa_node", "value"], fill_value=""
+        )
+        for uid, node, numa, value in df.itertuples(index=False):
+            slot(uid, node, numa)[i] += value
+    holders = s["holders"]
+    holders = holders[holders["pod_uid"].isin(pods)].reindex(
+        columns=["pod_uid", "node", "numa_node", "resource"], fill_value=""
+    )
+    for uid, node, numa, resource in holders.itertuples(index=False):
+        slot(uid, node, numa)[2][resource] += 1
+    return held
+
+
+def need_of(held: dict[str, dict], uid: str) -> Need:
+    """What the pod must find in one zone to run aligned: all it holds, together."""
+    cpus, memory, devices = 0.0, 0.0, Counter()
+    for c, m, d in held.get(uid, {}).values():
+        cpus, memory = cpus + c, memory + m
+        devices.update(d)
+    return Need(cpus, memory, dict(devices))
+
+
+@dataclass
+class Need:
+    cpus: float
+    memory: float
+    devices: dict[str, int]
+
+    def describe(self) -> str:
+        devices = ", ".join(f"{n} {r}" for r, n in sorted(self.devices.items()))
+        return f"{self.cpus:g} exclusive CPUs, {self.memory / 2**30:.1f} GiB" + (
+            f", {devices}" if devices else ""
+        )
+
+
+class Capacity:
+    """Free capacity per (node, NUMA node), as the exporters of fresh nodes report it, as
+    arrays: the fit check runs once per finding over every zone of the cluster."""
+
+    def __init__(
+        self,
+        zones: list[tuple[str, str]],
+        cpus: np.ndarray,
+        memory: np.ndarray,
+        devices: dict[str, np.ndarray],
+        held: dict,
+    ) -> None:
+        self.zones = zones
+        self.index = {z: i for i, z in enumerate(zones)}
+        self.cpus = cpus
+        self.memory = memory
+        self.devices = devices  # resource -> free count per zone
+        # pod uid -> {(node, numa node): [cpus, memory, {resource: count}]}: what it holds
+        self.held = held
+
+    @classmethod
+    def from_signals(cls, s: Signals, pods: set[str], evidence: Evidence) -> Capacity:
+        """``pods``: UIDs whose needs are wanted (the findings' pods). Zones of nodes whose
+        data is stale are left out: no pod is sent to a node on old news."""
+        key = ["node", "numa_node"]
+        stale = {
+            n
+            for n in set(s["zone_free_cpus"]["node"])
+            if evidence.node_stale(n, CAPACITY_DEPENDS_ON)
+        }
+
+        def aligned(name: str) -> pd.DataFrame:
+            df = s[name]
+            if "numa_node" not in df:
+                return df.iloc[0:0].assign(numa_node="")
+            return df[~df["node"].isin(stale) & (df["numa_node"] != "")]
+
+        def by_zone(name: str) -> pd.Series:
+            return aligned(name).groupby(key, sort=False)["value"].sum()
+
+        zone_cpus, zone_memory = by_zone("zone_free_cpus"), by_zone("zone_free_memory")
+        index = zone_cpus.index.intersection(zone_memory.index)
+        devices: dict[str, np.ndarray] = {}
+        dev = aligned("zone_free_devices")
+        for resource, rows in dev.groupby("resource", sort=False):
+            free = rows.groupby(key, sort=False)["value"].sum()
+            devices[resource] = np.array(free.reindex(index, fill_value=0), dtype=float)
+        held = holdings(s, pods)
+        return cls(
+            list(index),
+            np.array(zone_cpus.reindex(index), dtype=float),
+            np.array(zone_memory.reindex(index), dtype=float),
+            devices,
+            held,
+        )
+
+    def need(self, f: Finding) -> Need:
+        return need_of(self.held, f.pod_uid)
+
+    def _give_back(self, uid: str, sign: float) -> None:
+        """Count what the pod holds as free (+1) or taken again (-1): once evicted, its
+        own node's zones get it back."""
+        for zone, (c, m, d) in self.held.get(uid, {}).items():
+            i = self.index.get(zone)
+            if i is None:
+                continue
+            self.cpus[i] += sign * c
+            self.memory[i] += sign * m
+            for resource, count in d.items():
+                if resource in self.devices:
+                    self.devices[resource][i] += sign * count
+
+    def fit(self, need: Need, uid: str) -> int | None:
+        """The zone that can take the pod (``uid``) aligned, counting what it gives back
+        itself; the roomiest, so that fixes spread."""
+        self._give_back(uid, +1)
+        try:
+            ok = (self.cpus >= need.cpus) & (self.memory >= need.memory)
+            for resource, count in need.devices.items():
+                free = self.devices.get(resource)
+                if free is None:
+                    return None
+                ok &= free >= count
+            candidates = np.flatnonzero(ok)
+            if candidates.size == 0:
+                return None
+            # most free CPUs, then most free memory (bytes stay far below 1e12 per zone)
+            score = self.cpus[candidates] * 1e12 + self.memory[candidates]
+            return int(candidates[np.argmax(score)])
+        finally:
+            self._give_back(uid, -1)
+
+    def move(self, uid: str, zone: int, need: Need) -> None:
+        """The pod leaves its zones and takes ``zone``'s room, for the rest of the cycle."""
+        self._give_back(uid, +1)
+        self.cpus[zone] -= need.cpus
+        self.memory[zone] -= need.memory
+        for resource, count in need.devices.items():
+            self.devices[resource][zone] -= count
+
+    def free_slice(self, profile: str) -> int | None:
+        free = self.devices.get(mig_resource(profile))
+        if free is None:
+            return None
+        found = np.flatnonzero(free > 0)
+        return int(found[0]) if found.size else None
+
+    def take_slice(self, zone: int, profile: str) -> None:
+        self.devices[mig_resource(profile)][zone] -= 1
+
+    def name(self, zone: int) -> tuple[str, str]:
+        return self.zones[zone]

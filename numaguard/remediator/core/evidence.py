@@ -1,0 +1,150 @@
+"""Evidence (pure): whether a finding is backed by fresh, genuine data now, from the
+exporters' own series, and whether the API server's pod is the one the series name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.remediator.core.answers import Signals
+from numaguard.remediator.core.findings import Finding
+from numaguard.remediator.core.kinds import (
+    CROSS_NUMA,
+    KINDS,
+    NOISY_NEIGHBOUR,
+    OVERSIZED,
+    RESIZED,
+    STARVED,
+)
+
+if TYPE_CHECKING:
+    from numaguard.remediator.core.planner import PodInfo
+
+
+class Evidence:
+    """Is a finding backed by fresh, genuine data now? Positive evidence only: a node
+    with no series saying its exporter is up and its collectors succeeded recently is
+    stale, as is a verdict whose newest sample is old or missing."""
+
+    def __init__(self, signals: Signals, stale_after: float, pods: set[str] = frozenset()) -> None:
+        """``pods``: the UIDs whose devices will be asked about (the findings' pods)."""
+        s = signals
+        self.stale_after = stale_after
+        self.targets: dict[str, set[str]] = {}  # node -> instances up now that speak for it
+        for node, instance in columns(s["targets_up"], "node", "instance"):
+            self.targets.setdefault(node, set()).add(instance)
+        key = ("node", "instance", "collector", "value")
+        self.collector_age = {(n, i, c): v for n, i, c, v in columns(s["collector_age"], *key)}
+        self.collector_ok = {
+            (n, i, c) for n, i, c, v in columns(s["collector_success"], *key) if v == 1
+        }
+        holders = s["holders"]
+        holders = holders[(holders["source"] == "kubelet") & holders["pod_uid"].isin(pods)]
+        self.holders: dict[tuple, set[str]] = {}  # (node, pod uid) -> the kubelet's devices
+        for node, uid, gpu, mig in columns(holders, "node", "pod_uid", "gpu_uuid", "mig_uuid"):
+            self.holders.setdefault((node, uid), set()).update((gpu, mig))
+        self.slices = set(columns(s["slice_memory_total"], "node", "mig_uuid"))
+        # the age of the newest sample of each verdict, by its query and the fields of
+        # a finding its kind's record names (Kind.age_of)
+        self.ages: dict[tuple, float] = {}
+        cross, starved, llc, slices = (
+            k.age for k in (CROSS_NUMA, STARVED, NOISY_NEIGHBOUR, OVERSIZED)
+        )
+        for uid, reason, age in columns(s[cross], "pod_uid", "reason", "value"):
+            self._age((cross, uid, reason), age)
+        rows = columns(s[starved], "pod_uid", "reason", "gpu_uuid", "mig_uuid", "value")
+        for uid, reason, gpu, mig, age in rows:
+            self._age((starved, uid, reason, mig or gpu), age)
+        for uid, domain, age in columns(s[llc], "pod_uid", "l3_domain", "value"):
+            self._age((llc, uid, f"l3:{domain}"), age)
+        for mig, age in columns(s[slices], "mig_uuid", "value"):
+            self._age((slices, mig), age)
+
+    def _age(self, key: tuple, age: float) -> None:
+        self.ages[key] = min(age, self.ages.get(key, age))
+
+    def instance(self, node: str) -> tuple[str | None, str]:
+        """The one exporter target up now for ``node``, or why there is none."""
+        up = self.targets.get(node, set())
+        if len(up) != 1:
+            return None, (
+                f"no exporter target of {node} is up"
+                if not up
+                else f"{len(up)} targets claim to be {node}'s exporter: {sorted(up)}"
+            )
+        return next(iter(up)), ""
+
+    def node_stale(self, node: str, collectors) -> str:
+        """Why ``node``'s data from ``collectors`` cannot be acted on; "" when fresh."""
+        instance, why = self.instance(node)
+        if instance is None:
+            return why
+        for collector in collectors:
+            key = (node, instance, collector)
+            age = self.collector_age.get(key)
+            if age is None:
+                return f"collector {collector} of {node} has never succeeded"
+            if age > self.stale_after:
+                return f"collector {collector} of {node} last succeeded {age:.0f}s ago"
+            if key not in self.collector_ok:
+                return f"collector {collector} of {node} is failing"
+        return ""
+
+    def doubt(self, f: Finding, pod: PodInfo | None) -> tuple[str | None, str]:
+        """(guard, why) when the finding must not be acted on; (None, "") otherwise."""
+        instance, why = self.instance(f.node)
+        if len(self.targets.get(f.node, ())) > 1:
+            return "evidence_mismatch", why
+        if instance is not None and f.instance != instance:
+            return "evidence_mismatch", (
+                f"series from {f.instance or 'no target'}, but {f.node}'s exporter is {instance}"
+            )
+        kind = KINDS[f.kind]
+        collectors = kind.depends_on
+        if f.reason in kind.device_reasons:
+            collectors = (*collectors, "pod_resources")
+        why = self.node_stale(f.node, collectors)
+        if not why:
+            age = self._sample_age(f)
+            if age is None or age > self.stale_after:
+                why = "no recent sample says so" if age is None else f"newest sample {age:.0f}s old"
+        if why:
+            return "stale_data", why
+        if pod is None:
+            return "pod_gone", "the API server does not know the pod"
+        if pod.mismatch:
+            return "evidence_mismatch", pod.mismatch
+        if pod.phase != "Running":
+            return "evidence_mismatch", f"the pod is {pod.phase or 'in no phase'}, not Running"
+        if pod.node != f.node:
+            return "evidence_mismatch", f"the pod runs on {pod.node or 'no node'}, not {f.node}"
+        device_finding = f.reason in kind.device_reasons or (
+            f.device and not f.device.startswith("l3:")
+        )
+        if not device_finding:
+            return None, ""
+        devices = self.holders.get((f.node, f.pod_uid), set())
+        if (f.device and f.device not in devices) or not devices:
+            return "evidence_mismatch", (
+                f"the kubelet does not attribute {f.device or 'a device'} to the pod"
+            )
+        if not pod.resources:
+            return "evidence_mismatch", "the pod requests no device"
+        if f.kind in RESIZED:
+            wanted = mig_resource(f.profile)
+            if (f.node, f.device) not in self.slices:
+                return "evidence_mismatch", f"no slice {f.device} on {f.node}"
+            if wanted not in pod.resources:
+                return "evidence_mismatch", f"the pod does not request {wanted}"
+        return None, ""
+
+    def _sample_age(self, f: Finding) -> float | None:
+        kind = KINDS[f.kind]
+        return self.ages.get((kind.age, *(getattr(f, name) for name in kind.age_of)))
+
+
+def columns(df: pd.DataFrame, *names: str):
+    """Rows of ``df`` as tuples of the named columns ("" for a label no row had)."""
+    return zip(*(df[n] if n in df else [""] * len(df) for n in names), strict=True)

@@ -1,0 +1,128 @@
+"""A workload's history (pure): what numaguard did to it and how it went, kept as an
+annotation on the workload so that a restarted or new leader keeps every guard; the
+schema is closed (``from_json`` reads only what ``to_json`` writes)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+from pydantic import TypeAdapter, ValidationError
+
+from numaguard.remediator.core.findings import Finding
+from numaguard.remediator.core.kinds import (
+    KINDS,
+)
+from numaguard.remediator.core.outcome import Activity
+from numaguard.remediator.core.validation import (
+    FORBID_EXTRA,
+    Count,
+    Seconds,
+    Text,
+)
+
+if TYPE_CHECKING:
+    from numaguard.remediator.core.planner import Action
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An action waiting to be verified."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    kind: Text  # the finding's kind
+    reason: Text
+    at: Seconds
+    pod_uid: Text  # the pod acted on; its replacements have other uids
+    recommended: Text = ""  # a resize's new profile
+    # whose activity tells whether the fix paid off (the pod acted on, or the feeder a
+    # noisy neighbour crowded out), and what it did before the action
+    measured_uid: Text = ""
+    before: Activity | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadHistory:
+    """What numaguard did to a workload and how it went: kept on the workload itself, so
+    that a restarted or new leader keeps every guard."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    last_action: Seconds = 0.0
+    failures: Count = 0  # fixes that did not hold (or could not be verified), in a row
+    pending: tuple[Pending, ...] = ()  # actions not yet verified
+    pdb_refusals: Count = 0  # 429s in a row
+    last_refusal: Seconds = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "last_action": self.last_action,
+                "failures": self.failures,
+                "pending": [asdict(p) for p in self.pending],
+                "pdb_refusals": self.pdb_refusals,
+                "last_refusal": self.last_refusal,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkloadHistory:
+        """Raises ValueError on anything but what ``to_json`` writes (every field)."""
+        try:
+            data = json.loads(text)
+        except RecursionError:  # nesting deeper than any history
+            raise ValueError("unreadable history: nested too deep") from None
+        keys = {f.name for f in fields(cls)}
+        if not isinstance(data, dict) or set(data) != keys:
+            raise ValueError(f"unreadable history: not an object with exactly {sorted(keys)}")
+        try:
+            return _HISTORY.validate_python(data)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "the document"
+            raise ValueError(f"unreadable history: {where}: {first['msg']}") from None
+
+
+_HISTORY = TypeAdapter(WorkloadHistory)
+
+
+def after_action(
+    h: WorkloadHistory | None,
+    action: Action,
+    result: str,
+    now: float,
+    before: Activity | None = None,
+) -> WorkloadHistory:
+    """The workload's history once ``action`` ended in ``result``; ``before``: what the
+    pod whose activity judges the fix did before it."""
+    h = h or WorkloadHistory()
+    f = action.finding
+    if result in ("evicted", "resized"):
+        pending = Pending(
+            f.kind, f.reason, now, action.pod.uid, f.recommended, measured_uid(f), before
+        )
+        return replace(h, last_action=now, pending=(*h.pending, pending), pdb_refusals=0)
+    if result == "pdb_blocked":
+        return replace(h, pdb_refusals=h.pdb_refusals + 1, last_refusal=now)
+    return h
+
+
+def after_verification(h: WorkloadHistory, pending: Pending, outcome: str) -> WorkloadHistory:
+    """The history once ``pending`` was judged: a fix that held resets the failures; one
+    that did not hold, or could not be verified, adds one (longer cooldown, then give up)."""
+    rest = tuple(p for p in h.pending if p != pending)
+    return replace(h, pending=rest, failures=0 if outcome == "held" else h.failures + 1)
+
+
+def measured_uid(f: Finding) -> str:
+    """The pod whose activity says whether a fix of ``f`` paid off: the pod moved or
+    resized (its replacements, after), or the feeder a noisy neighbour crowded out."""
+    return getattr(f, KINDS[f.kind].measured)

@@ -1,0 +1,278 @@
+"""The planner (pure): findings + cluster state + capacity + policy -> actions, each
+refusal recorded with the name of the guard that refused it.
+
+Every guard (docs/design.md) is here, in the order they are checked; an eviction is planned
+only when some NUMA zone, on some node, can take the pod aligned (its exclusive CPUs,
+its memory and its devices on one NUMA node), and that capacity is then counted as
+taken for the rest of the cycle."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from numaguard.remediator.core.answers import Signals
+from numaguard.remediator.core.capacity import Capacity
+from numaguard.remediator.core.evidence import Evidence
+from numaguard.remediator.core.findings import Finding
+from numaguard.remediator.core.history import WorkloadHistory
+from numaguard.remediator.core.kinds import (
+    KINDS,
+    NOISY_NEIGHBOUR,
+)
+from numaguard.remediator.core.policy import Policy
+
+SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
+GUARDS = (
+    "paused",
+    "stale_data",
+    "pod_gone",
+    "evidence_mismatch",
+    "protected_namespace",
+    "opted_out",
+    "mirror_pod",
+    "daemonset",
+    "bare_pod",
+    "unsupported_owner",
+    "system_critical",
+    "local_storage",
+    "resource_claims",
+    "too_young",
+    "gave_up",
+    "pdb_blocked",
+    "cooldown",
+    "not_lower_priority",
+    "no_fit",
+    "cap_cycle",
+    "cap_node",
+    "cap_namespace",
+    "cap_workload",
+)
+# Refusals that last until something outside the remediator changes (not a cooldown, a
+# cap or a pod too young: those pass by themselves)
+LASTING_GUARDS = frozenset(GUARDS) - {
+    "paused",
+    "stale_data",
+    "pod_gone",
+    "evidence_mismatch",
+    "too_young",
+    "cooldown",
+    "cap_cycle",
+    "cap_node",
+    "cap_namespace",
+    "cap_workload",
+}
+# Owners whose history numaguard can keep (an annotation on them), so that whoever leads
+# next keeps every guard, with their API resource; pods of other owners are not acted on.
+HISTORY_OWNERS = {
+    "Deployment": "deployments",
+    "StatefulSet": "statefulsets",
+    "ReplicaSet": "replicasets",
+}
+
+
+DRA = "resource.k8s.io"  # in PodInfo.resources: the pod has ResourceClaims
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the API server says about a pod, as far as the guards need it."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    created: float  # seconds since the epoch
+    owner_kind: str = ""  # of the controller owner reference; "" for a bare pod
+    owner_name: str = ""
+    workload: str = ""  # kind/namespace/name of the top owner (Deployment, StatefulSet...)
+    workload_annotations: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+    priority_class: str = ""
+    local_storage: bool = False  # emptyDir or hostPath volumes
+    mirror: bool = False  # a static pod's mirror
+    phase: str = "Running"
+    mismatch: str = ""  # why the API server's objects contradict each other (owner uids)
+    history: WorkloadHistory | None = None  # as kept on its workload
+    # extended resources its containers request (nvidia.com/gpu, nvidia.com/mig-...), and
+    # DRA when it has ResourceClaims
+    resources: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # evict | resize | recommend
+    finding: Finding
+    pod: PodInfo | None
+    detail: str
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class Refusal:
+    finding: Finding
+    guard: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    refusals: tuple[Refusal, ...]
+    ignored: tuple[Finding, ...] = ()  # of kinds the policy says to ignore
+
+    @property
+    def unremediable(self) -> tuple[Finding, ...]:
+        return tuple(r.finding for r in self.refusals if r.guard == "no_fit")
+
+
+def plan(
+    findings: list[Finding],
+    pods: dict[str, PodInfo],
+    signals: Signals,
+    policy: Policy,
+    history: dict[str, WorkloadHistory],
+    now: float,
+) -> Plan:
+    """``pods``: by UID, the pods the findings name that the API server knows;
+    ``history``: by workload, as read from the workloads this cycle."""
+    uids = {f.pod_uid for f in findings}
+    evidence = Evidence(signals, policy.stale_after_seconds, uids)
+    capacity = Capacity.from_signals(signals, uids, evidence)
+    taken: Counter[str] = Counter()
+    actions: list[Action] = []
+    refusals: list[Refusal] = []
+    acted: set[str] = set()  # one action per pod per cycle
+    ignored: list[Finding] = []
+    for finding in sorted(findings, key=_priority):
+        mode = policy.enforcement.of(finding.kind)
+        if mode == "ignore":
+            ignored.append(finding)
+            continue
+        pod = pods.get(finding.pod_uid)
+        intent = intent_of(finding)
+        # doubtful evidence stops even a recommendation (an Event in the pod's namespace)
+        guard, detail = ("paused", "paused") if policy.paused else evidence.doubt(finding, pod)
+        if guard is not None:
+            refusals.append(Refusal(finding, guard, detail))
+            continue
+        if (
+            mode == "recommend"
+            or intent == "recommend"
+            or (intent == "resize" and not _opted_in(pod))
+        ):
+            actions.append(
+                Action("recommend", finding, pod, KINDS[finding.kind].advice(finding), True)
+            )
+            continue
+        if finding.pod_uid in acted:
+            continue
+        guard, detail = _guard(pod, policy, history, now)
+        if guard is None and finding.kind == NOISY_NEIGHBOUR.name:
+            feeder = pods.get(finding.feeder_uid)
+            if feeder is None or pod.priority >= feeder.priority:
+                guard = "not_lower_priority"
+                detail = f"not of lower priority than the starved {finding.feeder}"
+        if guard is None and intent == "evict":
+            need = capacity.need(finding)
+            target = capacity.fit(need, finding.pod_uid)
+            if target is None:
+                guard, detail = "no_fit", f"no NUMA zone anywhere has {need.describe()}"
+        elif guard is None and intent == "resize":
+            target = capacity.free_slice(finding.recommended)
+            if target is None:
+                guard, detail = "no_fit", f"no free {finding.recommended} slice in the cluster"
+        if guard is None:
+            guard, detail = _caps(pod, policy, history, taken)
+        if guard is not None:
+            refusals.append(Refusal(finding, guard, detail))
+            continue
+        if intent == "evict":
+            capacity.move(finding.pod_uid, target, need)
+            node, numa = capacity.name(target)
+            detail = f"evict: fits aligned on {node} NUMA node {numa}"
+        else:
+            capacity.take_slice(target, finding.recommended)
+            detail = f"resize {finding.profile} -> {finding.recommended} ({pod.workload})"
+        for key in (f"node/{pod.node}", f"ns/{pod.namespace}", f"wl/{pod.workload}", "all"):
+            taken[key] += 1
+        acted.add(finding.pod_uid)
+        actions.append(Action(intent, finding, pod, detail, policy.dry_run))
+    return Plan(tuple(actions), tuple(refusals), tuple(ignored))
+
+
+def _priority(f: Finding) -> tuple:
+    """By kind (kinds.py), then stable."""
+    return (KINDS[f.kind].priority, f.node, f.namespace, f.pod, f.reason)
+
+
+def intent_of(f: Finding) -> str:
+    return KINDS[f.kind].intent_of(f.reason)
+
+
+def _opted_in(pod: PodInfo | None) -> bool:
+    return bool(
+        pod
+        and pod.workload.split("/")[0] in ("Deployment", "StatefulSet")
+        and pod.workload_annotations.get("numaguard.io/auto-resize") == "true"
+    )
+
+
+def _guard(pod, policy, history, now) -> tuple[str | None, str]:
+    if pod.namespace in policy.protected_namespaces:
+        return "protected_namespace", pod.namespace
+    if pod.annotations.get("numaguard.io/remediate") == "false":
+        return "opted_out", "numaguard.io/remediate: false"
+    if pod.mirror:
+        return "mirror_pod", "a static pod"
+    if pod.owner_kind == "DaemonSet":
+        return "daemonset", pod.owner_name
+    if not pod.owner_kind:
+        return "bare_pod", "no controller would recreate it"
+    if pod.workload.split("/")[0] not in HISTORY_OWNERS:
+        return "unsupported_owner", f"{pod.workload}: history is kept on {sorted(HISTORY_OWNERS)}"
+    if pod.priority >= SYSTEM_CRITICAL_PRIORITY or pod.priority_class.startswith("system-"):
+        return "system_critical", pod.priority_class or str(pod.priority)
+    if pod.local_storage and not policy.allow_local_storage:
+        return "local_storage", "emptyDir or hostPath data would be lost"
+    if DRA in pod.resources:
+        # The scheduler allocates claims with no regard to NUMA, and a shared claim
+        # keeps its devices: no eviction can be shown to bring the pod back aligned.
+        return "resource_claims", "its devices come from DRA ResourceClaims"
+    if now - pod.created < policy.min_pod_age_seconds:
+        return "too_young", f"{now - pod.created:.0f}s old"
+    h = history.get(pod.workload)
+    if h is not None:
+        if h.failures >= policy.give_up_after:
+            return "gave_up", f"{h.failures} fixes did not hold"
+        if h.pdb_refusals:
+            wait = pdb_backoff(policy, h.pdb_refusals)
+            if now - h.last_refusal < wait:
+                guard = "pdb_blocked" if h.pdb_refusals >= policy.pdb_blocked_after else "cooldown"
+                return guard, (
+                    f"its PodDisruptionBudget refused {h.pdb_refusals} evictions in a row; "
+                    f"next try in {wait - (now - h.last_refusal):.0f}s"
+                )
+        cooldown = policy.cooldown_seconds * policy.backoff_factor**h.failures
+        if now - h.last_action < cooldown:
+            return "cooldown", f"acted {now - h.last_action:.0f}s ago (cooldown {cooldown:.0f}s)"
+    return None, ""
+
+
+def pdb_backoff(policy: Policy, refusals: int) -> float:
+    """How long after its last 429 a workload is asked again: doubling, bounded."""
+    return min(policy.pdb_retry_seconds * 2 ** (refusals - 1), policy.pdb_backoff_max_seconds)
+
+
+def _caps(pod, policy, history, taken) -> tuple[str | None, str]:
+    if taken["all"] >= policy.max_per_cycle:
+        return "cap_cycle", f"{policy.max_per_cycle} actions this cycle"
+    if taken[f"node/{pod.node}"] >= policy.max_per_node:
+        return "cap_node", f"{policy.max_per_node} on {pod.node} this cycle"
+    if taken[f"ns/{pod.namespace}"] >= policy.max_per_namespace:
+        return "cap_namespace", f"{policy.max_per_namespace} in {pod.namespace} this cycle"
+    in_flight = (history.get(pod.workload) or WorkloadHistory()).in_flight
+    if in_flight + taken[f"wl/{pod.workload}"] >= policy.max_per_workload:
+        return "cap_workload", f"{policy.max_per_workload} in flight for {pod.workload}"
+    return None, ""
