@@ -14,8 +14,8 @@ import yaml
 from alerts.rules import rules_document
 from deploy import generate
 from grafana import dashboards
+from numaguard.exporter.publishers.nrt import API_USE as NRT_API_USE
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
-from numaguard.exporter.sources.nrt import API_USE as NRT_API_USE
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
 from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE
 from numaguard.simulator.controlplane import rendered

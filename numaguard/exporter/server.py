@@ -27,6 +27,7 @@ from numaguard.exporter.collection import (
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.process import settle_garbage_collector
+from numaguard.exporter.publishers.nrt import NrtPublisher
 from numaguard.exporter.sources.apiserver import KubeconfigError, connect
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.dra import DraWatch
@@ -34,7 +35,6 @@ from numaguard.exporter.sources.gpu import GpuUnavailable, NvmlSource
 from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kube import PodMetadataWatch
 from numaguard.exporter.sources.kubelet import DEFAULT_SOCKET, PodResourcesSource
-from numaguard.exporter.sources.nrt import NrtPublisher
 from numaguard.exporter.sources.resctrl import ResctrlOps, ResctrlSource
 
 log = logging.getLogger(__name__)
