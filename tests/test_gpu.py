@@ -705,8 +705,10 @@ async def test_exporter_with_a_fake_gpu_node_file(fake_root, tmp_path):
     description.write_text(nvml.description())
     args = ("--host-root", str(root.root), "--node-name", NODE, "--interval", "0.2")
     async with exporter_process(*args, gpus=str(description)) as (url, _):
-        await asyncio.sleep(0.6)
-        got = samples(await get(f"{url}/metrics"))
+        got = {}  # until a second cycle measured the slices' activity (GPM needs two)
+        while not any(k[0] == "numaguard_mig_utilization_ratio" for k in got):
+            await asyncio.sleep(0.05)
+            got = samples(await get(f"{url}/metrics"))
     assert len([k for k in got if k[0] == "numaguard_mig_info"]) == 13
     infer_c = {
         "gpu": "5",

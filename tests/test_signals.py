@@ -14,7 +14,8 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numaguard.remediator.core.queries import Windows
+from numaguard.remediator.core.kinds import CROSS_NUMA, STARVED
+from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.signals import Prometheus, SignalsError, Source, frame
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import one_node
@@ -31,9 +32,12 @@ async def test_signals_from_a_real_prometheus(control_plane):
         PrometheusServer([url.removeprefix("http://")], free_port()) as prom,
     ):
         await prom.wait_for("numaguard_gpu_starved == 1")
-        await asyncio.sleep(4)  # a whole window of scrapes
+        windows = Windows("3s", "3s")
+        e = expressions(windows)
+        for name in (CROSS_NUMA.sustained, STARVED.sustained, "slice_sm"):
+            await prom.wait_for(e[name])  # until a whole window of scrapes says so
         async with aiohttp.ClientSession() as session:
-            client = Prometheus(prom.url, session, windows=Windows("3s", "3s"))
+            client = Prometheus(prom.url, session, windows=windows)
             s = await client.fetch()
             assert client.queries_made == len(client.queries)
     assert abs(s.at - time.time()) < 60
