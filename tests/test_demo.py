@@ -42,10 +42,16 @@ def test_demo_shows_the_findings_and_stops_cleanly():
     assert "the exporter shut down cleanly" in run.stdout
 
 
+# the demo settles in its own time, at most --seconds; the test waits a little longer
+# than that, and its own timeout longer still
+DEMO_SECONDS = 400
+
+
+@pytest.mark.timeout(DEMO_SECONDS + 120)
 def test_the_whole_loop_demo():
     """The demo on the real control plane; while it runs, kubectl sees the live cluster."""
     demo = subprocess.Popen(
-        [sys.executable, "-m", "numaguard.simulator.loop_demo", "--seconds", "400"],
+        [sys.executable, "-m", "numaguard.simulator.loop_demo", "--seconds", str(DEMO_SECONDS)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -63,7 +69,7 @@ def test_the_whole_loop_demo():
             text=True,
             timeout=60,
         )
-        out, err = demo.communicate(timeout=500)
+        out, err = demo.communicate(timeout=DEMO_SECONDS + 60)
     finally:
         if demo.poll() is None:
             demo.kill()
