@@ -34,8 +34,6 @@ from numaguard.simulator.host import FakeContainer, FakePod
 from numaguard.simulator.nvml import FakeGpu
 from numaguard.simulator.prometheus import as_signals
 
-PROTECTED = {"kube-system", "opted-out", "bare"}  # how a pod may be protected
-
 
 def scenario(cp, directory: str, seed: int, nodes: int, policies: tuple[str, ...]):
     """A cluster of preset GPU nodes; on each, extra cross-socket pods, some protected."""

@@ -49,7 +49,6 @@ from numaguard.simulator.processes import exporter_process, routable_address, un
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand
 PRESET_HASH = "preset"  # the pod-template-hash of the ReplicaSets that adopt preset pods
-QOS = {"guaranteed": "Guaranteed", "burstable": "Burstable", "besteffort": "BestEffort"}
 MIN_MEMORY = 64 << 20
 # what a cluster leaves behind in its namespaces, deleted when it stops
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
