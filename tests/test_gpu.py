@@ -23,7 +23,7 @@ from numaguard.exporter.sources.host import HostSource
 from numaguard.simulator import presets
 from numaguard.simulator.host import GIB, MIB
 from numaguard.simulator.nvml import BRANCHES, DriverBranch, FakeNvml
-from numaguard.simulator.processes import exporter_process, get, log_of
+from numaguard.simulator.processes import exporter_process, get, log_of, until
 from tests.conftest import NODE, metadata_of, samples, series
 
 INTERVAL = 15.0
@@ -705,10 +705,13 @@ async def test_exporter_with_a_fake_gpu_node_file(fake_root, tmp_path):
     description.write_text(nvml.description())
     args = ("--host-root", str(root.root), "--node-name", NODE, "--interval", "0.2")
     async with exporter_process(*args, gpus=str(description)) as (url, _):
-        got = {}  # until a second cycle measured the slices' activity (GPM needs two)
-        while not any(k[0] == "numaguard_mig_utilization_ratio" for k in got):
-            await asyncio.sleep(0.05)
+
+        async def measured() -> dict:
             got = samples(await get(f"{url}/metrics"))
+            return got if any(k[0] == "numaguard_mig_utilization_ratio" for k in got) else {}
+
+        # a second cycle measured the slices' activity (GPM needs two samples)
+        got = await until(measured, "the slices' activity measured")
     assert len([k for k in got if k[0] == "numaguard_mig_info"]) == 13
     infer_c = {
         "gpu": "5",
