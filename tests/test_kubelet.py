@@ -16,6 +16,7 @@ import pynvml
 import pytest
 
 from numaguard.exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, POD_RESOURCES, Collection
+from numaguard.exporter.model.thresholds import STARVED_THRESHOLDS, Thresholds
 from numaguard.exporter.readers.dra import Allocated
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
@@ -450,3 +451,10 @@ async def test_claims_the_kubelet_does_not_report_come_from_the_api_server(node)
     node.root.write()
     got = await node.cycle()
     assert verdicts(got, "device_remote")["dra-job"] == 1
+
+
+def test_a_starved_threshold_not_given_keeps_its_default_and_an_unknown_one_is_refused():
+    given = Thresholds(starved={"cpu_throttled": 0.25})
+    assert dict(given.starved) == {**STARVED_THRESHOLDS, "cpu_throttled": 0.25}
+    with pytest.raises(ValueError, match="device_remote"):  # a verdict decides it, no threshold
+        Thresholds(starved={"device_remote": 0.5})

@@ -56,4 +56,12 @@ class Thresholds:
     memory_remote_min_bytes: int = 64 * MIB
     gpu_starved_utilization: float = 0.3  # SM (else graphics) activity below this is low
     # reason -> the share of its measure at or above which it starves a barely busy GPU
+    # (those not given keep their defaults)
     starved: Mapping[str, float] = field(default_factory=lambda: STARVED_THRESHOLDS)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.starved) - set(STARVED_THRESHOLDS)
+        if unknown:
+            raise ValueError(f"no starved reason decided by a threshold: {sorted(unknown)}")
+        merged = MappingProxyType({**STARVED_THRESHOLDS, **self.starved})
+        object.__setattr__(self, "starved", merged)  # frozen: set once, here
