@@ -11,16 +11,9 @@ from typing import TYPE_CHECKING
 from pydantic import TypeAdapter, ValidationError
 
 from numaguard.remediator.core.findings import Finding
-from numaguard.remediator.core.kinds import (
-    KINDS,
-)
+from numaguard.remediator.core.kinds import KINDS
 from numaguard.remediator.core.outcome import Activity
-from numaguard.remediator.core.validation import (
-    FORBID_EXTRA,
-    Count,
-    Seconds,
-    Text,
-)
+from numaguard.remediator.core.validation import FORBID_EXTRA, Count, Seconds, Text
 
 if TYPE_CHECKING:
     from numaguard.remediator.core.planner import Action

@@ -16,10 +16,7 @@ from numaguard.remediator.core.capacity import Capacity
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import WorkloadHistory
-from numaguard.remediator.core.kinds import (
-    KINDS,
-    NOISY_NEIGHBOUR,
-)
+from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR
 from numaguard.remediator.core.policy import Policy
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
