@@ -31,14 +31,7 @@ import psutil
 import pynvml
 
 import numaguard.exporter.sources as sources
-from numaguard.exporter.collection import (
-    GPU,
-    HOST_NUMA,
-    POD_PLACEMENT,
-    POD_RESOURCES,
-    RESCTRL,
-    Collection,
-)
+from numaguard.exporter.collection import Collection
 from numaguard.exporter.process import one_malloc_arena, settle_garbage_collector
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
@@ -305,11 +298,11 @@ def main() -> None:
         collection = Collection(
             "reference",
             {
-                HOST_NUMA: HostSource(tmp),
-                POD_PLACEMENT: CgroupSource(tmp, page_size=4096),
-                RESCTRL: ResctrlSource(tmp, "manage", kernel),
-                GPU: gpus,
-                POD_RESOURCES: pod_resources,
+                "host_numa": HostSource(tmp),
+                "pod_placement": CgroupSource(tmp, page_size=4096),
+                "resctrl": ResctrlSource(tmp, "manage", kernel),
+                "gpu": gpus,
+                "pod_resources": pod_resources,
             },
             # the pods' names, as the watch has them in a cluster: each pod's sandbox
             # cgroup (the tree has them, as a node does) is then not read

@@ -65,11 +65,11 @@ gpus = gpu.NvmlSource(pynvml, tree, clock=clock)
 gpus.start()
 pod_resources = kubelet.PodResourcesSource(socket)
 sources = {
-    col.HOST_NUMA: host.HostSource(tree),
-    col.POD_PLACEMENT: cgroups.CgroupSource(tree, page_size=4096),
-    col.RESCTRL: resctrl.ResctrlSource(tree, "manage", kernel),
-    col.GPU: gpus,
-    col.POD_RESOURCES: pod_resources,
+    "host_numa": host.HostSource(tree),
+    "pod_placement": cgroups.CgroupSource(tree, page_size=4096),
+    "resctrl": resctrl.ResctrlSource(tree, "manage", kernel),
+    "gpu": gpus,
+    "pod_resources": pod_resources,
 }
 extra = {}
 if layout == "namespace":

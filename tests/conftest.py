@@ -9,14 +9,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from numaguard.exporter.collection import (
-    GPU,
-    HOST_NUMA,
-    POD_PLACEMENT,
-    POD_RESOURCES,
-    RESCTRL,
-    Collection,
-)
+from numaguard.exporter.collection import Collection
 from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.records import PodMeta
 from numaguard.exporter.sources.cgroups import CgroupSource
@@ -63,15 +56,15 @@ def make_collection(
     kubelet: PodResourcesSource | None = None,
 ) -> Collection:
     sources = {
-        HOST_NUMA: HostSource(str(root.root)),
-        POD_PLACEMENT: CgroupSource(str(root.root), page_size=root.host.page_size),
+        "host_numa": HostSource(str(root.root)),
+        "pod_placement": CgroupSource(str(root.root), page_size=root.host.page_size),
     }
     if resctrl is not None:
-        sources[RESCTRL] = ResctrlSource(str(root.root), resctrl_mode, resctrl)
+        sources["resctrl"] = ResctrlSource(str(root.root), resctrl_mode, resctrl)
     if gpus is not None:
-        sources[GPU] = gpus
+        sources["gpu"] = gpus
     if kubelet is not None:
-        sources[POD_RESOURCES] = kubelet
+        sources["pod_resources"] = kubelet
     return Collection(
         NODE,
         sources,

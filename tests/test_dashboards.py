@@ -19,7 +19,8 @@ from alerts import rules
 from grafana import dashboards
 from numaguard.exporter.catalogue import series_names
 from numaguard.exporter.readers.nvml import sysfs_pci_address
-from numaguard.exporter.server import Settings, serve
+from numaguard.exporter.server import serve
+from numaguard.exporter.settings import Settings
 from numaguard.remediator.core.queries import Windows
 from numaguard.simulator import demo
 from numaguard.simulator.cluster import SimulatedCluster

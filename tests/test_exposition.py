@@ -12,7 +12,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from numaguard.exporter import catalogue as c
-from numaguard.exporter.collectors import host_numa, pods
+from numaguard.exporter.collectors import host_numa, pod_placement
 from numaguard.exporter.exposition import render
 from numaguard.simulator import presets
 from tests.conftest import make_collection, metadata_of
@@ -82,7 +82,10 @@ async def test_same_exposition_as_prometheus_client(fake_root):
     root = fake_root(host)
     collection = make_collection(root, metadata=metadata_of(host))
     await collection.run_once()
-    families = [*host_numa.families(collection.snapshot), *pods.families(collection.snapshot)]
+    families = [
+        *host_numa.families(collection.snapshot),
+        *pod_placement.families(collection.snapshot),
+    ]
     text, om = render(families)
     registry = _Registry(as_client_families(families))
     theirs_text = generate_latest(registry).decode()

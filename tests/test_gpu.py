@@ -15,8 +15,9 @@ import pynvml
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from numaguard.exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, Collection
-from numaguard.exporter.server import Exporter, Settings
+from numaguard.exporter.collection import Collection
+from numaguard.exporter.server import Exporter
+from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource
@@ -48,9 +49,9 @@ class GpuNode:
         self.collection = Collection(
             NODE,
             {
-                HOST_NUMA: HostSource(str(root.root)),
-                POD_PLACEMENT: CgroupSource(str(root.root)),
-                GPU: self.source,
+                "host_numa": HostSource(str(root.root)),
+                "pod_placement": CgroupSource(str(root.root)),
+                "gpu": self.source,
             },
             metadata=lambda: metadata_of(self.host),
             clock=clock,
@@ -203,7 +204,7 @@ async def test_gpus_and_slices_exactly(gpu_node):
     # 8 GPUs, 4 + 7 + 2 slices
     assert len([k for k in got if k[0] == "numaguard_gpu_info"]) == 8
     assert len([k for k in got if k[0] == "numaguard_mig_info"]) == 13
-    health = node.collection.health[GPU]
+    health = node.collection.health["gpu"]
     assert health.success and sum(health.errors.values()) == 0
 
 
@@ -236,7 +237,7 @@ async def test_a_gpm_sample_too_close_for_nvml_is_waited_for_not_an_error(gpu_no
     await node.cycle()
     lag[0] = 0.0
     got = await node.cycle(advance=0.105)
-    health = node.collection.health[GPU]
+    health = node.collection.health["gpu"]
     assert health.success and sum(health.errors.values()) == 0
     labels = slice_labels(node, 1, 0)
     assert series("numaguard_mig_utilization_ratio", **labels, kind="sm") not in got
@@ -283,7 +284,7 @@ async def test_slices_appear_and_disappear_between_cycles(gpu_node):
     assert got[series("numaguard_gpu_utilization_ratio", **gpu_labels(node, 2), kind="sm")] >= 0
     # one GPM sample kept per GPU and per slice, the rest freed
     assert len(node.nvml._samples) == 8 + 4 + 1 + 3 + 2
-    assert node.collection.health[GPU].success
+    assert node.collection.health["gpu"].success
 
 
 # What a UUID fixes (a GPU's name, PCI address and NUMA node; a slice's instance ids,
@@ -341,12 +342,12 @@ async def test_what_failed_to_be_learnt_is_asked_again(gpu_node):
     got = await node.cycle()
     labels = slice_labels(node, 1, 0)
     assert series("numaguard_mig_multiprocessors", **labels) not in got
-    assert got[series("numaguard_collector_errors_total", collector=GPU, reason="nvml")] > 0
+    assert got[series("numaguard_collector_errors_total", collector="gpu", reason="nvml")] > 0
     node.nvml.failures.clear()
     got = await node.cycle()
     sm_count = node.nvml.gpus[1].mig[0].profile.sm_count
     assert got[series("numaguard_mig_multiprocessors", **labels)] == sm_count
-    assert node.collection.health[GPU].success
+    assert node.collection.health["gpu"].success
     asked = static_calls(node.nvml, 1)
     await node.cycle()
     assert static_calls(node.nvml, 1) == asked  # learnt now: not asked again
@@ -385,7 +386,7 @@ async def test_a100_slices_say_unsupported_never_zero(gpu_node):
     assert got[series("numaguard_gpu_utilization_supported", **plain, kind="graphics")] == 1
     assert got[series("numaguard_gpu_utilization_supported", **plain, kind="sm")] == 0
     assert series("numaguard_gpu_utilization_ratio", **plain, kind="sm") not in got
-    assert node.collection.health[GPU].success
+    assert node.collection.health["gpu"].success
 
 
 async def test_a_gpu_lost_mid_cycle(gpu_node):
@@ -412,8 +413,8 @@ async def test_a_gpu_lost_mid_cycle(gpu_node):
     )
     assert series("numaguard_gpu_power_watts", **lost) not in got
     assert sum(got[series("numaguard_gpu_up", **gpu_labels(node, i))] for i in range(8)) == 7
-    assert got[series("numaguard_collector_errors_total", collector=GPU, reason="gpu_lost")] == 1
-    assert got[series("numaguard_collector_success", collector=GPU)] == 0
+    assert got[series("numaguard_collector_errors_total", collector="gpu", reason="gpu_lost")] == 1
+    assert got[series("numaguard_collector_success", collector="gpu")] == 0
 
 
 # Every C function the source calls, with the GPU it is called for.
@@ -503,7 +504,7 @@ async def test_not_supported_on_any_call_is_no_error(gpu_node, function):
         ups = [got[series("numaguard_gpu_up", **gpu_labels(node, i))] for i in range(9)]
         assert ups == [1] * 9
         assert len([k for k in got if k[0] == "numaguard_gpu_info"]) == 9
-    assert node.collection.health[GPU].errors["nvml"] == 0
+    assert node.collection.health["gpu"].errors["nvml"] == 0
 
 
 @pytest.mark.parametrize(("branch", "function"), BRANCH_CALLS)
@@ -512,10 +513,10 @@ async def test_an_nvml_error_on_any_call_is_counted(gpu_node, function):
     node.nvml.fail(function, code=pynvml.NVML_ERROR_UNKNOWN)
     await node.cycle()
     got = await node.cycle()
-    assert got[series("numaguard_collector_errors_total", collector=GPU, reason="nvml")] > 0
-    assert got[series("numaguard_collector_success", collector=GPU)] == 0
+    assert got[series("numaguard_collector_errors_total", collector="gpu", reason="nvml")] > 0
+    assert got[series("numaguard_collector_success", collector="gpu")] == 0
     # the host side does not suffer
-    assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 1
+    assert got[series("numaguard_collector_success", collector="pod_placement")] == 1
 
 
 async def test_hung_nvml_marks_that_gpu_down_and_metrics_keep_answering(gpu_node):
@@ -547,8 +548,8 @@ async def test_hung_nvml_marks_that_gpu_down_and_metrics_keep_answering(gpu_node
     assert response.status == 200 and took < 0.5
     assert got[series("numaguard_gpu_up", **gpu_labels(node, 2))] == 0
     assert got[series("numaguard_gpu_up", **gpu_labels(node, 1))] == 1
-    assert got[series("numaguard_collector_errors_total", collector=GPU, reason="timeout")] >= 2
-    assert got[series("numaguard_collector_success", collector=HOST_NUMA)] == 1
+    assert got[series("numaguard_collector_errors_total", collector="gpu", reason="timeout")] >= 2
+    assert got[series("numaguard_collector_success", collector="host_numa")] == 1
     # the stuck call was not made again while it hung
     assert stuck_calls == 1
     assert after[series("numaguard_gpu_up", **gpu_labels(node, 2))] == 1
@@ -595,8 +596,8 @@ async def test_each_driver_branch_says_what_it_supports(gpu_node):
     await node.cycle()
     got = await node.cycle()
     branch = node.nvml.branch
-    assert got[series("numaguard_collector_success", collector=GPU)] == 1
-    assert node.collection.health[GPU].errors["nvml"] == 0
+    assert got[series("numaguard_collector_success", collector="gpu")] == 1
+    assert node.collection.health["gpu"].errors["nvml"] == 0
     infos = {dict(k[1])["gpu"]: dict(k[1]) for k in got if k[0] == "numaguard_gpu_info"}
     assert len(infos) == 9
     assert {(i["driver_version"], i["nvml_version"]) for i in infos.values()} == {
@@ -637,7 +638,7 @@ async def test_a_driver_without_v3_process_lists_is_asked_v2(gpu_node):
     node.nvml.branch = replace(node.nvml.branch, name="no-v3", lacks=lacks)
     await node.cycle()
     got = await node.cycle()
-    assert got[series("numaguard_collector_success", collector=GPU)] == 1
+    assert got[series("numaguard_collector_success", collector="gpu")] == 1
     holders = {dict(k[1])["pod"] for k in got if k[0] == "numaguard_gpu_holder_info"}
     assert {"trainer", "infer-a", "notebook-2", "dra-job"} <= holders
     # two cycles, each asking the count and then the list
@@ -722,7 +723,7 @@ async def test_exporter_with_a_fake_gpu_node_file(fake_root, tmp_path):
     assert got[series("numaguard_mig_utilization_ratio", **infer_c, kind="sm")] == pytest.approx(
         0.7, abs=1e-6
     )
-    assert got[series("numaguard_collector_success", collector=GPU)] == 1
+    assert got[series("numaguard_collector_success", collector="gpu")] == 1
 
 
 async def test_without_a_driver_the_exporter_runs_without_gpus(fake_root):
@@ -733,7 +734,7 @@ async def test_without_a_driver_the_exporter_runs_without_gpus(fake_root):
         proc.terminate()
         proc.wait(timeout=10)
     assert not [k for k in got if k[0].startswith(("numaguard_gpu_", "numaguard_mig_"))]
-    assert series("numaguard_collector_success", collector=GPU) not in got
+    assert series("numaguard_collector_success", collector="gpu") not in got
     assert log_of(proc).count("no NVIDIA driver") == 1
 
 

@@ -15,7 +15,7 @@ import grpc
 import pynvml
 import pytest
 
-from numaguard.exporter.collection import GPU, HOST_NUMA, POD_PLACEMENT, POD_RESOURCES, Collection
+from numaguard.exporter.collection import Collection
 from numaguard.exporter.model.thresholds import STARVED_THRESHOLDS, Thresholds
 from numaguard.exporter.readers.dra import Allocated
 from numaguard.exporter.sources.cgroups import CgroupSource
@@ -44,10 +44,10 @@ class Node:
         self.collection = Collection(
             NODE,
             {
-                HOST_NUMA: HostSource(str(root.root)),
-                POD_PLACEMENT: CgroupSource(str(root.root)),
-                GPU: self.gpus,
-                POD_RESOURCES: self.kubelet_source,
+                "host_numa": HostSource(str(root.root)),
+                "pod_placement": CgroupSource(str(root.root)),
+                "gpu": self.gpus,
+                "pod_resources": self.kubelet_source,
             },
             metadata=lambda: metadata_of(self.host),
             # GPU 6 is the DRA driver's: its ResourceSlice names what gpu-6 is
@@ -146,7 +146,7 @@ async def test_devices_attributed_by_the_kubelet(node):
         "infer-d": 0,
         "dra-job": 0,
     }
-    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    assert got[series("numaguard_collector_success", collector="pod_resources")] == 1
 
 
 async def test_capacity_per_numa_zone(node):
@@ -212,35 +212,35 @@ async def test_missing_kubelet_falls_back_to_processes(node):
     assert verdicts(got, "device_remote")["trainer-remote"] == 1
     assert not [k for k in got if k[0].startswith("numaguard_zone_")]
     assert (
-        got[series("numaguard_collector_errors_total", collector=POD_RESOURCES, reason="missing")]
+        got[series("numaguard_collector_errors_total", collector="pod_resources", reason="missing")]
         == 2
     )
-    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 0
+    assert got[series("numaguard_collector_success", collector="pod_resources")] == 0
 
 
 async def test_slow_kubelet_times_out_then_recovers(node):
     node.kubelet.delay = 1.0  # past the 0.5 s deadline
     got = await node.cycle()
     assert (
-        got[series("numaguard_collector_errors_total", collector=POD_RESOURCES, reason="timeout")]
+        got[series("numaguard_collector_errors_total", collector="pod_resources", reason="timeout")]
         == 1
     )
     assert {s for _, _, s in node.holders(got).values()} == {"process"}
     node.kubelet.delay = 0
     got = await node.cycle()
-    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    assert got[series("numaguard_collector_success", collector="pod_resources")] == 1
     assert {s for _, _, s in node.holders(got).values()} == {"kubelet"}
 
 
 async def test_restarted_kubelet_is_found_again(node):
     got = await node.cycle()
-    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    assert got[series("numaguard_collector_success", collector="pod_resources")] == 1
     await node.kubelet.stop()
     got = await node.cycle()
-    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 0
+    assert got[series("numaguard_collector_success", collector="pod_resources")] == 0
     await node.kubelet.start()  # a new socket file at the same path
     got = await node.cycle()
-    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    assert got[series("numaguard_collector_success", collector="pod_resources")] == 1
     assert ("infer-d", node.nvml.gpus[5].mig[1].uuid) in node.holders(got)
 
 
@@ -248,13 +248,13 @@ async def test_kubelet_errors_and_old_kubelets(node):
     node.kubelet.fail = grpc.StatusCode.UNAVAILABLE
     got = await node.cycle()
     assert (
-        got[series("numaguard_collector_errors_total", collector=POD_RESOURCES, reason="kubelet")]
+        got[series("numaguard_collector_errors_total", collector="pod_resources", reason="kubelet")]
         == 1
     )
     node.kubelet.fail = None
     node.kubelet.allocatable_implemented = False  # before 1.23: List only
     got = await node.cycle()
-    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    assert got[series("numaguard_collector_success", collector="pod_resources")] == 1
     assert {s for _, _, s in node.holders(got).values()} == {"kubelet"}
     assert not [k for k in got if k[0].startswith("numaguard_zone_")]
 
@@ -266,7 +266,9 @@ async def test_something_else_on_the_kubelet_socket(node):
     await node.kubelet.stop()
 
     def errors(got: dict, reason: str) -> float:
-        errors = series("numaguard_collector_errors_total", collector=POD_RESOURCES, reason=reason)
+        errors = series(
+            "numaguard_collector_errors_total", collector="pod_resources", reason=reason
+        )
         return got[errors]
 
     async def peer(answer: bytes | None) -> asyncio.Server:
@@ -295,13 +297,13 @@ async def test_something_else_on_the_kubelet_socket(node):
             server.close()
             await server.wait_closed()
         assert errors(got, reason) == count
-        assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 0
+        assert got[series("numaguard_collector_success", collector="pod_resources")] == 0
         # the devices are still attributed, by their processes
         assert {s for _, _, s in node.holders(got).values()} == {"process"}
         Path(node.kubelet.socket_path).unlink()
     await node.kubelet.start()
     got = await node.cycle()
-    assert got[series("numaguard_collector_success", collector=POD_RESOURCES)] == 1
+    assert got[series("numaguard_collector_success", collector="pod_resources")] == 1
     assert {s for _, _, s in node.holders(got).values()} == {"kubelet"}
 
 

@@ -9,7 +9,6 @@ import errno
 import pytest
 
 import numaguard.exporter.sources as sources
-from numaguard.exporter.collection import POD_PLACEMENT
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.resctrl import RESYNC_CYCLES
 from numaguard.simulator import presets
@@ -413,7 +412,7 @@ async def test_over_the_pod_guard_no_group_is_removed(fake_root):
     await collection.run_once()
     groups = kernel.group_names()
     assert groups
-    collection.sources[POD_PLACEMENT] = CgroupSource(str(root.root), max_pods=1)
+    collection.sources["pod_placement"] = CgroupSource(str(root.root), max_pods=1)
     await collection.run_once()
     assert collection.limited
     assert kernel.group_names() == groups

@@ -20,8 +20,10 @@ import psutil
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from numaguard.exporter.collection import COLLECTORS, HOST_NUMA, POD_PLACEMENT, Collection
-from numaguard.exporter.server import STUCK_CYCLES, Exporter, Settings
+from numaguard.exporter.collection import Collection
+from numaguard.exporter.collectors import COLLECTORS
+from numaguard.exporter.server import STUCK_CYCLES, Exporter
+from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.host import HostSource
 from numaguard.simulator import presets
@@ -48,7 +50,7 @@ async def test_hung_collector_never_blocks_metrics(fake_root):
     hanging = HangingSource()
     collection = Collection(
         NODE,
-        {HOST_NUMA: HostSource(str(root.root)), POD_PLACEMENT: hanging},
+        {"host_numa": HostSource(str(root.root)), "pod_placement": hanging},
         timeout_seconds=0.3,
     )
     exporter = Exporter(Settings(interval_seconds=0.2, collector_timeout_seconds=0.3), collection)
@@ -78,12 +80,12 @@ async def test_hung_collector_never_blocks_metrics(fake_root):
     assert response.status == 200
     assert took < 0.5
     got = samples(body)
-    assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 0
+    assert got[series("numaguard_collector_success", collector="pod_placement")] == 0
     assert (
-        got[series("numaguard_collector_errors_total", collector=POD_PLACEMENT, reason="timeout")]
+        got[series("numaguard_collector_errors_total", collector="pod_placement", reason="timeout")]
         >= 2
     )
-    assert got[series("numaguard_collector_success", collector=HOST_NUMA)] == 1
+    assert got[series("numaguard_collector_success", collector="host_numa")] == 1
     assert got[series("numaguard_numa_node_memory_total_bytes", numa_node="1")] > 0
     # the stuck read was not started again while it was still running, and was once done
     assert calls_while_hung == 1
@@ -96,7 +98,7 @@ async def test_a_read_stuck_for_three_cycles_fails_healthz_naming_its_collector(
     now = [1000.0]
     collection = Collection(
         NODE,
-        {HOST_NUMA: HostSource(str(root.root)), POD_PLACEMENT: hanging},
+        {"host_numa": HostSource(str(root.root)), "pod_placement": hanging},
         timeout_seconds=0.05,
         monotonic=lambda: now[0],
     )
@@ -123,7 +125,9 @@ async def test_a_read_stuck_for_three_cycles_fails_healthz_naming_its_collector(
 async def test_an_empty_host_root_is_not_ready_and_says_what_is_missing(tmp_path):
     (tmp_path / "proc").mkdir()  # a /proc, but neither /sys tree
     root = str(tmp_path)
-    collection = Collection(NODE, {HOST_NUMA: HostSource(root), POD_PLACEMENT: CgroupSource(root)})
+    collection = Collection(
+        NODE, {"host_numa": HostSource(root), "pod_placement": CgroupSource(root)}
+    )
     await collection.run_once()
     exporter = Exporter(Settings(host_root=root), collection)
     async with TestClient(TestServer(exporter.app)) as client:
@@ -135,16 +139,17 @@ async def test_an_empty_host_root_is_not_ready_and_says_what_is_missing(tmp_path
         )
         got = samples(await (await client.get("/metrics")).read())
     # no pods because there is nowhere to look is a failure, not an empty node
-    assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 0
+    assert got[series("numaguard_collector_success", collector="pod_placement")] == 0
     errors = "numaguard_collector_errors_total"
-    assert got[series(errors, collector=POD_PLACEMENT, reason="missing")] == 1
-    assert got[series("numaguard_collector_success", collector=HOST_NUMA)] == 0
+    assert got[series(errors, collector="pod_placement", reason="missing")] == 1
+    assert got[series("numaguard_collector_success", collector="host_numa")] == 0
 
 
 async def test_formats_and_compression(fake_root):
     root = fake_root(presets.two_socket())
     collection = Collection(
-        NODE, {HOST_NUMA: HostSource(str(root.root)), POD_PLACEMENT: CgroupSource(str(root.root))}
+        NODE,
+        {"host_numa": HostSource(str(root.root)), "pod_placement": CgroupSource(str(root.root))},
     )
     await collection.run_once()
     exporter = Exporter(Settings(), collection)
@@ -172,7 +177,7 @@ async def test_q_zero_refuses_and_gzip_is_made_once_in_the_cycle_or_a_thread(
     fake_root, monkeypatch
 ):
     root = fake_root(presets.two_socket())
-    collection = Collection(NODE, {HOST_NUMA: HostSource(str(root.root))})
+    collection = Collection(NODE, {"host_numa": HostSource(str(root.root))})
     await collection.run_once()
     compressed_in = []
     real_compress = gzip.compress
@@ -269,9 +274,9 @@ async def test_1100_idle_connections_under_a_1024_file_limit_starve_nothing(fake
         crowd = [await asyncio.open_connection(host, int(port)) for _ in range(1100)]
         try:
             got = samples(await get(f"{url}/metrics"))
-            assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 1
+            assert got[series("numaguard_collector_success", collector="pod_placement")] == 1
             errors = "numaguard_collector_errors_total"
-            assert got[series(errors, collector=POD_PLACEMENT, reason="io")] == 0
+            assert got[series(errors, collector="pod_placement", reason="io")] == 0
             links = []
             for fd in os.listdir(f"/proc/{proc.pid}/fd"):
                 with contextlib.suppress(FileNotFoundError):  # closed since the listing
@@ -376,14 +381,14 @@ async def test_the_cardinality_guard_holds_20000_pods_within_the_memory_limit(tm
     assert got[series("numaguard_series_limited")] == 1
     assert got[series("numaguard_numa_node_info", numa_node="1", cpulist="16-31")] == 1
     assert not [k for k in got if "pod_uid" in dict(k[1])]
-    assert got[series("numaguard_collector_success", collector=POD_PLACEMENT)] == 1
+    assert got[series("numaguard_collector_success", collector="pod_placement")] == 1
     assert rss < 256 << 20, rss >> 20
     assert log_of(proc).count("more than --max-pods") == 1
 
 
 async def test_under_the_guard_nothing_is_left_out(fake_root):
     root = fake_root(presets.two_socket())
-    collection = Collection(NODE, {POD_PLACEMENT: CgroupSource(str(root.root), max_pods=1000)})
+    collection = Collection(NODE, {"pod_placement": CgroupSource(str(root.root), max_pods=1000)})
     await collection.run_once()
     got = samples(collection.exposition.text)
     assert got[series("numaguard_series_limited")] == 0
@@ -401,7 +406,7 @@ async def test_collectors_turned_off_are_not_run(fake_root):
     ran = {
         dict(k[1])["collector"]: v for k, v in got.items() if k[0] == "numaguard_collector_success"
     }
-    assert ran == {HOST_NUMA: 1, POD_PLACEMENT: 1}
+    assert ran == {"host_numa": 1, "pod_placement": 1}
     resctrl = {k: v for k, v in got.items() if k[0].startswith(("numaguard_l3_", "numaguard_res"))}
     assert resctrl == {  # it says it is off, and nothing else of it shows
         series("numaguard_resctrl_available"): 0,

@@ -11,11 +11,13 @@ import socket
 import sys
 
 from numaguard.exporter import __version__, logs, webconfig
-from numaguard.exporter.collection import COLLECTORS
+from numaguard.exporter.collectors import COLLECTORS
 from numaguard.exporter.model.thresholds import STARVED_REASONS, STARVED_THRESHOLDS, Thresholds
 from numaguard.exporter.process import one_malloc_arena
-from numaguard.exporter.server import GpuBackendError, Settings, serve
+from numaguard.exporter.server import serve
+from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
+from numaguard.exporter.sources.gpu import GpuBackendError
 from numaguard.exporter.sources.kubelet import DEFAULT_SOCKET
 from numaguard.exporter.sources.resctrl import MODES
 
@@ -197,13 +199,13 @@ def parser() -> argparse.ArgumentParser:
         help="the kubelet's configuration file, under --host-root: its Topology Manager "
         "policy and scope are published with the zones",
     )
-    for name, info in COLLECTORS.items():
+    for name, collector in COLLECTORS.items():
         p.add_argument(
             f"--collector.{name}",
             dest=f"collector_{name}",
             action=argparse.BooleanOptionalAction,
-            default=info.default,
-            help=f"the {name} collector: {info.help}",
+            default=collector.default,
+            help=f"the {name} collector: {collector.help}",
         )
     p.add_argument(
         "--log-format",

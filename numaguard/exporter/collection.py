@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from numaguard.exporter import __version__, sources
 from numaguard.exporter import catalogue as c
-from numaguard.exporter.collectors import capacity, gpu, host_numa, pods, resctrl
+from numaguard.exporter.collectors import COLLECTORS, METADATA, Collector, pod_placement
 from numaguard.exporter.exposition import render
 from numaguard.exporter.model import NodeSnapshot, build_snapshot
 from numaguard.exporter.model.thresholds import Thresholds
@@ -43,39 +43,7 @@ ERROR_REASONS = (
     "internal",
 )
 
-# Collector names, as the "collector" label shows them.
-HOST_NUMA = "host_numa"
-POD_PLACEMENT = "pod_placement"
-RESCTRL = "resctrl"  # runs after pod_placement: it needs this cycle's pods
-GPU = "gpu"
-POD_RESOURCES = "pod_resources"
-
-
-@dataclass(frozen=True)
-class CollectorInfo:
-    help: str
-    default: bool = True  # on unless --no-collector.<name>
-
-
-# Every collector, as --collector.<name> / --no-collector.<name> turn it on and off; one
-# turned off is not run and has no health series.
-COLLECTORS = {
-    HOST_NUMA: CollectorInfo(
-        "NUMA topology, memory, allocation locality and balancing counters (sysfs, procfs)"
-    ),
-    POD_PLACEMENT: CollectorInfo(
-        "every pod's CPUs, memory, throttling and pressure per NUMA node (cgroups)"
-    ),
-    RESCTRL: CollectorInfo(
-        "memory traffic and LLC occupancy per L3 domain, NUMA node and pod (resctrl; needs "
-        "pod_placement for the pods)"
-    ),
-    GPU: CollectorInfo("GPUs and MIG slices (NVML; see --gpu-backend)"),
-    POD_RESOURCES: CollectorInfo(
-        "who holds which device and what each NUMA node can still give (the kubelet's "
-        "PodResources API)"
-    ),
-}
+POD_PLACEMENT = pod_placement.COLLECTOR.name  # its reading holds the cardinality guard
 
 # Distinct (collector, reason, path) problems we log once each; beyond this, just count.
 _MAX_LOGGED_PROBLEMS = 10_000
@@ -136,9 +104,11 @@ class Collection:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         nrt_current: Callable[[], bool | None] = lambda: None,
+        collectors: Mapping[str, Collector] = COLLECTORS,
     ) -> None:
         self.node_name = node_name
-        self.sources = dict(sources)
+        self.sources = dict(sources)  # by collector name: the collectors turned on
+        self.collectors = dict(collectors)  # every one registered (those off say so)
         self.metadata = metadata
         self.dra = dra
         self.thresholds = thresholds
@@ -159,36 +129,45 @@ class Collection:
     async def run_once(self) -> NodeSnapshot:
         sources.KEPT.sweep()  # the files the last cycle did not read are closed
         metadata = self.metadata()  # the cycle's one view of the pods' names
-        names = [n for n in self.sources if n != RESCTRL]
-        inputs = {POD_PLACEMENT: (metadata,)}  # which containers the pods have
-        readings = await asyncio.gather(*(self._read(n, *inputs.get(n, ())) for n in names))
-        by_name = dict(zip(names, readings, strict=True))
-        pods = by_name.get(POD_PLACEMENT)
-        self._guard(pods)
-        if RESCTRL in self.sources:
-            # over the guard the pods are unknown, not gone: resctrl must touch nothing
-            by_name[RESCTRL] = await self._read(RESCTRL, None if self.limited else pods)
+        given: dict[str, Any] = {METADATA: metadata}
+        readings: dict[str, Any] = {}
+        todo = {name: self.collectors[name] for name in self.sources}
+        while todo:  # in waves: a collector whose source reads another's goes after it
+            ready = [n for n, c in todo.items() if not any(r in todo for r in c.reads)]
+            if not ready:
+                raise ValueError(f"collectors that read each other: {sorted(todo)}")
+            got = await asyncio.gather(
+                *(self._read(n, *(given.get(r) for r in todo[n].reads)) for n in ready)
+            )
+            for name, reading in zip(ready, got, strict=True):
+                del todo[name]
+                readings[name] = given[name] = reading
+            if POD_PLACEMENT in ready:
+                self._guard(readings[POD_PLACEMENT])
+                if self.limited:  # over the guard the pods are unknown, not gone
+                    given[POD_PLACEMENT] = None
         # Off the event loop too: tens of milliseconds of CPU would stall scrapes.
         self.snapshot, self.exposition = await asyncio.to_thread(
-            self._snapshot_and_render, by_name, metadata, self.dra()
+            self._snapshot_and_render, readings, metadata, self.dra()
         )
         return self.snapshot
 
     def _snapshot_and_render(
-        self, readings: dict, metadata, dra: DraView | None
+        self, readings: dict[str, Any], metadata, dra: DraView | None
     ) -> tuple[NodeSnapshot, Exposition]:
         snap = build_snapshot(
             self.node_name,
             self.clock(),
-            readings.get(HOST_NUMA),
-            readings.get(POD_PLACEMENT),
-            metadata,
-            self.snapshot,
-            self.thresholds,
-            readings.get(RESCTRL),
-            readings.get(GPU),
-            readings.get(POD_RESOURCES),
-            dra,
+            previous=self.snapshot,
+            thresholds=self.thresholds,
+            metadata=metadata,
+            dra=dra,
+            readings=readings,
+            **{
+                self.collectors[name].reading: reading
+                for name, reading in readings.items()
+                if self.collectors[name].reading
+            },
         )
         return snap, self.render(snap)
 
@@ -273,11 +252,7 @@ class Collection:
 
     def render(self, snap: NodeSnapshot) -> Exposition:
         families = [
-            *host_numa.families(snap),
-            *pods.families(snap),
-            *resctrl.families(snap, RESCTRL in self.sources),
-            *gpu.families(snap),
-            *capacity.families(snap),
+            *(f for collector in self.collectors.values() for f in collector.families(snap)),
             *self._self_families(snap),
             *self._process_families(),
         ]

@@ -4,71 +4,27 @@ background loop that runs a collection cycle every interval."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
 from numaguard.exporter import webconfig
-from numaguard.exporter.collection import (
-    COLLECTORS,
-    GPU,
-    HOST_NUMA,
-    POD_PLACEMENT,
-    POD_RESOURCES,
-    RESCTRL,
-    Collection,
-    Source,
-)
+from numaguard.exporter.collection import Collection, Source
+from numaguard.exporter.collectors import COLLECTORS, Collector
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
-from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.process import settle_garbage_collector
 from numaguard.exporter.publishers.nrt import NrtPublisher
+from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.apiserver import KubeconfigError, connect
-from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.dra import DraWatch
-from numaguard.exporter.sources.gpu import GpuUnavailable, NvmlSource
-from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kube import PodMetadataWatch
-from numaguard.exporter.sources.kubelet import DEFAULT_SOCKET, PodResourcesSource
-from numaguard.exporter.sources.resctrl import ResctrlOps, ResctrlSource
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Settings:
-    host_root: str = "/"
-    host: str = "0.0.0.0"
-    port: int = 9847
-    node_name: str = ""
-    interval_seconds: float = 15.0
-    collector_timeout_seconds: float = 10.0
-    kubeconfig: str | None = None
-    thresholds: Thresholds = Thresholds()
-    resctrl_mode: str = "auto"
-    resctrl_ops: ResctrlOps | None = None  # resctrl's writes; None: the kernel's files
-    gpu_backend: str = "nvml"  # nvml | none
-    # the kubelet's PodResources socket; None: the default one, used only if it exists
-    pod_resources_socket: str | None = None
-    web_config_file: str | None = None  # TLS and basic auth (exporter-toolkit's format)
-    web_kubernetes_auth: bool = False  # scrapers' tokens checked with the API server
-    # a connection without a whole request for this long is closed: idle keep-alives,
-    # and clients that send slowly or not at all
-    idle_timeout_seconds: float = 30.0
-    # connections held at once; past it the longest-held idle one makes room, so that a
-    # crowd of clients can neither starve a scrape nor use up the files the reads need
-    max_connections: int = 256
-    # the cardinality guard: past this many pods on the node, no pod series at all
-    max_pods: int = 1000
-    # the collectors to run (--collector.<name>); the rest are not run at all
-    collectors: frozenset[str] = frozenset(c for c, i in COLLECTORS.items() if i.default)
-    nrt: bool = False  # publish this node's NodeResourceTopology each cycle it changes
-    nrt_kubelet_config: str = "/var/lib/kubelet/config.yaml"  # under the host root
 
 
 STUCK_CYCLES = 3  # cycles a read may hang before /healthz asks for a restart
@@ -92,30 +48,6 @@ def accepts(header: str, wanted: str) -> bool:
                     return False
         return True
     return False
-
-
-class GpuBackendError(Exception):
-    """--gpu-backend names something that cannot be used."""
-
-
-def open_gpu_source(settings: Settings) -> NvmlSource | None:
-    """The GPU source for --gpu-backend; None without GPUs. Blocking (NVML init)."""
-    backend = settings.gpu_backend
-    if backend == "none":
-        return None
-    if backend != "nvml":
-        raise GpuBackendError(f"unknown GPU backend {backend!r}: use nvml or none")
-    import pynvml
-
-    # half the collector's budget per GPU, so a hung GPU is named before the whole
-    # collector times out
-    source = NvmlSource(pynvml, settings.host_root, settings.collector_timeout_seconds / 2)
-    try:
-        source.start()
-    except GpuUnavailable as err:
-        log.info("no NVIDIA driver (%s): no GPU metrics; --gpu-backend none says so quietly", err)
-        return None
-    return source
 
 
 class Exporter:
@@ -218,7 +150,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             "nothing (--nrt and --web.kubernetes-auth need it: give --kubeconfig)"
         )
     tasks, metadata, dra = _watches(api, settings.node_name)
-    sources = await _sources(settings)
+    sources = await open_sources(settings)
     publisher = (
         NrtPublisher(api, settings.host_root, settings.nrt_kubelet_config) if settings.nrt else None
     )
@@ -267,10 +199,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await runner.cleanup()
         if api is not None:
             await api.close()
-        if GPU in sources:
-            await asyncio.to_thread(sources[GPU].close, 1.0)
-        if POD_RESOURCES in sources:
-            sources[POD_RESOURCES].close()
+        await close_sources(sources)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
@@ -292,41 +221,27 @@ def _watches(api, node_name: str) -> tuple[list[asyncio.Task], Callable, Callabl
     return tasks, watch.current, devices.current
 
 
-async def _sources(settings: Settings) -> dict[str, Source]:
-    """The sources of the collectors turned on."""
-    on = settings.collectors
+async def open_sources(
+    settings: Settings, collectors: Mapping[str, Collector] = COLLECTORS
+) -> dict[str, Source]:
+    """The sources of the collectors turned on, each made by its source module's
+    open_source(settings) (in a worker thread: opening NVML blocks); a collector with
+    nothing to read here (no GPU driver, no kubelet socket) is left out."""
     sources: dict[str, Source] = {}
-    if HOST_NUMA in on:
-        sources[HOST_NUMA] = HostSource(settings.host_root)
-    if POD_PLACEMENT in on:
-        sources[POD_PLACEMENT] = CgroupSource(settings.host_root, max_pods=settings.max_pods)
-    if RESCTRL in on:
-        ops = settings.resctrl_ops
-        sources[RESCTRL] = ResctrlSource(settings.host_root, settings.resctrl_mode, ops)
-    if GPU in on:
-        gpus = await asyncio.to_thread(open_gpu_source, settings)
-        if gpus is not None:
-            sources[GPU] = gpus
-    kubelet = pod_resources_source(settings) if POD_RESOURCES in on else None
-    if kubelet is not None:
-        sources[POD_RESOURCES] = kubelet
+    for name in settings.collectors:
+        module = importlib.import_module(collectors[name].source)
+        source = await asyncio.to_thread(module.open_source, settings)
+        if source is not None:
+            sources[name] = source
     return sources
 
 
-def pod_resources_source(settings: Settings) -> PodResourcesSource | None:
-    """The kubelet's PodResources API: always when a socket was named; the default one
-    only where it exists (on a Kubernetes node), so that a laptop run stays quiet."""
-    path = settings.pod_resources_socket
-    if path is None:
-        if not os.path.exists(DEFAULT_SOCKET):
-            log.info(
-                "no kubelet PodResources socket at %s: devices are attributed to pods by "
-                "their processes only",
-                DEFAULT_SOCKET,
-            )
-            return None
-        path = DEFAULT_SOCKET
-    return PodResourcesSource(path, timeout=min(2.0, settings.collector_timeout_seconds / 2))
+async def close_sources(sources: dict[str, Source]) -> None:
+    """Let each source go (NVML shut down, the kubelet's channel closed)."""
+    for source in sources.values():
+        close = getattr(source, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
 
 
 def _addresses(runner: web.AppRunner) -> str:

@@ -17,7 +17,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.exporter import logs
-from numaguard.exporter.server import Settings, serve
+from numaguard.exporter.server import serve
+from numaguard.exporter.settings import Settings
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
 from numaguard.simulator.controlplane import ControlPlane

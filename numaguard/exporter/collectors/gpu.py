@@ -4,6 +4,7 @@ per slice with what each can measure, and which pod container uses which device.
 from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
+from numaguard.exporter.collectors import Collector
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.records import Activity, GpuRecord
 
@@ -93,3 +94,12 @@ def _activity(add, activity: Activity, labels, utilization, supported, pcie) -> 
         add(utilization, value, *labels, kind)
     for direction, value in activity.pcie_bytes_per_second.items():
         add(pcie, value, *labels, direction)
+
+
+COLLECTOR = Collector(
+    name="gpu",
+    help="GPUs and MIG slices (NVML; see --gpu-backend)",
+    source="numaguard.exporter.sources.gpu",
+    families=families,
+    reading="gpus",
+)

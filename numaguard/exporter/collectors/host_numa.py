@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
+from numaguard.exporter.collectors import Collector
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.readers import format_id_list
 
@@ -49,3 +50,12 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
         fam.add(snap.hint_fault_locality)
         out.append(fam)
     return out
+
+
+COLLECTOR = Collector(
+    name="host_numa",
+    help="NUMA topology, memory, allocation locality and balancing counters (sysfs, procfs)",
+    source="numaguard.exporter.sources.host",
+    families=families,
+    reading="host",
+)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
+from numaguard.exporter.collectors import Collector
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.readers import format_id_list
 from numaguard.exporter.traffic import Traffic
 
 
-def families(snap: NodeSnapshot, running: bool = True) -> list[c.Family]:
-    """``running``: the resctrl collector is on (--collector.resctrl); off, it says so."""
+def families(snap: NodeSnapshot) -> list[c.Family]:
+    """Turned off (--no-collector.resctrl), it says so."""
     f = c.Families("resctrl", snap.node_name)
     add = f.add
+    running = COLLECTOR.name in snap.collectors
     state = snap.resctrl if running else None
     mode = state.mode if state else "unavailable" if running else "off"
     add(c.RESCTRL_AVAILABLE, int(bool(state and state.available)))
@@ -106,3 +108,14 @@ def _traffic(add, t: Traffic, label: str, total, local, occupancy, bandwidth, re
     add(occupancy, t.occupancy_bytes, label)
     add(bandwidth, t.bytes_per_second, label)
     add(remote, t.remote_ratio, label)
+
+
+COLLECTOR = Collector(
+    name="resctrl",
+    help="memory traffic and LLC occupancy per L3 domain, NUMA node and pod (resctrl; needs "
+    "pod_placement for the pods)",
+    source="numaguard.exporter.sources.resctrl",
+    families=families,
+    reading="resctrl",
+    reads=("pod_placement",),
+)

@@ -8,7 +8,7 @@ holds what decides the verdicts.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from numaguard.exporter.model.devices import (
     DeviceFinder,
@@ -56,24 +56,31 @@ class NodeSnapshot:
     device_uses: tuple[DeviceUse, ...] = ()
     zones: tuple[Zone, ...] = ()
     starvation: tuple[Starvation, ...] = ()
+    # the collectors turned on this cycle, and their readings (None: failed) by name
+    collectors: frozenset[str] = frozenset()
+    readings: Mapping[str, object] = field(default_factory=dict)
 
 
 def build_snapshot(
     node_name: str,
     timestamp: float,
-    host: HostReading | None,
-    pods: PodsReading | None,
-    metadata: Mapping[str, PodMeta] | None,
-    previous: NodeSnapshot | None,
-    thresholds: Thresholds,
+    *,
+    previous: NodeSnapshot | None = None,
+    thresholds: Thresholds = Thresholds(),
+    metadata: Mapping[str, PodMeta] | None = None,
+    dra: DraView | None = None,
+    host: HostReading | None = None,
+    pods: PodsReading | None = None,
     resctrl: ResctrlReading | None = None,
     gpus: GpuReading | None = None,
     kubelet: KubeletReading | None = None,
-    dra: DraView | None = None,
+    readings: Mapping[str, object] | None = None,
 ) -> NodeSnapshot:
     """Combine this cycle's readings; a reading that failed (None) contributes nothing.
 
     ``metadata`` is None when the API server is not in use or not yet synced.
+    ``readings``: every collector's turned on, by name, for collectors that render their
+    reading as it is (the named ones above are also among them).
     """
     topology = build_topology(host) if host else (previous.topology if previous else None)
     prev_nodes = {n.id: n for n in previous.numa_nodes} if previous else {}
@@ -126,6 +133,8 @@ def build_snapshot(
         device_uses=uses,
         zones=zones_of(kubelet, topology, dra_devices(find, uses)) if kubelet else (),
         starvation=starvation,
+        collectors=frozenset(readings or ()),
+        readings=dict(readings or {}),
     )
 
 

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from numaguard.exporter.readers import parse_id_list
 from numaguard.exporter.readers.cgroup import (
@@ -24,6 +25,9 @@ from numaguard.exporter.readers.cgroup import (
 )
 from numaguard.exporter.records import ContainerReading, Issue, PodMeta, PodsReading
 from numaguard.exporter.sources import read_parsed, subdirs
+
+if TYPE_CHECKING:
+    from numaguard.exporter.settings import Settings
 
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 PRESSURE_RESOURCES = ("cpu", "memory", "io")
@@ -259,3 +263,7 @@ def _v1_controller_dir(root: str, controller: str) -> str | None:
         if controller in name.split(","):
             return os.path.join(root, name)
     return None
+
+
+def open_source(settings: Settings) -> CgroupSource:
+    return CgroupSource(settings.host_root, max_pods=settings.max_pods)

@@ -25,7 +25,7 @@ from concurrent.futures import ALL_COMPLETED, CancelledError, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from numaguard.exporter.readers import ParseError, parse_single_int
 from numaguard.exporter.readers.cgroup import parse_proc_cgroup
@@ -46,6 +46,9 @@ from numaguard.exporter.records import (
     SliceRecord,
 )
 from numaguard.exporter.sources import read_parsed
+
+if TYPE_CHECKING:
+    from numaguard.exporter.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +131,7 @@ class NvmlSource:
             extra={"driver_version": self.driver_version, "nvml_version": self.nvml_version},
         )
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 1.0) -> None:
         """Wait a while for reads in flight; shut NVML down unless one is still stuck."""
         deadline = time.monotonic() + timeout
         for future in list(self._in_flight.values()):
@@ -568,3 +571,27 @@ def _parsed_profile(call: _Caller, info) -> str:
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+class GpuBackendError(Exception):
+    """--gpu-backend names something that cannot be used."""
+
+
+def open_source(settings: Settings) -> NvmlSource | None:
+    """The GPU source for --gpu-backend; None without GPUs. Blocking (NVML init)."""
+    backend = settings.gpu_backend
+    if backend == "none":
+        return None
+    if backend != "nvml":
+        raise GpuBackendError(f"unknown GPU backend {backend!r}: use nvml or none")
+    import pynvml
+
+    # half the collector's budget per GPU, so a hung GPU is named before the whole
+    # collector times out
+    source = NvmlSource(pynvml, settings.host_root, settings.collector_timeout_seconds / 2)
+    try:
+        source.start()
+    except GpuUnavailable as err:
+        log.info("no NVIDIA driver (%s): no GPU metrics; --gpu-backend none says so quietly", err)
+        return None
+    return source

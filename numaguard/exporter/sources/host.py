@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
 from numaguard.exporter.readers import parse_id_list, parse_single_int
 from numaguard.exporter.readers.numa import (
@@ -15,6 +16,9 @@ from numaguard.exporter.readers.numa import (
 from numaguard.exporter.readers.resctrl import parse_cache_size
 from numaguard.exporter.records import HostReading, Issue, L3Domain, NumaNodeReading
 from numaguard.exporter.sources import read_parsed, subdirs
+
+if TYPE_CHECKING:
+    from numaguard.exporter.settings import Settings
 
 _NODE_DIR = re.compile(r"node(\d+)")
 
@@ -103,3 +107,7 @@ class HostSource:
             if read_parsed([], f"{base}/{index}/level", parse_single_int) == 3:
                 return f"{base}/{index}"
         return None
+
+
+def open_source(settings: Settings) -> HostSource:
+    return HostSource(settings.host_root)

@@ -9,7 +9,9 @@ so a restarted kubelet (a new socket file) is found again at once.
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import TYPE_CHECKING
 
 import h2.exceptions
 from google.protobuf.message import DecodeError
@@ -25,6 +27,11 @@ from numaguard.exporter.readers.podresources import (
 )
 from numaguard.exporter.records import Issue, KubeletReading
 from numaguard.exporter.sources.podresources import api_pb2
+
+if TYPE_CHECKING:
+    from numaguard.exporter.settings import Settings
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _SERVICE = "/v1.PodResourcesLister/"
@@ -125,3 +132,19 @@ class PodResourcesSource:
 
 def _failed(issue: Issue) -> KubeletReading:
     return KubeletReading(None, None, [issue])
+
+
+def open_source(settings: Settings) -> PodResourcesSource | None:
+    """The kubelet's PodResources API: always when a socket was named; the default one
+    only where it exists (on a Kubernetes node), so that a laptop run stays quiet."""
+    path = settings.pod_resources_socket
+    if path is None:
+        if not os.path.exists(DEFAULT_SOCKET):
+            log.info(
+                "no kubelet PodResources socket at %s: devices are attributed to pods by "
+                "their processes only",
+                DEFAULT_SOCKET,
+            )
+            return None
+        path = DEFAULT_SOCKET
+    return PodResourcesSource(path, timeout=min(2.0, settings.collector_timeout_seconds / 2))

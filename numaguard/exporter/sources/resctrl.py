@@ -23,6 +23,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from numaguard.exporter.readers import ParseError, parse_single_int
 from numaguard.exporter.readers.resctrl import (
@@ -39,6 +40,9 @@ from numaguard.exporter.readers.resctrl import (
 )
 from numaguard.exporter.records import Issue, PodsReading, ResctrlReading
 from numaguard.exporter.sources import read_parsed, subdirs
+
+if TYPE_CHECKING:
+    from numaguard.exporter.settings import Settings
 
 GROUP_PREFIX = "numaguard-"
 MODES = ("auto", "manage", "read-only", "off")
@@ -411,3 +415,7 @@ def _fits(need: set[tuple[str, int]], free: dict[int, int]) -> bool:
 def _ids(path: str, pattern: re.Pattern, issues: list[Issue], required: bool = False) -> list[int]:
     names = subdirs(path, issues, required)
     return sorted(int(m[1]) for n in names if (m := pattern.fullmatch(n)))
+
+
+def open_source(settings: Settings) -> ResctrlSource:
+    return ResctrlSource(settings.host_root, settings.resctrl_mode, settings.resctrl_ops)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
+from numaguard.exporter.collectors import Collector
 from numaguard.exporter.model import NodeSnapshot
 
 
@@ -20,3 +21,13 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
         add(c.ZONE_MEMORY_ALLOCATABLE, zone.memory_allocatable_bytes, node)
         add(c.ZONE_MEMORY_FREE, zone.memory_free_bytes, node)
     return list(f.values())
+
+
+COLLECTOR = Collector(
+    name="pod_resources",
+    help="who holds which device and what each NUMA node can still give (the kubelet's "
+    "PodResources API)",
+    source="numaguard.exporter.sources.kubelet",
+    families=families,
+    reading="kubelet",
+)

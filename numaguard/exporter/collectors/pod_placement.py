@@ -4,6 +4,7 @@ remote memory, throttling, pressure, and the cross-NUMA verdicts."""
 from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
+from numaguard.exporter.collectors import METADATA, Collector
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.model.placement import ContainerState, PodState
 
@@ -59,3 +60,13 @@ def _placement(labels: c.LabelPrefix, state: ContainerState | PodState, *familie
         remote.add_under(labels, state.memory_remote_ratio)
     if state.numa_nodes_spanned is not None:
         spanned.add_under(labels, state.numa_nodes_spanned)
+
+
+COLLECTOR = Collector(
+    name="pod_placement",
+    help="every pod's CPUs, memory, throttling and pressure per NUMA node (cgroups)",
+    source="numaguard.exporter.sources.cgroups",
+    families=families,
+    reading="pods",
+    reads=(METADATA,),
+)
