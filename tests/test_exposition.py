@@ -12,8 +12,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from numaguard.exporter import catalogue as c
+from numaguard.exporter import exposition
 from numaguard.exporter.collectors import host_numa, pod_placement
-from numaguard.exporter.exposition import render
+from numaguard.exporter.exposition import Family, LabelPrefix, render
 from numaguard.simulator import presets
 from tests.conftest import make_collection, metadata_of
 
@@ -26,7 +27,7 @@ class _Registry:
         return iter(self.metrics)
 
 
-def as_client_families(families: list[c.Family]):
+def as_client_families(families: list[Family]):
     """The same samples as prometheus_client metric families."""
     out = []
     for fam in families:
@@ -101,22 +102,22 @@ def test_series_lines_rendered_once_are_the_same_as_rendered_afresh():
     the same as those of a family rendered from nothing, whatever came and went, and
     only this cycle's series are remembered."""
 
-    def fill(pods: list[str], value: float) -> c.Family:
-        fam = c.CONTAINER_CPUS.family("node-a")
+    def fill(pods: list[str], value: float) -> Family:
+        fam = Family(c.CONTAINER_CPUS, "node-a")
         for pod in pods:
-            prefix = c.LabelPrefix(c.CONTAINER, ("ns", pod, "main", f"uid-{pod}", "cid"))
+            prefix = LabelPrefix(c.CONTAINER, ("ns", pod, "main", f"uid-{pod}", "cid"))
             for numa in ("0", "1"):
                 fam.add_under(prefix, value, numa)
         return fam
 
     fill(["a", "b"], 1)
     second = fill(["b", "c"], 2.5)
-    c._HEADS.clear()
+    exposition._HEADS.clear()
     afresh = fill(["b", "c"], 2.5)
     assert second.lines == afresh.lines
     assert second.lines[0] == (
         'numaguard_container_cpus{node="node-a",namespace="ns",pod="b",container="main",'
         'pod_uid="uid-b",container_id="cid",numa_node="0"} 2.5\n'
     )
-    remembered = c._HEADS[(c.CONTAINER_CPUS.name, "node-a")]
+    remembered = exposition._HEADS[(c.CONTAINER_CPUS.name, "node-a")]
     assert len(remembered) == 4 and not [k for k in remembered if "a" in k[0]]

@@ -1,12 +1,12 @@
 """The metric catalogue: every metric numaguard exports, declared once.
 
 Collectors, the remediator's queries, alert rules and dashboards take names from here
-only (a test checks it). Every series also carries ``node``, added by ``family``.
+only (a test checks it). Every series also carries ``node``, added by
+``numaguard.exporter.exposition.Family``; ``make docs`` writes docs/metrics.md from it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from numaguard.exporter.model.thresholds import STARVED_REASONS
@@ -36,109 +36,6 @@ class MetricSpec:
         if self.kind == "histogram":
             return tuple(f"{self.name}_{part}" for part in ("bucket", "sum", "count"))
         return (self.name,)
-
-    def family(self, node: str) -> Family:
-        return Family(self, node)
-
-
-class LabelPrefix:
-    """Leading label pairs (``,namespace="a",pod="b"``) shared by the many series of one
-    container or pod; rendered only for a series not rendered last cycle."""
-
-    __slots__ = ("_text", "names", "values")
-
-    def __init__(self, names: tuple[str, ...], values: tuple[str, ...]) -> None:
-        self.names = names
-        self.values = values
-        self._text: str | None = None
-
-    @property
-    def text(self) -> str:
-        if self._text is None:
-            self._text = _pairs(self.names, self.values)
-        return self._text
-
-
-class Family:
-    """The samples of one catalogue metric for one node, filled by a collector.
-
-    Each sample is rendered to its exposition line as it is added (the same line serves
-    the text format and OpenMetrics); the exposition only joins them. A series' line up
-    to its value is rendered once: the last cycle's are looked up by label values.
-    """
-
-    __slots__ = ("_head", "_heads", "_known", "lines", "node", "spec")
-
-    def __init__(self, spec: MetricSpec, node: str) -> None:
-        self.spec = spec
-        self.node = node
-        self.lines: list[str] = []
-        self._head = f'{spec.name}{{{NODE_LABEL}="{escape_label_value(node)}"'
-        # this cycle's rendered heads replace the last one's: the series gone go too
-        self._known = _HEADS.get((spec.name, node), {})
-        self._heads: dict[tuple, str] = {}
-        _HEADS[(spec.name, node)] = self._heads
-
-    def add(self, value: float, *values: str) -> None:
-        """Label values in the spec's order."""
-        head = self._known.get(values)
-        if head is None:
-            head = f"{self._head}{_pairs(self.spec.labels, values)}}} "
-        self._heads[values] = head
-        self.lines.append(f"{head}{value if type(value) is int else format_value(value)}\n")
-
-    def add_under(self, prefix: LabelPrefix, value: float, *values: str) -> None:
-        """Label values after the leading ones that ``prefix`` holds rendered."""
-        key = (prefix.values, values)
-        head = self._known.get(key)
-        if head is None:
-            names = self.spec.labels[len(prefix.names) :]
-            head = f"{self._head}{prefix.text}{_pairs(names, values)}}} "
-        self._heads[key] = head
-        self.lines.append(f"{head}{value if type(value) is int else format_value(value)}\n")
-
-
-class Families(dict):
-    """One collector's families for one node, by metric name: every metric of its group
-    in the catalogue."""
-
-    def __init__(self, group: str, node: str) -> None:
-        super().__init__(
-            (spec.name, spec.family(node)) for spec in CATALOGUE.values() if spec.group == group
-        )
-
-    def add(self, spec: MetricSpec, value: float | None, *labels: str) -> None:
-        """A sample, unless its value is unknown (None): then no series, never a made-up
-        number."""
-        if value is not None:
-            self[spec.name].add(value, *labels)
-
-
-# (metric, node) -> the heads of its series' lines last cycle, by label values
-_HEADS: dict[tuple[str, str], dict[tuple, str]] = {}
-
-
-def format_value(value: float) -> str:
-    """A sample value as both exposition formats write it."""
-    if type(value) is int:
-        return str(value)
-    if value != value:
-        return "NaN"
-    if value in (math.inf, -math.inf):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-def escape_label_value(value: str) -> str:
-    if "\\" in value or '"' in value or "\n" in value:
-        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-    return value
-
-
-def _pairs(names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    if len(names) != len(values):
-        raise ValueError(f"labels {names} got values {values}")
-    return "".join([f',{n}="{escape_label_value(v)}"' for n, v in zip(names, values, strict=True)])
 
 
 CATALOGUE: dict[str, MetricSpec] = {}
@@ -926,27 +823,3 @@ REMEDIATOR_LAST_SUCCESS = _m(
 def series_names() -> set[str]:
     """Every name a query may select: each metric's, a histogram's _bucket, _sum, _count."""
     return {name for spec in CATALOGUE.values() for name in spec.series}
-
-
-def markdown() -> str:
-    """The catalogue as a Markdown reference (docs/metrics.md is generated from this)."""
-    lines = [
-        "# Metrics",
-        "",
-        "Generated from `numaguard/exporter/catalogue.py` by "
-        "`python -m numaguard.exporter.catalogue`; do not edit.",
-        f"Every series also carries `{NODE_LABEL}`.",
-        "",
-    ]
-    for group in dict.fromkeys(spec.group for spec in CATALOGUE.values()):
-        lines += [f"## {group}", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
-        for spec in CATALOGUE.values():
-            if spec.group == group:
-                labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
-                lines.append(f"| `{spec.name}` | {spec.kind} | {labels} | {spec.help} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(markdown(), end="")

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from numaguard.exporter import __version__, sources
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.collectors import COLLECTORS, METADATA, Collector, pod_placement
-from numaguard.exporter.exposition import render
+from numaguard.exporter.exposition import Families, Family, render
 from numaguard.exporter.model import NodeSnapshot, build_snapshot
 from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.process import ProcessCollector
@@ -259,29 +259,29 @@ class Collection:
         asked = self.exposition.asked if self.exposition is not None else ()
         return Exposition(*render(families), gzip_now=set(asked))
 
-    def _process_families(self) -> list[c.Family]:
+    def _process_families(self) -> list[Family]:
         """The process's own CPU, memory, descriptors and start time, as every
         Prometheus client reports them."""
-        families = c.Families("process", self.node_name)
+        families = Families("process", self.node_name)
         for metric in self._process.collect():
             for sample in metric.samples:
                 if sample.name in families:
                     families[sample.name].add(sample.value)
         return list(families.values())
 
-    def _self_families(self, snap: NodeSnapshot) -> list[c.Family]:
+    def _self_families(self, snap: NodeSnapshot) -> list[Family]:
         node = self.node_name
-        build = c.BUILD_INFO.family(node)
+        build = Family(c.BUILD_INFO, node)
         build.add(1, __version__, platform.python_version())
-        synced = c.POD_METADATA_SYNCED.family(node)
+        synced = Family(c.POD_METADATA_SYNCED, node)
         synced.add(int(snap.pod_metadata_synced))
-        limited = c.SERIES_LIMITED.family(node)
+        limited = Family(c.SERIES_LIMITED, node)
         limited.add(int(self.limited))
-        nrt = c.NRT_CURRENT.family(node)
+        nrt = Family(c.NRT_CURRENT, node)
         if (current := self.nrt_current()) is not None:
             nrt.add(int(current))
         success, duration, errors, last = (
-            m.family(node)
+            Family(m, node)
             for m in (
                 c.COLLECTOR_SUCCESS,
                 c.COLLECTOR_DURATION,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from numaguard.exporter.catalogue import Family
+    from numaguard.exporter.exposition import Family
     from numaguard.exporter.model import NodeSnapshot
 
 # What a source's read may be given besides other collectors' readings: the pods' names

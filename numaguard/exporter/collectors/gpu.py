@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.collectors import Collector
+from numaguard.exporter.exposition import Families, Family
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.records import Activity, GpuRecord
 
 
-def families(snap: NodeSnapshot) -> list[c.Family]:
+def families(snap: NodeSnapshot) -> list[Family]:
     if snap.gpus is None:
         return []
-    f = c.Families("gpu", snap.node_name)
+    f = Families("gpu", snap.node_name)
     versions = (snap.gpus.driver_version, snap.gpus.nvml_version)
     for gpu in snap.gpus.gpus:
         _gpu(f.add, gpu, versions)

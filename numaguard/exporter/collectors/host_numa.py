@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.collectors import Collector
+from numaguard.exporter.exposition import Family
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.readers import format_id_list
 
 
-def families(snap: NodeSnapshot) -> list[c.Family]:
+def families(snap: NodeSnapshot) -> list[Family]:
     node = snap.node_name
     info, cpus, distance = (
-        m.family(node) for m in (c.NUMA_NODE_INFO, c.NUMA_NODE_CPUS, c.NUMA_NODE_DISTANCE)
+        Family(m, node) for m in (c.NUMA_NODE_INFO, c.NUMA_NODE_CPUS, c.NUMA_NODE_DISTANCE)
     )
     total, free, used = (
-        m.family(node) for m in (c.NUMA_MEMORY_TOTAL, c.NUMA_MEMORY_FREE, c.NUMA_MEMORY_USED)
+        Family(m, node) for m in (c.NUMA_MEMORY_TOTAL, c.NUMA_MEMORY_FREE, c.NUMA_MEMORY_USED)
     )
-    pages, remote = c.NUMA_ALLOC_PAGES.family(node), c.NUMA_REMOTE_ALLOC.family(node)
+    pages, remote = Family(c.NUMA_ALLOC_PAGES, node), Family(c.NUMA_REMOTE_ALLOC, node)
     for n in snap.numa_nodes:
         numa = str(n.id)
         if n.cpus is not None:
@@ -42,11 +43,11 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
         (c.PAGES_MIGRATED, "numa_pages_migrated"),
     ):
         if key in snap.balancing:
-            fam = spec.family(node)
+            fam = Family(spec, node)
             fam.add(snap.balancing[key])
             out.append(fam)
     if snap.hint_fault_locality is not None:
-        fam = c.HINT_LOCALITY.family(node)
+        fam = Family(c.HINT_LOCALITY, node)
         fam.add(snap.hint_fault_locality)
         out.append(fam)
     return out

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.collectors import METADATA, Collector
+from numaguard.exporter.exposition import Families, Family, LabelPrefix
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.model.placement import ContainerState, PodState
 
 
-def families(snap: NodeSnapshot) -> list[c.Family]:
-    f = c.Families("pod_placement", snap.node_name)
+def families(snap: NodeSnapshot) -> list[Family]:
+    f = Families("pod_placement", snap.node_name)
     info, cpus, memory = (
         f[c.CONTAINER_INFO.name],
         f[c.CONTAINER_CPUS.name],
@@ -25,9 +26,9 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
     cross = f[c.POD_CROSS_NUMA.name]
 
     for pod in snap.pods:
-        plabels = c.LabelPrefix(c.POD, (pod.namespace, pod.name, pod.uid))
+        plabels = LabelPrefix(c.POD, (pod.namespace, pod.name, pod.uid))
         for ctr in pod.containers:
-            labels = c.LabelPrefix(
+            labels = LabelPrefix(
                 c.CONTAINER, (pod.namespace, pod.name, ctr.name, pod.uid, ctr.container_id)
             )
             info.add_under(
@@ -48,7 +49,7 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
     return list(f.values())
 
 
-def _placement(labels: c.LabelPrefix, state: ContainerState | PodState, *families) -> None:
+def _placement(labels: LabelPrefix, state: ContainerState | PodState, *families) -> None:
     """Of a container or a pod: CPUs and memory per NUMA node, the share of its memory
     away from its CPUs, and how many NUMA nodes its CPUs span."""
     cpus, memory, remote, spanned = families

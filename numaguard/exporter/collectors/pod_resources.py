@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.collectors import Collector
+from numaguard.exporter.exposition import Families, Family
 from numaguard.exporter.model import NodeSnapshot
 
 
-def families(snap: NodeSnapshot) -> list[c.Family]:
-    f = c.Families("capacity", snap.node_name)
+def families(snap: NodeSnapshot) -> list[Family]:
+    f = Families("capacity", snap.node_name)
     add = f.add
     for zone in snap.zones:
         node = "" if zone.numa_node is None else str(zone.numa_node)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.collectors import Collector
+from numaguard.exporter.exposition import Families, Family, LabelPrefix
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.readers import format_id_list
 from numaguard.exporter.traffic import Traffic
 
 
-def families(snap: NodeSnapshot) -> list[c.Family]:
+def families(snap: NodeSnapshot) -> list[Family]:
     """Turned off (--no-collector.resctrl), it says so."""
-    f = c.Families("resctrl", snap.node_name)
+    f = Families("resctrl", snap.node_name)
     add = f.add
     running = COLLECTOR.name in snap.collectors
     state = snap.resctrl if running else None
@@ -75,11 +76,11 @@ def families(snap: NodeSnapshot) -> list[c.Family]:
     return list(f.values())
 
 
-def _pods(f: c.Families, snap: NodeSnapshot) -> None:
+def _pods(f: Families, snap: NodeSnapshot) -> None:
     """Each monitored pod's traffic and LLC use per L3 domain."""
     state = snap.resctrl
     for pod in snap.pods:
-        labels = c.LabelPrefix(c.POD, (pod.namespace, pod.name, pod.uid))
+        labels = LabelPrefix(c.POD, (pod.namespace, pod.name, pod.uid))
         traffic = state.pods.get(pod.uid)
         unmonitored = pod.uid in state.unmonitored
         if traffic is None and not unmonitored:
