@@ -886,3 +886,11 @@ def test_plan_output_shows_ignored_findings_and_refused_pods():
     ]
     (storm,) = out["rejected_pods"]
     assert storm["pods"] == 5 and storm["delete"] == ["t3", "t4"] and storm["fits_on"] is None
+
+
+def test_a_policy_built_in_code_is_held_to_the_rules_a_config_file_is():
+    with pytest.raises(ValueError, match=r"verify_deadline_seconds \(300\) must be at least"):
+        Policy(verify_after_seconds=600, verify_deadline_seconds=300)
+    with pytest.raises(ValueError, match=r"low_utilization \(0.95\) must be under saturated"):
+        Detection(low_utilization=0.95)
+    assert Policy(protected_namespaces=("ml", "ml")).protected_namespaces == ("kube-system", "ml")

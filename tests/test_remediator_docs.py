@@ -58,7 +58,16 @@ BAD = [
         [],
         "detection.low_utilization: Input should be less than or equal to 1",
     ),
-    ("detection:\n  low_utilization: 0.95\n", [], "must be under detection.saturated"),
+    (
+        "detection:\n  low_utilization: 0.95\n",
+        [],
+        "detection: low_utilization (0.95) must be under saturated (0.9)",
+    ),
+    (
+        "policy:\n  verify_after_seconds: 600\n  verify_deadline_seconds: 300\n",
+        [],
+        "policy: verify_deadline_seconds (300) must be at least verify_after_seconds (600)",
+    ),
     ("windows:\n  sizing: an hour\n", [], "windows.sizing: String should match pattern"),
     ("policy:\n  stale_after_seconds: .inf\n", [], "finite number"),
     ('prometheus:\n  selector: "} or vector(1)"\n', [], "prometheus.selector"),

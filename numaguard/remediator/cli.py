@@ -305,24 +305,21 @@ def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows, Sour
         try:
             built[name] = TypeAdapter(cls).validate_python(sections[name])
         except ValidationError as err:
-            problems = "; ".join(
-                f"{name}.{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})"
-                for e in err.errors()
-            )
+            problems = "; ".join(_problem(name, e) for e in err.errors())
             raise ConfigError(f"{where}: {problems}") from None
-    policy, detection = built["policy"], built["detection"]
-    protected = ("kube-system", *policy.protected_namespaces, *(args.protected_namespace or ()))
-    policy = replace(policy, protected_namespaces=tuple(dict.fromkeys(protected)))
-    if detection.low_utilization >= detection.saturated:
-        raise ConfigError(
-            f"{where}: detection.low_utilization ({detection.low_utilization}) must be under "
-            f"detection.saturated ({detection.saturated})"
-        )
-    if policy.verify_deadline_seconds < policy.verify_after_seconds:
-        raise ConfigError(
-            f"{where}: policy.verify_deadline_seconds must be at least verify_after_seconds"
-        )
-    return policy, detection, built["windows"], built["prometheus"]
+    policy = built["policy"]
+    if args.protected_namespace:
+        protected = (*policy.protected_namespaces, *args.protected_namespace)
+        policy = replace(policy, protected_namespaces=protected)
+    return policy, built["detection"], built["windows"], built["prometheus"]
+
+
+def _problem(section: str, error: dict) -> str:
+    """One validation error, named by where it is; one across a section's fields (its
+    __post_init__) by the section."""
+    if not error["loc"]:
+        return f"{section}: {error['msg'].removeprefix('Value error, ')}"
+    return f"{section}.{'.'.join(map(str, error['loc']))}: {error['msg']} (got {error['input']!r})"
 
 
 def _enforcement(text: str) -> tuple[str, str]:

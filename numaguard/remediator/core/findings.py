@@ -58,6 +58,13 @@ class Detection:
     llc_dominant_share: Ratio = 0.5  # a pod holding this much of an L3 with a starved
     # GPU feeder on it is a noisy neighbour
 
+    def __post_init__(self) -> None:
+        if self.low_utilization >= self.saturated:
+            raise ValueError(
+                f"low_utilization ({self.low_utilization:g}) must be under saturated "
+                f"({self.saturated:g})"
+            )
+
 
 @dataclass
 class FindingState:

@@ -91,3 +91,15 @@ class Policy:
     min_fix_gain: FixGain = FixGain()  # a fix that cleared its finding with less: no_gain
     keep_rejected_pods: Count = 3  # of a workload's pods rejected on a node, for diagnosis
     max_rejected_deletes_per_cycle: Count = 100  # they run nothing, but the API server does
+
+    def __post_init__(self) -> None:
+        """What holds across fields, here so that a Policy built in code is held to it
+        as one from the config file is."""
+        if self.verify_deadline_seconds < self.verify_after_seconds:
+            raise ValueError(
+                f"verify_deadline_seconds ({self.verify_deadline_seconds:g}) must be at least "
+                f"verify_after_seconds ({self.verify_after_seconds:g})"
+            )
+        # kube-system is protected whatever the list says; each name once
+        protected = tuple(dict.fromkeys(("kube-system", *self.protected_namespaces)))
+        object.__setattr__(self, "protected_namespaces", protected)
