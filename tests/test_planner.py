@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
 from numaguard.remediator.core.evidence import Evidence
@@ -18,8 +19,9 @@ from numaguard.remediator.core.findings import Detection, FindingState, smallest
 from numaguard.remediator.core.history import Pending, WorkloadHistory
 from numaguard.remediator.core.planner import GUARDS, PodInfo, plan
 from numaguard.remediator.core.policy import Enforcement, Policy
-from numaguard.remediator.core.queries import REQUIRED_LABELS
+from numaguard.remediator.core.queries import REQUIRED_LABELS, Windows
 from numaguard.remediator.core.rejections import RejectedPod, describe, storms
+from numaguard.remediator.core.rounds import Round, Sizing, rounds
 from numaguard.simulator.prometheus import as_signals
 
 GIB = 1 << 30
@@ -894,3 +896,32 @@ def test_a_policy_built_in_code_is_held_to_the_rules_a_config_file_is():
     with pytest.raises(ValueError, match=r"low_utilization \(0.95\) must be under saturated"):
         Detection(low_utilization=0.95)
     assert Policy(protected_namespaces=("ml", "ml")).protected_namespaces == ("kube-system", "ml")
+
+
+def test_rounds_ask_only_about_what_earlier_rounds_named():
+    """The rounds, driven by answers made here: each round's queries name only the pods,
+    nodes and slices the answers before it named, and the finding opens as planning
+    needs it."""
+    asked = Round(Windows(), 'job="numaguard"', Detection(), Policy())
+    composing = rounds(asked, FindingState(), Sizing())
+    first = dict(next(composing))
+    assert {"cross_numa_seen", "slice_candidates"} <= set(first)  # the first cycle sizes
+    seen = cross_numa("a")
+    second = composing.send(signals(slice_candidates=[], **seen))
+    scoped_to = {name: expr for name, expr in second}
+    assert 'pod_uid=~"uid-a"' in scoped_to["cross_numa_age"]
+    assert "slice_memory_total" not in scoped_to  # no slice was named
+    third = composing.send(signals(**healthy("n1")))
+    assert {name for name, _ in third} == set(q.HOLDINGS)
+    assert all('pod_uid=~"uid-a"' in expr for _, expr in third)
+    zones_query = composing.send(signals(**needs("a", 4, 8)))
+    assert [name for name, _ in zones_query] == ["zone_candidates"]
+    candidate = {"node": "n2", "numa_node": "1", "value": 1.0}
+    last = composing.send(signals(zone_candidates=[candidate]))
+    assert all('node=~"n1|n2"' in expr for _, expr in last)
+    with pytest.raises(StopIteration) as done:
+        composing.send(signals(**healthy("n1", "n2")))
+    found, state, sizing = done.value.value
+    assert [(f.kind, f.pod_uid) for f in state.open.values()] == [("cross_numa", "uid-a")]
+    assert sizing == Sizing(frozenset(), frozenset(), 1)
+    assert set(found["targets_up"]["node"]) == {"n1", "n2"}

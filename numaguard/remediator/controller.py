@@ -25,10 +25,10 @@ from numaguard.remediator.cluster import (
     workload_pods,
 )
 from numaguard.remediator.core import queries as q
-from numaguard.remediator.core.answers import Signals, merged
-from numaguard.remediator.core.capacity import CAPACITY_DEPENDS_ON, Capacity, holdings, need_of
+from numaguard.remediator.core.answers import Signals
+from numaguard.remediator.core.capacity import Capacity
 from numaguard.remediator.core.evidence import Evidence
-from numaguard.remediator.core.findings import Detection, Finding, FindingState, update
+from numaguard.remediator.core.findings import Detection, Finding, FindingState
 from numaguard.remediator.core.history import (
     Pending,
     WorkloadHistory,
@@ -36,7 +36,7 @@ from numaguard.remediator.core.history import (
     after_verification,
     measured_uid,
 )
-from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR, PLACEMENT, RESIZED, STARVED
+from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR, RESIZED
 from numaguard.remediator.core.outcome import (
     Activity,
     Gain,
@@ -46,9 +46,10 @@ from numaguard.remediator.core.outcome import (
     judged,
     mean,
 )
-from numaguard.remediator.core.planner import Action, Plan, PodInfo, intent_of, plan
+from numaguard.remediator.core.planner import Action, Plan, PodInfo, plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.rejections import Storm, describe, storms
+from numaguard.remediator.core.rounds import Round, Sizing, rounds
 from numaguard.remediator.kube import Kube
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
@@ -104,11 +105,7 @@ class Controller:
         self.state = FindingState()
         self.said: dict[tuple, str] = {}  # finding -> the Event last written about it
         self.storms_said: dict[tuple, str] = {}  # a storm -> the Event last written on it
-        # the slices whose sizing window said too large or too small, when last looked
-        # for, and how many cycles ago that was
-        self.slices: set[str] | None = None
-        self.slice_gpus: set[str] = set()  # their GPUs, whose models size them
-        self.since_sizing = 0
+        self.sizing = Sizing()  # the slices to size, carried between looks for them
 
     async def cycle(self, write: bool = True) -> CycleReport:
         """One cycle. ``write`` False: plan only (the ``plan`` command)."""
@@ -174,76 +171,27 @@ class Controller:
         return report
 
     async def _gather(self, at: float, rejected=()) -> tuple[Signals, FindingState]:
-        """The cycle's answers, round by round, each asking only about what the rounds
-        before it named (queries.py), and the findings they leave open. Every round
-        shares one answer budget."""
-        p, d = self.prometheus, self.detection
-        w, selector = p.windows, p.selector
+        """The cycle's answers, asked round by round as core.rounds composes them, and
+        the findings they leave open. Every round shares one answer budget."""
+        p = self.prometheus
         budget = [p.max_answer_bytes]
-
-        async def ask(queries: q.Queries) -> Signals:
-            return await p.fetch_set(queries, at=at, budget=budget)
-
-        sizing = self.slices is None or self.since_sizing >= w.sizing_every_cycles
-        thresholds = (d.low_utilization, d.saturated, d.memory_full) if sizing else None
-        found = await ask(q.detection(w, selector, await p.recorded(at), thresholds))
-        if sizing:
-            candidates = found["slice_candidates"]
-            self.slices, self.since_sizing = set(candidates["mig_uuid"]), 0
-            self.slice_gpus = set(candidates.get("gpu_uuid", ())) - {""}
-        self.since_sizing += 1
-        # round two: what the verdicts' pods, slices and nodes need to be findings
-        before = list(self.state.open.values())
-        second: q.Queries = []
-        for kind in PLACEMENT:
-            sustained, seen = kind.sustained, kind.seen
-            still = {f.pod_uid for f in before if f.kind == kind.name}
-            named = {n for name in (sustained, seen) for n in found[name]["pod_uid"]}
-            names = [kind.age]
-            if sustained not in found.frames:  # no record of it: judged here
-                names.append(sustained)
-            second += self._scoped(names, "pod_uid", named | still)
-            if seen not in found.frames:  # what keeps open findings open
-                second += self._scoped([seen], "pod_uid", still)
-        starved = {f.node for f in before if f.kind == STARVED.name}
-        starved |= {n for name in (STARVED.sustained, STARVED.seen) for n in found[name]["node"]}
-        second += self._scoped((*q.SLICES, "holders"), "mig_uuid", self.slices)
-        second += self._scoped(["gpu_models"], "gpu_uuid", self.slice_gpus)
-        second += self._scoped(q.LLC, "node", starved)
-        found = merged(found, await ask(second))
-        state = update(self.state, found, d)
-        findings = list(state.open.values())
-        # round three: what the finding pods hold; four: the zones that could take them
-        uids = {f.pod_uid for f in findings}
-        found = merged(found, await ask(self._scoped(q.HOLDINGS, "pod_uid", uids)))
-        held, needs = holdings(found, uids), []
-        for f in findings:
-            if intent_of(f) == "evict":
-                need = need_of(held, f.pod_uid)
-                needs.append((need.cpus, need.memory, tuple(need.devices.items())))
-            elif intent_of(f) == "resize":
-                needs.append((0.0, 0.0, ((mig_resource(f.recommended), 1),)))
-        for pod in rejected:  # where the kubelet would have admitted them
-            needs.append((pod.need.cpus, pod.need.memory, tuple(pod.need.devices.items())))
-        policy = self.policy
-        zones = await ask(
-            q.zone_candidates(
-                needs,
-                policy.max_per_cycle + 1,
-                CAPACITY_DEPENDS_ON,
-                policy.stale_after_seconds,
-                selector,
-            )
+        asked = Round(
+            p.windows,
+            p.selector,
+            self.detection,
+            self.policy,
+            await p.recorded(at),
+            [pod.need for pod in rejected],
         )
-        # five: those zones' room, and whether the nodes named so far can be believed
-        nodes = {f.node for f in findings} | set(zones["zone_candidates"]["node"])
-        found = merged(
-            found, zones, await ask(self._scoped((*q.ZONES, *q.NODE_EVIDENCE), "node", nodes))
-        )
-        return found, state
-
-    def _scoped(self, names, label: str, values) -> q.Queries:
-        return q.scoped(names, label, values, self.prometheus.windows, self.prometheus.selector)
+        composing = rounds(asked, self.state, self.sizing)
+        queries = next(composing)
+        while True:
+            answers = await p.fetch_set(queries, at=at, budget=budget)
+            try:
+                queries = composing.send(answers)
+            except StopIteration as done:
+                found, state, self.sizing = done.value
+                return found, state
 
     async def _carry_out(self, report: CycleReport, pods, history, now: float) -> None:
         open_keys = {f.key for f in report.findings}
@@ -465,8 +413,12 @@ class Controller:
             judges = [(r.node, r.uid) for r in replacements]
         activity = q.activity_expressions(judges, period, self.prometheus.selector)
         # and whether the nodes of both can be believed: they may be any nodes
-        nodes = self._scoped(
-            q.NODE_EVIDENCE, "node", {r.node for r in replacements} | {n for n, _ in judges}
+        nodes = q.scoped(
+            q.NODE_EVIDENCE,
+            "node",
+            {r.node for r in replacements} | {n for n, _ in judges},
+            self.prometheus.windows,
+            self.prometheus.selector,
         )
         required = {**q.REQUIRED_LABELS, **dict.fromkeys(queries, _VERIFY_LABELS)}
         signals = await self.prometheus.fetch_set(
