@@ -528,19 +528,24 @@ async def test_hung_nvml_marks_that_gpu_down_and_metrics_keep_answering(gpu_node
     async with TestClient(TestServer(exporter.app)) as client:
         loop_task = asyncio.create_task(exporter.run_cycles())
         try:
-            for _ in range(100):
-                if (await client.get("/readyz")).status == 200:
-                    break
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(1.0)  # a few cycles with GPU 2 stuck
+            gpu = node.collection.health["gpu"]
+
+            async def timed_out_twice():  # cycles went on with GPU 2 stuck
+                return gpu.errors["timeout"] >= 2
+
+            await until(timed_out_twice, "two cycles past the hung GPU", 30)
             started = time.monotonic()
             response = await client.get("/metrics")
             took = time.monotonic() - started
             got = samples(await response.read())
             stuck_calls = node.nvml.calls["nvmlDeviceGetPowerUsage", 2] - calls_before
             node.nvml.release.set()
-            await asyncio.sleep(1.0)
-            after = samples(await (await client.get("/metrics")).read())
+            up = series("numaguard_gpu_up", **gpu_labels(node, 2))
+
+            async def back_up():
+                return samples(await (await client.get("/metrics")).read()).get(up) == 1
+
+            await until(back_up, "GPU 2 up again once its call returned", 30)
         finally:
             node.nvml.release.set()
             loop_task.cancel()
@@ -552,7 +557,6 @@ async def test_hung_nvml_marks_that_gpu_down_and_metrics_keep_answering(gpu_node
     assert got[series("numaguard_collector_success", collector="host_numa")] == 1
     # the stuck call was not made again while it hung
     assert stuck_calls == 1
-    assert after[series("numaguard_gpu_up", **gpu_labels(node, 2))] == 1
 
 
 def test_gpus_are_read_in_turn_and_a_slow_one_holds_up_no_other(gpu_node):

@@ -28,7 +28,7 @@ from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.host import HostSource
 from numaguard.simulator import presets
 from numaguard.simulator.host import FakeContainer, FakeHostRoot, FakePod
-from numaguard.simulator.processes import exporter_process, get, log_of
+from numaguard.simulator.processes import exporter_process, get, log_of, until
 from tests.conftest import NODE, samples, series
 
 
@@ -59,18 +59,23 @@ async def test_hung_collector_never_blocks_metrics(fake_root):
         assert (await client.get("/metrics")).status == 503
         loop_task = asyncio.create_task(exporter.run_cycles())
         try:
-            for _ in range(50):
-                if (await client.get("/readyz")).status == 200:
-                    break
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(1.0)  # a few more cycles with the source still hung
+            health = collection.health["pod_placement"]
+
+            async def timed_out_twice():  # cycles went on with the source still hung
+                return health.errors["timeout"] >= 2
+
+            await until(timed_out_twice, "two cycles past the hung read", 30)
             started = time.monotonic()
             response = await client.get("/metrics")
             took = time.monotonic() - started
             body = await response.read()
             calls_while_hung = hanging.calls
             hanging.release.set()  # the stuck read returns; the next cycle reads afresh
-            await asyncio.sleep(0.8)
+
+            async def read_again():
+                return hanging.calls >= 2
+
+            await until(read_again, "the source read again once released", 30)
         finally:
             hanging.release.set()
             loop_task.cancel()
