@@ -31,6 +31,7 @@ from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.host import FakeContainer, FakePod
+from numaguard.simulator.node import free_cpus
 from numaguard.simulator.nvml import FakeGpu
 from numaguard.simulator.prometheus import as_signals
 
@@ -99,7 +100,7 @@ def observe(
             ids = {"node": node.name, "collector": collector}
             rows["collector_age"].append({**ids, "value": 1})
             rows["collector_success"].append({**ids, "value": 1})
-        free = sim.free_cpus(node)
+        free = free_cpus(node)
         held = {
             u for p in host.pods for c in p.containers for ids in c.devices.values() for u in ids
         }

@@ -3,15 +3,12 @@ and the benchmarks.
 
 The control plane is real (simulator.controlplane: kube-apiserver, the controllers, the
 NUMA-blind default scheduler); the simulator is every node's kubelet. Nodes are fake
-hosts (cgroups, sysfs) with fake NVML GPUs and a fake PodResources kubelet each. The
-agent registers a Node per host, watches the pods the scheduler binds to it and admits
-them as a kubelet with the CPU manager's ``static`` policy and the node's Topology
-Manager policy would:
-
-* ``single-numa-node`` / ``restricted``: CPUs and devices on one NUMA node, or the pod
-  ends ``Failed`` with reason ``TopologyAffinityError``;
-* ``best-effort``: aligned when it can, anywhere otherwise (silently misaligned);
-* ``none``: the lowest free CPUs and the first free device, aligned or not.
+hosts (cgroups, sysfs) with fake NVML GPUs and a fake PodResources kubelet each
+(simulator.node). Here: the cluster's life, and the agent that registers a Node per
+host, watches the pods the scheduler binds to it, admits them as the node's kubelet
+would (simulator.node.admit; a refused pod ends ``Failed`` with reason
+``TopologyAffinityError``) and reports them Running. The objects it creates are
+simulator.manifests'.
 
 A preset's pods are the cluster's starting point: each is created bound to its node
 (with the labels of its workload's ReplicaSet, which then adopts it, as does the
@@ -33,7 +30,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import aiohttp
@@ -43,42 +39,31 @@ from numaguard.simulator import dra
 from numaguard.simulator.controlplane import ApiError, ControlPlane, path_of, rendered
 from numaguard.simulator.host import FakeContainer, FakeHost, FakeHostRoot, FakePod
 from numaguard.simulator.kubelet import FakeKubelet
+from numaguard.simulator.manifests import (
+    PRESET_HASH,
+    bound_pod,
+    deployment,
+    parse_quantity,
+    pod_template,
+    replicaset,
+    stem,
+)
+from numaguard.simulator.node import (
+    POLICIES,
+    SimNode,
+    admit,
+    advertised,
+    first_touch,
+    free_cpus,
+    keep_ids,
+)
 from numaguard.simulator.nvml import FakeGpu, FakeNvml, FakeSlice, Process
 from numaguard.simulator.processes import exporter_process, routable_address, until
 
-POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand
-PRESET_HASH = "preset"  # the pod-template-hash of the ReplicaSets that adopt preset pods
-MIN_MEMORY = 64 << 20
 # what a cluster leaves behind in its namespaces, deleted when it stops
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
 LEFT_BEHIND = (*WORKLOAD_KINDS, "PodDisruptionBudget", "Event", "ResourceClaim")
-
-
-@dataclass
-class SimNode:
-    name: str
-    host: FakeHost
-    nvml: FakeNvml
-    policy: str
-    index: int = 0
-    root: FakeHostRoot | None = None
-    kubelet: FakeKubelet | None = None
-    description: str = ""  # the fake NVML description file its exporter follows
-    presets: dict[tuple[str, str], FakePod] = field(default_factory=dict)
-
-    def write(self) -> None:
-        self.root.write()
-        tmp = f"{self.description}.tmp"
-        with open(tmp, "w") as f:
-            f.write(self.nvml.description())
-        os.replace(tmp, self.description)
-
-
-def stem(name: str) -> str:
-    """The workload a preset pod belongs to: pods ``name`` and ``name.N`` are
-    Deployment ``name``'s."""
-    return name.split(".")[0]
 
 
 def _now() -> str:
@@ -613,17 +598,17 @@ class SimulatedCluster:
         qos = obj["status"].get("qosClass", "BestEffort").lower()
         exclusive = qos == "guaranteed" and str(requests.get("cpu", "")).isdigit()
         need = int(requests["cpu"]) if exclusive else 0
-        placed = self._admit(node, need, resources)
+        placed = admit(node, need, resources)
         if placed is None:
             return None
         cpus, units = placed
         if not exclusive:
-            cpus = self.free_cpus(node)
+            cpus = free_cpus(node)
         memory = parse_quantity(requests.get("memory", "0"))
         ctr = FakeContainer(
             container["name"],
             format_id_list(cpus),
-            self._first_touch(node, cpus, memory),
+            first_touch(node, cpus, memory),
             exclusive_cpus=exclusive,
             devices={r: [u.uuid] for r, u in zip(resources, units, strict=True)},
         )
@@ -639,64 +624,6 @@ class SimulatedCluster:
         self._run(node, pod, units, workload)
         node.write()
         return pod
-
-    @staticmethod
-    def _first_touch(node: SimNode, cpus: frozenset[int], total: int) -> dict[int, int]:
-        """Where the kernel puts a new pod's memory: on the NUMA nodes of the CPUs that
-        touch it first, in proportion to its CPUs there."""
-        share = {
-            i: len(parse_id_list(n.cpus) & cpus)
-            for i, n in enumerate(node.host.nodes)
-            if parse_id_list(n.cpus) & cpus
-        }
-        return {i: total * k // len(cpus) for i, k in share.items()}
-
-    def _admit(self, node: SimNode, need: int, resources: list[str]):
-        free = self.free_cpus(node)
-        by_numa = {i: sorted(parse_id_list(n.cpus) & free) for i, n in enumerate(node.host.nodes)}
-        units_by_numa = {i: [self._free_unit(node, r, i) for r in resources] for i in by_numa}
-        aligned = [
-            i
-            for i in by_numa
-            if len(by_numa[i]) >= need and all(u is not None for u in units_by_numa[i])
-        ]
-        if aligned and node.policy != "none":
-            i = aligned[0]
-            return frozenset(by_numa[i][:need]), units_by_numa[i]
-        if node.policy in ("restricted", "single-numa-node"):
-            return None  # TopologyAffinityError
-        units = [self._free_unit(node, r, None) for r in resources]
-        if any(u is None for u in units) or len(free) < need:
-            return None
-        return frozenset(sorted(free)[:need]), units
-
-    def free_cpus(self, node: SimNode) -> frozenset[int]:
-        """CPUs the CPU manager can give exclusively: all but those already given (the
-        shared pool shrinks as it does)."""
-        taken: set[int] = set()
-        for p in node.host.pods:
-            for c in p.containers:
-                if c.exclusive_cpus:
-                    taken |= parse_id_list(c.cpus)
-        return node.host.all_cpus - taken
-
-    def _free_unit(self, node: SimNode, resource: str, numa: int | None):
-        held = {
-            i
-            for p in node.host.pods
-            for c in p.containers
-            for ids in c.devices.values()
-            for i in ids
-        }
-        claimed = {claim.device for p in node.host.pods for c in p.containers for claim in c.claims}
-        for index, gpu in enumerate(node.nvml.gpus):
-            if (numa is not None and gpu.numa_node != numa) or f"gpu-{index}" in claimed:
-                continue
-            units = [gpu] if gpu.mig is None else gpu.mig
-            for unit in units:
-                if unit_resource(unit) == resource and unit.uuid not in held:
-                    return unit
-        return None
 
     def _stop_pod(self, node: SimNode, pod: FakePod) -> None:
         pids = {node.host.pid(pod, c) for c in pod.containers}
@@ -729,120 +656,6 @@ class SimulatedCluster:
             unit.activity.set(sm=sm, graphics=min(1.0, sm * 1.1))
             if isinstance(unit, FakeSlice):
                 unit.memory_used_bytes = 8 << 30
-
-
-def keep_ids(host: FakeHost, pod: FakePod) -> None:
-    """Fix a preset pod's container ids (and so its processes' PIDs) before the API
-    server gives the pod its own uid."""
-    for ctr in pod.containers:
-        ctr.id = host.container_id(pod, ctr)
-
-
-def unit_resource(unit: FakeGpu | FakeSlice) -> str:
-    """The device plugin's (mixed strategy) resource name for a GPU or a slice."""
-    if isinstance(unit, FakeGpu):
-        return "nvidia.com/gpu"
-    return f"nvidia.com/mig-{unit.profile.name}"
-
-
-def advertised(node: SimNode) -> dict[str, int]:
-    """Device plugin resources the node advertises (not the GPUs a DRA driver holds)."""
-    claimed = {
-        claim.device for p in node.presets.values() for c in p.containers for claim in c.claims
-    }
-    counts: dict[str, int] = {}
-    for index, gpu in enumerate(node.nvml.gpus):
-        if f"gpu-{index}" in claimed:
-            continue
-        for unit in [gpu] if gpu.mig is None else gpu.mig:
-            counts[unit_resource(unit)] = counts.get(unit_resource(unit), 0) + 1
-    return counts
-
-
-def parse_quantity(text: str) -> int:
-    """Bytes of a Kubernetes memory quantity as the API server writes them."""
-    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 1000, "M": 10**6}
-    units |= {"G": 10**9}
-    for suffix, factor in units.items():
-        if text.endswith(suffix):
-            return int(text[: -len(suffix)]) * factor
-    return int(text or 0)
-
-
-def container_spec(pod: FakePod, ctr: FakeContainer) -> dict:
-    """A container as the pod's QoS class and the preset's allocation imply it."""
-    devices = {r: str(len(ids)) for r, ids in sorted(ctr.devices.items())}
-    memory = str(max(sum(ctr.memory_by_node.values()), MIN_MEMORY))
-    if pod.qos_class == "guaranteed":
-        cpu = str(len(parse_id_list(ctr.cpus))) if ctr.exclusive_cpus else "500m"
-        both = {"cpu": cpu, "memory": memory, **devices}
-        resources = {"requests": both, "limits": both}
-    elif pod.qos_class == "burstable":
-        resources = {"requests": {"cpu": "100m", "memory": memory, **devices}}
-        if devices:
-            resources["limits"] = devices
-    else:
-        resources = {"requests": devices, "limits": devices} if devices else {}
-    out = {"name": ctr.name, "image": f"registry.example/{ctr.name}:1.0", "resources": resources}
-    claims = [{"name": claim.claim} for claim in ctr.claims]
-    if claims:
-        out["resources"]["claims"] = claims
-    return out
-
-
-def pod_template(pod: FakePod, workload: str, node: str | None = None) -> dict:
-    spec = {
-        "containers": [container_spec(pod, c) for c in pod.containers],
-        "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": 5,
-    }
-    if node is not None:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    claims = [c.claim for ctr in pod.containers for c in ctr.claims]
-    if claims:
-        spec["resourceClaims"] = [{"name": n, "resourceClaimName": n} for n in claims]
-    return {"metadata": {"labels": {"app": workload}}, "spec": spec}
-
-
-def bound_pod(pod: FakePod, node: str, template: dict) -> dict:
-    """A preset pod, already bound to its node, labelled for its ReplicaSet to adopt."""
-    labels = {**template["metadata"]["labels"], "pod-template-hash": PRESET_HASH}
-    spec = json.loads(json.dumps(template["spec"]))
-    spec["containers"] = [container_spec(pod, c) for c in pod.containers]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": labels},
-        "spec": {**spec, "nodeName": node},
-    }
-
-
-def replicaset(namespace: str, name: str, template: dict, replicas: int) -> dict:
-    labels = {**template["metadata"]["labels"], "pod-template-hash": PRESET_HASH}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "ReplicaSet",
-        "metadata": {"name": f"{name}-{PRESET_HASH}", "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {**template, "metadata": {"labels": labels}},
-        },
-    }
-
-
-def deployment(namespace: str, name: str, template: dict, replicas: int) -> dict:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "paused": True,
-            "selector": {"matchLabels": template["metadata"]["labels"]},
-            "template": template,
-        },
-    }
 
 
 @contextlib.asynccontextmanager
