@@ -141,7 +141,7 @@ test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.bu
 # The pure tier alone (no real Prometheus, control plane or VM): the inner loop, under a
 # minute. Tiers are markers (tests/conftest.py): pytest -m prometheus, -m cluster, -m vm.
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -m pure -q
+	NUMAGUARD_TESTS=fast $(PY) -m pytest -m pure -q -n auto --dist worksteal
 	$(VENV)/bin/ruff check .
 
 bench: $(VENV)/.installed system-deps $(PARTS)/.built

@@ -21,7 +21,7 @@ from numaguard.simulator import presets
 from numaguard.simulator.host import FakeHostRoot
 from numaguard.simulator.processes import until
 from numaguard.simulator.resctrl import FakeResctrl
-from tests.conftest import make_collection, metadata_of, samples, series
+from tests.conftest import examples, make_collection, metadata_of, samples, series
 
 
 def errors(got, collector: str, reason: str) -> float:
@@ -249,7 +249,9 @@ FILES = [
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     which=st.integers(0, len(FILES) + 3),
@@ -288,7 +290,9 @@ RESCTRL_FILES = [
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     which=st.integers(0, len(RESCTRL_FILES) + 1),

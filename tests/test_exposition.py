@@ -16,7 +16,7 @@ from numaguard.exporter import exposition
 from numaguard.exporter.collectors import host_numa, pod_placement
 from numaguard.exporter.exposition import Family, LabelPrefix, render
 from numaguard.simulator import presets
-from tests.conftest import make_collection, metadata_of
+from tests.conftest import make_collection, metadata_of, samples
 
 
 class _Registry:
@@ -95,6 +95,14 @@ async def test_same_exposition_as_prometheus_client(fake_root):
     assert ours_text_parsed == parsed(parse_text(theirs_text))
     assert parsed(parse_om(om.decode())) == parsed(parse_om(theirs_om))
     assert any('we\\"ird\\\\name\\nspace' in line for line in text.decode().splitlines())
+    # the tests' fast sample reader reads what prometheus_client's parser reads
+    theirs = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in parse_text(collection.exposition.text.decode())
+        for s in family.samples
+    }
+    assert samples(collection.exposition.text) == theirs
+    assert len(theirs) > 100
 
 
 def test_series_lines_rendered_once_are_the_same_as_rendered_afresh():

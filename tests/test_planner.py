@@ -23,6 +23,7 @@ from numaguard.remediator.core.queries import REQUIRED_LABELS, Windows
 from numaguard.remediator.core.rejections import RejectedPod, describe, storms
 from numaguard.remediator.core.rounds import Round, Sizing, rounds
 from numaguard.simulator.prometheus import as_signals
+from tests.conftest import examples
 
 GIB = 1 << 30
 NOW = 1_800_000_000.0
@@ -721,7 +722,7 @@ def test_history_survives_its_round_trip_and_refuses_garbage():
             WorkloadHistory.from_json(text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.text(max_size=40)
     | st.builds(

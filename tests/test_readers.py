@@ -49,6 +49,7 @@ from numaguard.exporter.readers.resctrl import (
     parse_tids,
     parse_word_list,
 )
+from tests.conftest import examples
 
 NUMA_STAT_V2 = """anon N0=1048576 N1=4096
 file N0=524288 N1=0
@@ -217,7 +218,7 @@ def test_nvml_answers():
             gpm_values(bad)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from([1, 2, 3, 5, 10, 20, 21, 99]),
@@ -324,7 +325,7 @@ def _mangled(valid: str):
 
 
 @pytest.mark.parametrize("index", range(len(READERS)))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(data=st.data())
 def test_readers_never_raise_anything_but_parse_error(index, data):
     reader, valid = READERS[index], VALID[index]

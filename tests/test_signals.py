@@ -21,6 +21,7 @@ from numaguard.simulator import presets
 from numaguard.simulator.cluster import one_node
 from numaguard.simulator.processes import free_port
 from numaguard.simulator.prometheus import PrometheusServer
+from tests.conftest import examples
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 
@@ -196,7 +197,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     result=st.lists(
         st.fixed_dictionaries({"metric": JSON, "value": JSON})
