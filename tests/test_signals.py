@@ -14,6 +14,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.kinds import CROSS_NUMA, STARVED
 from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.signals import Prometheus, SignalsError, Source, frame
@@ -90,6 +91,8 @@ class BadPrometheus:
             return web.json_response(
                 {"status": "success", "data": {"resultType": "vector", "result": rows}}
             )
+        if self.mode == "deep":  # nested past what the decoder can follow
+            return web.Response(text="[" * 40_000 + "]" * 40_000)
         if self.mode == "bad_value":
             body = {
                 "status": "success",
@@ -126,7 +129,7 @@ async def bad_prometheus():
         ("html", "garbage", 1),
         ("error", "query", 1),
         ("matrix", "garbage", 1),
-        ("bad_value", "garbage", 1),
+        ("deep", "garbage", 1),
         ("garbage", "garbage", 1),
         ("huge", "answer_too_large", 1),
     ],
@@ -141,6 +144,16 @@ async def test_a_bad_prometheus_gives_no_signals(bad_prometheus, mode, reason, a
             await client.query("up", time.time())
     assert err.value.reason == reason
     assert bad.hits == attempts  # retried only what a retry can fix
+
+
+async def test_a_value_that_is_no_number_costs_only_its_row(bad_prometheus):
+    bad, url = bad_prometheus
+    bad.mode = "bad_value"
+    async with aiohttp.ClientSession() as session:
+        client = Prometheus(url, session, retries=0)
+        got = await client.fetch_set({"a": "up"}, {"a": ("node",)}, time.time())
+    assert got["a"].empty
+    assert got.dropped == {("a", "bad_value"): 1}
 
 
 async def test_prometheus_down():
@@ -168,12 +181,15 @@ def test_empty_answers_and_bad_rows():
                 {"metric": {"node": "e"}, "value": [1, "-1e308"]},
                 {"metric": {"pod": "f"}, "value": [1, "1"]},  # no node
                 {"metric": {"node": ""}, "value": [1, "1"]},  # empty is absent
+                {"metric": {"node": "g"}, "value": [1, "one"]},
+                {"metric": {"node": "h", "pod_uid": "u\n1"}, "value": [1, "1"]},
+                {"metric": {"node": 'i"} or vector(1) #'}, "value": [1, "1"]},
             ],
         },
     }
     df, dropped = frame("x", body, ("node",))
     assert df.to_dict("records") == [{"node": "b", "value": 2.5}]
-    assert dropped == {"bad_value": 4, "missing_label": 2}
+    assert dropped == {"bad_value": 5, "missing_label": 2, "bad_label": 2}
 
 
 async def test_the_answers_of_a_cycle_share_one_bound(bad_prometheus):
@@ -204,10 +220,11 @@ JSON = st.recursive(
         | st.fixed_dictionaries(
             {
                 "metric": st.dictionaries(
-                    st.sampled_from(["node", "pod_uid", "__name__"]), st.text(max_size=4)
+                    st.sampled_from([*q.MATCHED, "__name__"]),
+                    st.sampled_from(["n1", "uid-1", "MIG-1/2/0"]) | st.text(max_size=4),
                 ),
                 "value": st.tuples(
-                    st.floats(), st.sampled_from(["1", "NaN", "-Inf", "x", "1e999"])
+                    st.floats(), st.sampled_from(["1", "NaN", "-Inf", "x", "1e999", ""])
                 ),
             }
         )
@@ -225,3 +242,6 @@ def test_any_answer_is_a_frame_or_a_named_error(result):
     assert "node" in df.columns
     assert all(v >= 0 and v == v and v != float("inf") for v in df["value"])
     assert len(df) + sum(dropped.values()) == len(result)
+    for label in q.MATCHED:  # whatever is left, a later round can select by
+        if label in df.columns:
+            q.scoped(["holders"], label, set(df[label]) - {""}, q.Windows(), q.DEFAULT_SELECTOR)

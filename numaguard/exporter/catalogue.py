@@ -790,7 +790,8 @@ REMEDIATOR_DROPPED_ROWS = _m(
     "remediator_dropped_rows_total",
     "counter",
     "Rows of Prometheus answers not used, by reason: missing_label, bad_value (not a "
-    "finite, non-negative number).",
+    "finite, non-negative number), bad_label (a node, pod_uid, gpu_uuid or mig_uuid that "
+    "is no name, as no exporter writes it).",
     ("reason",),
     "remediator",
 )

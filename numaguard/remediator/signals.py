@@ -3,8 +3,9 @@
 
 Anything doubtful about an answer as a whole — Prometheus down, slow, answering garbage,
 an error, or a cycle's answers over ``max_answer_bytes`` together — raises SignalsError:
-the cycle then takes no action at all. Doubtful rows (a label missing, a value that is not a finite,
-non-negative number) are dropped and counted: they cost only themselves.
+the cycle then takes no action at all. Doubtful rows (a label missing, a value that is
+not a finite, non-negative number, a pod uid, node or device that is no name) are
+dropped and counted: they cost only themselves.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from pydantic import Field, StringConstraints
 from numaguard.remediator.core.answers import Signals, empty_frame, joined
 from numaguard.remediator.core.queries import (
     DEFAULT_SELECTOR,
+    MATCHED,
     RECORDED,
     REQUIRED_LABELS,
     Queries,
     Windows,
     expressions,
+    quotable,
 )
 from numaguard.remediator.core.validation import FORBID_EXTRA, Positive
 
@@ -205,6 +208,8 @@ def _decode(expr: str, raw: bytes, required: tuple[str, ...]) -> tuple[pd.DataFr
         body = json.loads(raw)
     except ValueError as err:
         raise SignalsError("garbage", f"{expr}: not JSON ({err})") from None
+    except RecursionError:  # nested deeper than any answer Prometheus writes
+        raise SignalsError("garbage", f"{expr}: JSON nested too deep") from None
     return frame(expr, body, required)
 
 
@@ -214,7 +219,7 @@ def _too_large(expr: str, limit: int) -> SignalsError:
 
 def frame(expr: str, body, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame, Counter]:
     """An instant-query answer -> one row per series: its labels and ``value``; and the
-    rows dropped, by reason (missing_label, bad_value)."""
+    rows dropped, by reason (missing_label, bad_value, bad_label)."""
     if not isinstance(body, dict) or body.get("status") not in ("success", "error"):
         raise SignalsError("garbage", f"{expr}: not a Prometheus answer")
     if body["status"] == "error":
@@ -229,16 +234,22 @@ def frame(expr: str, body, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame
     for item in result:
         try:
             labels, (_, raw) = dict(item["metric"]), item["value"]
-            value = float(raw)
         except (KeyError, TypeError, ValueError):
             raise SignalsError("garbage", f"{expr}: malformed sample {str(item)[:80]}") from None
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
             raise SignalsError("garbage", f"{expr}: malformed labels")
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = math.nan
         if not math.isfinite(value) or value < 0:
             dropped["bad_value"] += 1  # no number to act on (ages, sizes, counts: all >= 0)
             continue
         if not all(labels.get(name) for name in required):
             dropped["missing_label"] += 1
+            continue
+        if not all(quotable(labels[name]) for name in MATCHED if labels.get(name)):
+            dropped["bad_label"] += 1  # a newline, a quote: no exporter writes it
             continue
         labels.pop("__name__", None)
         labels["value"] = value

@@ -34,6 +34,16 @@ _UID = re.compile(r"[0-9A-Za-z-]{1,64}")  # what the API server gives a pod, and
 # nothing a regex would read as anything but itself, once dots are escaped
 _NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z._/-]{0,252}")
 BATCH = 200  # names per =~ matcher: a query of some 10 kB at most
+# the labels the rounds select series by: a row whose value of one is no name is dropped
+# when decoded (signals.frame), so no answer can make a later round's query unwritable
+MATCHED = ("node", "pod_uid", "gpu_uuid", "mig_uuid")
+
+
+def quotable(value: str) -> bool:
+    """Whether ``value`` is a name a matcher can select by (see _NAME)."""
+    return _NAME.fullmatch(value) is not None
+
+
 # The recording rules alerts/ installs for the costliest detection expressions: read
 # instead of evaluated when Prometheus runs them as the remediator would write them.
 RECORDED = {
