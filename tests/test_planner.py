@@ -4,6 +4,7 @@ the planner's fit check and every guard."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import replace
 
@@ -16,7 +17,12 @@ from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Detection, FindingState, smallest_fit, update
-from numaguard.remediator.core.history import Pending, WorkloadHistory
+from numaguard.remediator.core.history import (
+    MAX_HISTORY_BYTES,
+    MAX_PENDING,
+    Pending,
+    WorkloadHistory,
+)
 from numaguard.remediator.core.planner import GUARDS, PodInfo, plan
 from numaguard.remediator.core.policy import Enforcement, Policy
 from numaguard.remediator.core.queries import REQUIRED_LABELS, Windows
@@ -926,3 +932,37 @@ def test_rounds_ask_only_about_what_earlier_rounds_named():
     assert [(f.kind, f.pod_uid) for f in state.open.values()] == [("cross_numa", "uid-a")]
     assert sizing == Sizing(frozenset(), frozenset(), 1)
     assert set(found["targets_up"]["node"]) == {"n1", "n2"}
+
+
+def test_a_history_is_closed_and_bounded():
+    """What a tenant who can patch its workload may write there: only known kinds with
+    their own reasons, a few pending entries, a few kilobytes; anything else is an
+    unreadable history (refused, never a fresh start)."""
+    entry = Pending("cross_numa", "cpu_span", NOW, "u-1")
+    good = json.loads(WorkloadHistory(pending=(entry,)).to_json())
+    for where, value, says in (
+        ("kind", "bogus", "pending.0.kind"),
+        ("reason", "bogus", "cross_numa has no reason 'bogus'"),
+        ("reason", "llc", "cross_numa has no reason 'llc'"),
+        ("pod_uid", "u" * 300, "at most 253 characters"),
+    ):
+        forged = {**good, "pending": [{**good["pending"][0], where: value}]}
+        with pytest.raises(ValueError, match=re.escape(says)):
+            WorkloadHistory.from_json(json.dumps(forged))
+    many = {**good, "pending": good["pending"] * (MAX_PENDING + 1)}
+    with pytest.raises(ValueError, match="at most 8 items"):
+        WorkloadHistory.from_json(json.dumps(many))
+    padded = json.dumps(good, indent=MAX_HISTORY_BYTES)
+    with pytest.raises(ValueError, match="over 8192 bytes"):
+        WorkloadHistory.from_json(padded)
+    most = {**good, "pending": good["pending"] * MAX_PENDING}
+    assert len(WorkloadHistory.from_json(json.dumps(most)).pending) == MAX_PENDING
+
+
+def test_a_verdict_with_a_reason_no_exporter_writes_is_no_finding():
+    forged = cross_numa("trainer", reason="bogus")
+    state = update(FindingState(), signals(**merge(healthy("n1"), forged)), Detection())
+    assert not state.open
+    real = cross_numa("trainer", reason="cpu_span")
+    state = update(FindingState(), signals(**merge(healthy("n1"), real)), Detection())
+    assert [f.reason for f in state.open.values()] == ["cpu_span"]

@@ -865,3 +865,50 @@ async def test_series_forged_by_another_target_evict_nothing(cluster, tmp_path):
     refused = {(r.finding.pod, r.guard) for r in report.plan.refusals}
     assert ("trainer", "evidence_mismatch") in refused
     assert [e[1] for e in c.evictions()] == ["trainer-remote"]  # the real one only
+
+
+async def test_a_tenant_s_forged_history_refuses_only_its_own_workload(cluster):
+    """A tenant patches its own Deployments as pending with histories no remediator
+    writes: an unknown kind (which raised inside verification and froze it for every
+    workload), and a thousand valid entries (which made every cycle take 40 s). Each is
+    that workload's refusal; the trainer's eviction is still verified, in a cycle of
+    ordinary length."""
+    c = await cluster(policy="single-numa-node")
+    entry = {"kind": "cross_numa", "reason": "cpu_span", "at": 1.0, "pod_uid": "x"}
+    entry |= {"recommended": "", "measured_uid": "", "before": None}
+    history = {"last_action": 1.0, "failures": 0, "pdb_refusals": 0, "last_refusal": 0.0}
+    forged = {
+        "infer-a": {**history, "pending": [{**entry, "kind": "bogus"}]},
+        "infer-b": {**history, "pending": [entry] * 1000},
+    }
+    for name, text in forged.items():
+        await c.patch(
+            "Deployment",
+            name,
+            {
+                "metadata": {
+                    "labels": {"numaguard.io/pending": "true"},
+                    "annotations": {"numaguard.io/history": json.dumps(text)},
+                }
+            },
+        )
+    await c.cross_numa_sustained()
+    controller = c.controller()
+    took: list[float] = []
+    cycle = controller.cycle
+
+    async def timed(*args, **kwargs):
+        started = time.monotonic()
+        try:
+            return await cycle(*args, **kwargs)
+        finally:
+            took.append(time.monotonic() - started)
+
+    controller.cycle = timed
+    reports = await cycles_until(controller, lambda rs: any(r.verified for r in rs))
+    (verified,) = [v for r in reports for v in r.verified]
+    assert (verified.workload, verified.outcome) == ("Deployment/ml/trainer-remote", "held")
+    assert set(controller.verify_refused) == {"Deployment/ml/infer-a", "Deployment/ml/infer-b"}
+    assert max(took) < 10, took  # one pending entry verified, not a thousand
+    for name in forged:  # left as the tenant wrote them: refused, never a fresh start
+        assert await c.history(name) == json.loads(json.dumps(forged[name]))

@@ -104,6 +104,8 @@ class Controller:
         self.actuator = Actuator(kube, elector, clock) if kube else None
         self.state = FindingState()
         self.said: dict[tuple, str] = {}  # finding -> the Event last written about it
+        # workloads whose verification was refused last cycle, and why (said once)
+        self.verify_refused: dict[str, str] = {}
         self.storms_said: dict[tuple, str] = {}  # a storm -> the Event last written on it
         self.sizing = Sizing()  # the slices to size, carried between looks for them
 
@@ -326,49 +328,77 @@ class Controller:
         by the deadline: unverified, which counts like a fix that did not hold. A fix
         that held with a measured gain under the policy's minimum: no_gain, alike."""
         now = self.clock()
-        p = self.policy
+        refused: dict[str, str] = {}
         for workload, (history, obj) in (await pending_workloads(self.kube)).items():
-            if history is None:
-                log.warning("unreadable history on %s: left as it is", workload)
-                continue
-            due = [x for x in history.pending if now - x.at >= p.verify_after_seconds]
-            if not due:
-                continue
-            pods = await workload_pods(self.kube, workload, obj)
-            changed = history
-            for pending in due:
-                outcome, after = await self._outcome(pending, pods, now)
-                if outcome is None:
-                    continue  # not yet: the evidence is not in
-                g = gain(pending.before, after) if outcome != "unverified" else None
-                least = p.min_fix_gain.of(pending.kind)
-                outcome = judged(outcome, g, least) if g else outcome
-                changed = after_verification(changed, pending, outcome)
-                if outcome != "held" and changed.failures >= p.give_up_after:
-                    outcome = "gave_up"
-                detail = described(pending.kind, g, after) if g else "no evidence by the deadline"
-                if g and g.ratio is not None:
-                    self.metrics.fix_gain.labels(pending.kind).observe(g.ratio)
-                self.metrics.verifications.labels(outcome).inc()
-                report.verified.append(Verification(workload, pending.kind, outcome, g, detail))
-                log.info(
-                    "verification of %s: %s (%s)",
+            # each workload inside its own boundary: whatever is wrong with one (its
+            # history unreadable, anything unexpected in judging it) is that workload's
+            # refusal, and the others are still verified
+            try:
+                if history is None:
+                    refused[workload] = "its history is unreadable"
+                    continue
+                await self._verify_workload(workload, history, obj, report, now)
+            except (ClusterError, *_TRANSPORT):
+                raise  # the API server's trouble: the cycle's, not this workload's
+            except Exception as err:
+                log.exception("verification of %s failed", workload)
+                refused[workload] = f"{type(err).__name__}: {err}"
+        for workload, why in refused.items():
+            self.metrics.refusals.labels("evidence_mismatch").inc()
+            if self.verify_refused.get(workload) != why:  # said once, until it changes
+                log.warning(
+                    "verification of %s refused: %s",
                     workload,
-                    outcome,
-                    detail,
-                    extra={
-                        "workload": workload,
-                        "outcome": outcome,
-                        "finding": pending.kind,
-                        "gain": g.ratio if g else None,
-                        "min_gain": least,
-                        # every signal measured on either side, host-side ones too
-                        "before": asdict(pending.before) if pending.before else None,
-                        "after": asdict(after) if after else None,
-                    },
+                    why,
+                    extra={"workload": workload, "guard": "evidence_mismatch", "detail": why},
                 )
-            if changed is not history:
-                await self._record_verification(workload, changed, report)
+        self.verify_refused = refused
+
+    async def _verify_workload(
+        self, workload: str, history: WorkloadHistory, obj: dict, report: CycleReport, now: float
+    ) -> None:
+        p = self.policy
+        due = [x for x in history.pending if now - x.at >= p.verify_after_seconds]
+        # the oldest the policy lets be in flight: what a history holds beyond that, the
+        # remediator never wrote, and judging it costs nothing more
+        due = sorted(due, key=lambda x: x.at)[: p.max_per_workload]
+        if not due:
+            return
+        pods = await workload_pods(self.kube, workload, obj)
+        changed = history
+        for pending in due:
+            outcome, after = await self._outcome(pending, pods, now)
+            if outcome is None:
+                continue  # not yet: the evidence is not in
+            g = gain(pending.before, after) if outcome != "unverified" else None
+            least = p.min_fix_gain.of(pending.kind)
+            outcome = judged(outcome, g, least) if g else outcome
+            changed = after_verification(changed, pending, outcome)
+            if outcome != "held" and changed.failures >= p.give_up_after:
+                outcome = "gave_up"
+            detail = described(pending.kind, g, after) if g else "no evidence by the deadline"
+            if g and g.ratio is not None:
+                self.metrics.fix_gain.labels(pending.kind).observe(g.ratio)
+            self.metrics.verifications.labels(outcome).inc()
+            report.verified.append(Verification(workload, pending.kind, outcome, g, detail))
+            log.info(
+                "verification of %s: %s (%s)",
+                workload,
+                outcome,
+                detail,
+                extra={
+                    "workload": workload,
+                    "outcome": outcome,
+                    "finding": pending.kind,
+                    "gain": g.ratio if g else None,
+                    "min_gain": least,
+                    # every signal measured on either side, host-side ones too
+                    "before": asdict(pending.before) if pending.before else None,
+                    "after": asdict(after) if after else None,
+                },
+            )
+        if changed is not history:
+            await self._record_verification(workload, changed, report)
 
     async def _record_verification(
         self, workload: str, history: WorkloadHistory, report: CycleReport

@@ -21,6 +21,9 @@ class StarvedReason:
     movable: bool  # moving the pod to an aligned NUMA zone fixes it
 
 
+# the reasons of numaguard_pod_cross_numa, each a verdict of the model
+CROSS_NUMA_REASONS = ("cpu_span", "memory_remote", "device_remote")
+
 STARVED_REASONS = (
     StarvedReason("device_remote", "the pod's cross-NUMA verdict device_remote", None, True),
     StarvedReason("memory_remote", "the pod's cross-NUMA verdict memory_remote", None, True),

@@ -101,6 +101,8 @@ def _placement(signals: Signals, which: str) -> list[Finding]:
     out = []
     for kind in PLACEMENT:
         for row in _rows(signals[getattr(kind, which)]):
+            if row["reason"] not in kind.reasons:
+                continue  # no exporter writes it: a forged series, never a finding
             out.append(
                 Finding(
                     kind.name,

@@ -1,22 +1,31 @@
 """A workload's history (pure): what numaguard did to it and how it went, kept as an
 annotation on the workload so that a restarted or new leader keeps every guard; the
-schema is closed (``from_json`` reads only what ``to_json`` writes)."""
+schema is closed (``from_json`` reads only what ``to_json`` writes: known kinds and
+reasons, a bounded number of entries and bytes)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
 
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.kinds import KINDS
 from numaguard.remediator.core.outcome import Activity
-from numaguard.remediator.core.validation import FORBID_EXTRA, Count, Seconds, Text
+from numaguard.remediator.core.validation import FORBID_EXTRA, Count, Seconds
 
 if TYPE_CHECKING:
     from numaguard.remediator.core.planner import Action
+
+
+# A history is written by the remediator and may be rewritten by whoever can patch the
+# workload: its size is bounded, so that no tenant can make verifying it costly. The
+# remediator itself writes at most policy.max_per_workload pending entries.
+MAX_PENDING = 8
+MAX_HISTORY_BYTES = 8192
+Name = Annotated[str, StringConstraints(max_length=253, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -25,15 +34,19 @@ class Pending:
 
     __pydantic_config__ = FORBID_EXTRA
 
-    kind: Text  # the finding's kind
-    reason: Text
+    kind: Literal[tuple(KINDS)]  # the finding's kind
+    reason: Name  # one of its kind's reasons
     at: Seconds
-    pod_uid: Text  # the pod acted on; its replacements have other uids
-    recommended: Text = ""  # a resize's new profile
+    pod_uid: Name  # the pod acted on; its replacements have other uids
+    recommended: Name = ""  # a resize's new profile
     # whose activity tells whether the fix paid off (the pod acted on, or the feeder a
     # noisy neighbour crowded out), and what it did before the action
-    measured_uid: Text = ""
+    measured_uid: Name = ""
     before: Activity | None = None
+
+    def __post_init__(self) -> None:
+        if self.reason not in KINDS[self.kind].reasons:
+            raise ValueError(f"{self.kind} has no reason {self.reason!r}")
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,8 @@ class WorkloadHistory:
 
     last_action: Seconds = 0.0
     failures: Count = 0  # fixes that did not hold (or could not be verified), in a row
-    pending: tuple[Pending, ...] = ()  # actions not yet verified
+    # actions not yet verified
+    pending: Annotated[tuple[Pending, ...], Field(max_length=MAX_PENDING)] = ()
     pdb_refusals: Count = 0  # 429s in a row
     last_refusal: Seconds = 0.0
 
@@ -69,6 +83,8 @@ class WorkloadHistory:
     @classmethod
     def from_json(cls, text: str) -> WorkloadHistory:
         """Raises ValueError on anything but what ``to_json`` writes (every field)."""
+        if len(text) > MAX_HISTORY_BYTES:  # characters: no fewer bytes
+            raise ValueError(f"unreadable history: over {MAX_HISTORY_BYTES} bytes")
         try:
             data = json.loads(text)
         except RecursionError:  # nesting deeper than any history

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from numaguard.exporter import catalogue as c
-from numaguard.exporter.model.thresholds import STARVED_REASONS
+from numaguard.exporter.model.thresholds import CROSS_NUMA_REASONS, STARVED_REASONS
 from numaguard.exporter.readers.nvml import mig_resource
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ class Kind:
     recommend_for: frozenset[str] = frozenset()
     # reasons about a device: the kubelet must attribute it to the pod, fresh
     device_reasons: frozenset[str] = frozenset()
+    # every reason a finding of this kind may have; a series with another is no evidence
+    reasons: frozenset[str] = frozenset()
 
     def intent_of(self, reason: str) -> str:
         return "recommend" if reason in self.recommend_for else self.intent
@@ -58,6 +60,7 @@ CROSS_NUMA = Kind(
     sustained="cross_numa_sustained",
     seen="cross_numa_seen",
     device_reasons=frozenset({"device_remote"}),
+    reasons=frozenset(CROSS_NUMA_REASONS),
 )
 STARVED = Kind(
     "starved",
@@ -78,6 +81,7 @@ STARVED = Kind(
     seen="starved_seen",
     # a CPU-bound feeder on an aligned pod: moving it fixes nothing
     recommend_for=frozenset(r.name for r in STARVED_REASONS if not r.movable),
+    reasons=frozenset(r.name for r in STARVED_REASONS),
 )
 NOISY_NEIGHBOUR = Kind(
     "noisy_neighbour",
@@ -91,6 +95,7 @@ NOISY_NEIGHBOUR = Kind(
     age_of=("pod_uid", "device"),
     verified_by=c.POD_LLC_SHARE,
     measured="feeder_uid",  # the feeder it crowded out shows the gain
+    reasons=frozenset({"llc"}),
 )
 
 
@@ -106,6 +111,7 @@ def _resize(kind: str, priority: int, min_gain: float) -> Kind:
         age="slice_age",
         age_of=("device",),
         verified_by=c.GPU_HOLDER,
+        reasons=frozenset({kind}),
     )
 
 
