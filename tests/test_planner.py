@@ -807,6 +807,7 @@ def rejected(name: str, workload: str = "Deployment/ml/trainer", node="n1", age=
         created=NOW - age,
         workload=workload,
         need=Need(8.0, 32 * GIB, {"nvidia.com/gpu": 1}),
+        owned=kw.pop("owned", bool(workload)),
         **kw,
     )
 
@@ -966,3 +967,15 @@ def test_a_verdict_with_a_reason_no_exporter_writes_is_no_finding():
     real = cross_numa("trainer", reason="cpu_span")
     state = update(FindingState(), signals(**merge(healthy("n1"), real)), Detection())
     assert [f.reason for f in state.open.values()] == ["cpu_span"]
+
+
+def test_refused_pods_of_an_owner_that_is_no_known_workload_are_reported_never_deleted():
+    """A Job's, a custom resource's, a missing owner's failed pods: counted and said, but
+    only the surplus of a Deployment, StatefulSet or ReplicaSet found by uid is deleted."""
+    pods = [rejected(f"j{i}", workload="Job/ml/train", owned=False, age=i) for i in range(6)]
+    pods += [rejected(f"t{i}", age=i) for i in range(6)]
+    found = {s.workload: s for s in storms(pods, None, Policy(dry_run=False))}
+    assert (found["Job/ml/train"].guard, found["Job/ml/train"].delete) == ("unsupported_owner", ())
+    assert len(found["Job/ml/train"].pods) == 6
+    assert "none deleted (unsupported_owner)" in describe(found["Job/ml/train"])
+    assert [p.name for p in found["Deployment/ml/trainer"].delete] == ["t3", "t4", "t5"]

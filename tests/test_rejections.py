@@ -172,3 +172,87 @@ async def test_a_topology_affinity_error_storm_is_reported_bounded_and_cleaned(
 async def _left_when(sim: SimulatedCluster, keep: int) -> list[dict] | None:
     left = await failed(sim)
     return left if len(left) == keep else None
+
+
+async def test_refused_pods_of_what_is_no_workload_are_reported_never_deleted(
+    tmp_path, control_plane
+):
+    """Failed pods whose controller is a Job, a kind that does not exist, or a Node:
+    the remediator (its own account, deploy/'s RBAC) reports them and deletes none."""
+    cp = control_plane
+    namespace = "tenant-jobs"
+    async with contextlib.AsyncExitStack() as stack:
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        await cp.create(
+            session, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
+        job = await cp.call(
+            session,
+            "POST",
+            f"/apis/batch/v1/namespaces/{namespace}/jobs",
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "train", "namespace": namespace},
+                "spec": {
+                    "suspend": True,
+                    "template": {
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [{"name": "c", "image": "registry.example/c:1"}],
+                        }
+                    },
+                },
+            },
+        )
+        owners = [
+            ("batch/v1", "Job", "train", job["metadata"]["uid"]),
+            ("example.com/v1", "Trainer", "t", "0f8fad5b-d9cb-469f-a165-70867728950e"),
+        ]
+        names = []
+        for i in range(2 * (KEEP + 2)):
+            version, kind, name, uid = owners[i % 2]
+            ref = {"apiVersion": version, "kind": kind, "name": name, "uid": uid}
+            pod = await cp.create(
+                session,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"refused-{i}",
+                        "namespace": namespace,
+                        "ownerReferences": [{**ref, "controller": True}],
+                    },
+                    "spec": {
+                        "nodeName": "gone-node",  # bound: no scheduler, no kubelet
+                        "containers": [{"name": "c", "image": "registry.example/c:1"}],
+                    },
+                },
+            )
+            status = {"phase": "Failed", "reason": "TopologyAffinityError", "message": "x"}
+            await cp.patch(
+                session, "Pod", namespace, pod["metadata"]["name"], {"status": status}, "status"
+            )
+            names.append(pod["metadata"]["name"])
+
+        async def gone():
+            for name in names:  # failed and never run: nothing to wait for
+                await cp.request(session, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+            await cp.request(session, "DELETE", f"/api/v1/namespaces/{namespace}")
+
+        stack.push_async_callback(gone)
+        prom = await stack.enter_async_context(PrometheusServer([], free_port()))
+        client = await api_client(
+            cp.kubeconfig(tmp_path / "remediator", cp.tokens["numaguard-remediator"])
+        )
+        stack.push_async_callback(client.close)
+        prometheus = Prometheus(prom.url, session, windows=Windows("4s", "4s"))
+        policy = Policy(dry_run=False, keep_rejected_pods=KEEP)
+        controller = Controller(prometheus, Kube(client), policy)
+        report = await controller.cycle()
+        mine = {s.workload: s for s in report.storms if s.namespace == namespace}
+        assert set(mine) == {f"Job/{namespace}/train", f"Trainer/{namespace}/t"}
+        assert all(s.guard == "unsupported_owner" and not s.delete for s in mine.values())
+        assert all(len(s.pods) == KEEP + 2 for s in mine.values())
+        left = [p["metadata"]["name"] for p in await cp.items(session, "Pod", namespace)]
+        assert sorted(left) == sorted(names)

@@ -191,11 +191,12 @@ async def rejected_pods(kube: Kube) -> list[RejectedPod]:
 async def _rejected(kube: Kube, pod: dict, reason: str, owners: dict) -> RejectedPod:
     meta, spec = pod["metadata"], pod.get("spec") or {}
     owner = _controller(meta)
-    workload = ""
+    workload, owned = "", False
     if owner is not None:
-        workload, _, mismatch = await _workload(kube, meta["namespace"], owner, owners)
+        workload, obj, mismatch = await _workload(kube, meta["namespace"], owner, owners)
         if mismatch:
             workload = ""  # owned by something it cannot be shown to belong to: bare
+        owned = not mismatch and obj is not None  # a workload that exists, by uid
     return RejectedPod(
         namespace=meta["namespace"],
         name=meta["name"],
@@ -206,6 +207,7 @@ async def _rejected(kube: Kube, pod: dict, reason: str, owners: dict) -> Rejecte
         workload=workload,
         need=_need(spec),
         annotations=dict(meta.get("annotations") or {}),
+        owned=owned,
     )
 
 

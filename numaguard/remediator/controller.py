@@ -286,8 +286,10 @@ class Controller:
                     newest.created,
                     workload=storm.workload,
                 )
+                # on the workload; on the pod where its owner is no workload we know
+                on_owner = storm.guard != "unsupported_owner"
                 with contextlib.suppress(*_TRANSPORT):
-                    await self.actuator.event(pod, "AdmissionRejections", text, "Warning", True)
+                    await self.actuator.event(pod, "AdmissionRejections", text, "Warning", on_owner)
             if storm.dry_run:
                 continue
             for pod in storm.delete:

@@ -32,6 +32,10 @@ class RejectedPod:
     workload: str  # kind/namespace/name of its top owner; "" for a bare pod
     need: Need  # what it asked for, all of it on one NUMA node to be admitted
     annotations: dict[str, str] = field(default_factory=dict)
+    # its owner chain resolved, by uid, to a Deployment, StatefulSet or ReplicaSet that
+    # exists: only then do its surplus pods get deleted (a Job's, a custom resource's, a
+    # missing owner's are reported, never deleted)
+    owned: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,8 @@ def storms(rejected: list[RejectedPod], capacity: Capacity | None, policy: Polic
         guard = ""
         if mode == "ignore":
             guard = "ignored"
+        elif not pods[0].owned:
+            guard = "unsupported_owner"
         elif policy.paused:
             guard = "paused"
         elif pods[0].namespace in policy.protected_namespaces:
