@@ -979,3 +979,27 @@ def test_refused_pods_of_an_owner_that_is_no_known_workload_are_reported_never_d
     assert len(found["Job/ml/train"].pods) == 6
     assert "none deleted (unsupported_owner)" in describe(found["Job/ml/train"])
     assert [p.name for p in found["Deployment/ml/trainer"].delete] == ["t3", "t4", "t5"]
+
+
+@pytest.mark.parametrize("series", [1, 2])
+def test_two_series_for_one_pod_and_reason_are_a_contradiction_not_evidence(series):
+    """A forged cross_numa 1 beside the exporter's own 0 for the same pod and reason
+    (under honor_labels, with one more label): two series, refused; one, acted on."""
+    row = {"instance": instance("n1"), "pod_uid": "uid-trainer", "reason": "device_remote"}
+    sig = signals(
+        **merge(
+            healthy("n1", "n2"),
+            cross_numa("trainer"),
+            needs("trainer", 8, 32),
+            zone("n2", "1", 16, 200, devices={"nvidia.com/gpu": 1}),
+            {"cross_numa_series": [{**row, "value": float(series)}]},
+        )
+    )
+    result = run(sig, [pod_info("trainer")])
+    if series == 1:
+        assert [a.pod.name for a in result.actions] == ["trainer"]
+    else:
+        assert not result.actions
+        assert [(r.guard, r.detail) for r in result.refusals] == [
+            ("evidence_mismatch", "2 series say cross_numa device_remote of the pod")
+        ]

@@ -867,6 +867,37 @@ async def test_series_forged_by_another_target_evict_nothing(cluster, tmp_path):
     assert [e[1] for e in c.evictions()] == ["trainer-remote"]  # the real one only
 
 
+async def test_a_forged_1_beside_the_exporter_s_own_0_evicts_nothing(cluster):
+    """Under honor_labels a tenant forges job and instance as the real exporter's, and
+    says the aligned trainer's cpu_span is 1 with one label more, while the exporter's
+    own series for the same pod and reason says 0: two series, a contradiction."""
+    async with Tenant("") as tenant:
+        job = {
+            "job_name": "kubernetes-pods",
+            "honor_labels": True,
+            "static_configs": [{"targets": [f"127.0.0.1:{tenant.port}"]}],
+        }
+        c = await cluster(other_jobs=[job])
+        (up,) = await c.prom.wait_for('up{job="numaguard"} == 1')
+        exporter = up["metric"]["instance"]
+        uid = (await c.get("Pod", "trainer"))["metadata"]["uid"]
+        labels = (
+            f'job="numaguard",instance="{exporter}",node="{NODE}",namespace="ml",'
+            f'pod="trainer",pod_uid="{uid}",reason="cpu_span"'
+        )
+        tenant.text = f'numaguard_pod_cross_numa{{{labels},container_id="x"}} 1\n'
+        own = f'numaguard_pod_cross_numa{{pod_uid="{uid}",reason="cpu_span",container_id=""}}'
+        assert [r["value"][1] for r in await c.prom.wait_for(own)] == ["0"]
+        forged = 'numaguard_pod_cross_numa{pod="trainer",container_id="x"}'
+        await c.prom.wait_for(f"{forged} offset 5s == 1", 120)
+        report = await c.controller(max_per_node=5).cycle()
+    found = [(f.instance, f.reason) for f in report.findings if f.pod == "trainer"]
+    assert found == [(exporter, "cpu_span")]  # it reads as the exporter's own
+    refused = [(r.guard, r.detail) for r in report.plan.refusals if r.finding.pod == "trainer"]
+    assert refused == [("evidence_mismatch", "2 series say cross_numa cpu_span of the pod")]
+    assert "trainer" not in [e[1] for e in c.evictions()]
+
+
 async def test_a_tenant_s_forged_history_refuses_only_its_own_workload(cluster):
     """A tenant patches its own Deployments as pending with histories no remediator
     writes: an unknown kind (which raised inside verification and froze it for every

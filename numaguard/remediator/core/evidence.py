@@ -61,6 +61,12 @@ class Evidence:
             self._age((llc, uid, f"l3:{domain}"), age)
         for mig, age in columns(s[slices], "mig_uuid", "value"):
             self._age((slices, mig), age)
+        # how many series say each verdict now: (kind, target, pod, reason, device) -> n
+        self.series: dict[tuple, float] = {}
+        for kind in (CROSS_NUMA, STARVED):
+            key = ("instance", "pod_uid", "reason", "gpu_uuid", "mig_uuid", "value")
+            for instance, uid, reason, gpu, mig, n in columns(s[kind.series], *key):
+                self.series[(kind.name, instance, uid, reason, mig or gpu)] = n
 
     def _age(self, key: tuple, age: float) -> None:
         self.ages[key] = min(age, self.ages.get(key, age))
@@ -112,6 +118,9 @@ class Evidence:
                 why = "no recent sample says so" if age is None else f"newest sample {age:.0f}s old"
         if why:
             return "stale_data", why
+        n = self.series.get((f.kind, f.instance, f.pod_uid, f.reason, f.device), 0)
+        if n > 1:  # one exporter writes one: the others are someone else's
+            return "evidence_mismatch", f"{n:g} series say {f.kind} {f.reason} of the pod"
         if pod is None:
             return "pod_gone", "the API server does not know the pod"
         if pod.mismatch:

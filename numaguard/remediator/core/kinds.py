@@ -36,6 +36,9 @@ class Kind:
     measured: str = "pod_uid"  # the finding's field naming the pod whose activity is the gain
     sustained: str = ""  # round one's queries, for the verdicts the exporter writes
     seen: str = ""
+    # how many series say the verdict now, per exporter target, pod, reason (and device):
+    # more than one is a contradiction, never evidence
+    series: str = ""
     recommend_for: frozenset[str] = frozenset()
     # reasons about a device: the kubelet must attribute it to the pod, fresh
     device_reasons: frozenset[str] = frozenset()
@@ -59,6 +62,7 @@ CROSS_NUMA = Kind(
     verified_by=c.POD_CROSS_NUMA,
     sustained="cross_numa_sustained",
     seen="cross_numa_seen",
+    series="cross_numa_series",
     device_reasons=frozenset({"device_remote"}),
     reasons=frozenset(CROSS_NUMA_REASONS),
 )
@@ -79,6 +83,7 @@ STARVED = Kind(
     verified_by=c.GPU_STARVED,
     sustained="starved_sustained",
     seen="starved_seen",
+    series="starved_series",
     # a CPU-bound feeder on an aligned pod: moving it fixes nothing
     recommend_for=frozenset(r.name for r in STARVED_REASONS if not r.movable),
     reasons=frozenset(r.name for r in STARVED_REASONS),

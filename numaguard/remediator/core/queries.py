@@ -101,6 +101,10 @@ def expressions(
         # how old the newest sample saying so is: an action needs the verdict now
         CROSS_NUMA.age: f"time() - timestamp({cross} == 1)",
         STARVED.age: f"time() - timestamp({starved} == 1)",
+        # one exporter writes one series per pod and reason (and device): a second, now,
+        # with another label or another value, was written by someone else
+        CROSS_NUMA.series: f"count by (instance, pod_uid, reason) ({cross})",
+        STARVED.series: f"count by (instance, pod_uid, reason, gpu_uuid, mig_uuid) ({starved})",
         # MIG sizing: what each slice did over the whole sizing window, and what it is
         "slice_sm": f"avg_over_time({sm}[{w.sizing}]) and {sm} offset {w.sizing}",
         "slice_sm_peak": f"max_over_time({sm}[{w.sizing}])",
@@ -140,6 +144,8 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     STARVED.seen: ("node", "instance", "namespace", "pod", "pod_uid", "reason", "gpu_uuid"),
     CROSS_NUMA.age: ("node", "instance", "pod_uid", "reason"),
     STARVED.age: ("node", "instance", "pod_uid", "reason", "gpu_uuid"),
+    CROSS_NUMA.series: ("instance", "pod_uid", "reason"),
+    STARVED.series: ("instance", "pod_uid", "reason", "gpu_uuid"),
     "slice_sm": ("node", "instance", "mig_uuid", "mig_profile"),
     "slice_sm_peak": ("node", "mig_uuid"),
     "slice_memory_peak": ("node", "mig_uuid"),
@@ -167,7 +173,13 @@ REQUIRED_LABELS["zone_candidates"] = ("node", "numa_node")
 # own queries are in their records, kinds.py)
 SLICES = ("slice_sm", "slice_sm_peak", "slice_memory_peak", "slice_memory_total", "slice_age")
 LLC = ("llc_share", "llc_age")
-HOLDINGS = ("pod_exclusive_cpus", "pod_memory", "holders")
+# round three, of the finding pods: what they hold, and how many series say their verdicts
+HOLDINGS = (
+    "pod_exclusive_cpus",
+    "pod_memory",
+    "holders",
+    *(k.series for k in PLACEMENT),
+)
 ZONES = ("zone_free_cpus", "zone_free_devices", "zone_free_memory")
 NODE_EVIDENCE = ("targets_up", "collector_age", "collector_success")
 Queries = list[tuple[str, str]]  # (frame name, PromQL): a name may come in several batches
