@@ -10,12 +10,14 @@ import contextlib
 import ssl
 import subprocess
 import sys
+import time
 
 import aiohttp
 import bcrypt
 import pytest
 import yaml
 
+from numaguard.exporter.webconfig import NEW_TOKENS_BURST, NEW_TOKENS_PER_SECOND
 from numaguard.simulator import presets
 from numaguard.simulator.controlplane import path_of, rendered
 from numaguard.simulator.processes import exporter_process, free_port, until, wait_ok
@@ -357,6 +359,19 @@ async def test_kubernetes_auth_lets_in_only_scrapers_the_api_server_allows(
             proxy.fail_next(500, times=1, match=lambda _, path: path.endswith("/tokenreviews"))
             assert await status(metrics, auth=bearer("another-token")) == 503
             assert await status(metrics, auth=bearer("another-token")) == 401
+
+            # a flood of made-up tokens: the API server is asked about a few a second,
+            # the rest are told to come back unasked; the scraper it knows still gets in
+            asked_before = sum(e.path.endswith("/tokenreviews") for e in proxy.log)
+            started = time.monotonic()
+            flood = [status(metrics, auth=bearer(f"made-up-{i}")) for i in range(200)]
+            answers = await asyncio.gather(*flood)
+            assert await status(metrics, auth=bearer(tokens["prometheus"])) == 200
+            took = time.monotonic() - started
+            asked = sum(e.path.endswith("/tokenreviews") for e in proxy.log) - asked_before
+            bound = NEW_TOKENS_BURST + NEW_TOKENS_PER_SECOND * took + 1
+            assert asked <= bound, (asked, took)
+            assert set(answers) <= {401, 429} and answers.count(401) == asked
 
 
 async def test_the_remediator_takes_kubernetes_auth_too(tmp_path, control_plane):

@@ -51,7 +51,12 @@ CLIENT_AUTH = {
 }
 OPEN_PATHS = ("/healthz", "/readyz")  # the kubelet's probes carry no credentials
 REVIEW_TTL_SECONDS = 60.0  # how long the API server's word on a token and path holds
-REVIEWS_KEPT = 1024
+REVIEWS_KEPT = 1024  # of tokens the API server knows, and apart, of those it does not
+# Tokens never seen are reviewed at most this many a second (after a burst): a flood of
+# made-up tokens costs the API server a few reviews a second and gets 429 for the rest,
+# while the tokens it already vouched for are reviewed again as they expire, unhindered.
+NEW_TOKENS_PER_SECOND = 5.0
+NEW_TOKENS_BURST = 10
 BEARER = {"WWW-Authenticate": 'Bearer realm="numaguard"'}
 REVIEW_TIMEOUT_SECONDS = 10.0
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
@@ -176,8 +181,12 @@ def kubernetes_auth(api, clock=None):
     REVIEW_TTL_SECONDS per token and path: 401 without a valid token, 403 when not
     allowed, 503 when the API server cannot be asked (nothing remembered then)."""
     clock = clock or time.monotonic
-    reviews: dict[tuple[bytes, str, str], tuple[float, int]] = {}
+    # the API server's word, by (token hash, path, verb): on tokens it knows (200, 403),
+    # and apart, so that a flood cannot push those out, on tokens it does not (401)
+    known: dict[tuple[bytes, str, str], tuple[float, int]] = {}
+    unknown: dict[tuple[bytes, str, str], tuple[float, int]] = {}
     asking = asyncio.Semaphore(4)  # a flood of new tokens waits, the API server is spared
+    strangers = _Bucket(NEW_TOKENS_PER_SECOND, NEW_TOKENS_BURST, clock)
 
     async def ask(path: str, kind: str, spec: dict) -> dict:
         group = path.split("/")[2]
@@ -212,17 +221,22 @@ def kubernetes_auth(api, clock=None):
         verb = "get" if request.method in ("GET", "HEAD") else request.method.lower()
         key = (hashlib.sha256(token.encode()).digest(), request.path, verb)
         now = clock()
-        remembered = reviews.get(key)
+        remembered = known.get(key) or unknown.get(key)
         if remembered is None or remembered[0] < now:
+            if key not in known and not strangers.take():
+                return _plain(429, "Too many new tokens: try again later", **{"Retry-After": "1"})
             async with asking:
                 try:
                     status = await review(token.strip(), request.path, verb)
                 except (ApiUnavailable, aiohttp.ClientError, OSError, TimeoutError) as err:
                     reason = str(err) or type(err).__name__
                     return _plain(503, f"cannot ask the API server about this token: {reason}")
-            if len(reviews) >= REVIEWS_KEPT:
-                reviews.pop(next(iter(reviews)))
-            reviews[key] = (now + REVIEW_TTL_SECONDS, status)
+            kept = unknown if status == 401 else known
+            known.pop(key, None)
+            unknown.pop(key, None)
+            if len(kept) >= REVIEWS_KEPT:
+                kept.pop(next(iter(kept)))
+            kept[key] = (now + REVIEW_TTL_SECONDS, status)
         else:
             status = remembered[1]
         if status == 401:
@@ -232,6 +246,23 @@ def kubernetes_auth(api, clock=None):
         return await handler(request)
 
     return middleware
+
+
+class _Bucket:
+    """A token bucket: ``rate`` a second, up to ``burst`` at once."""
+
+    def __init__(self, rate: float, burst: int, clock) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.level, self.at = float(burst), clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.level = min(self.burst, self.level + (now - self.at) * self.rate)
+        self.at = now
+        if self.level < 1:
+            return False
+        self.level -= 1
+        return True
 
 
 def secure(app: web.Application, config_file: str | None, kube_api=None) -> ssl.SSLContext | None:
