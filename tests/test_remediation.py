@@ -943,3 +943,48 @@ async def test_a_tenant_s_forged_history_refuses_only_its_own_workload(cluster):
     assert max(took) < 10, took  # one pending entry verified, not a thousand
     for name in forged:  # left as the tenant wrote them: refused, never a fresh start
         assert await c.history(name) == json.loads(json.dumps(forged[name]))
+
+
+async def test_sigterm_between_the_record_and_the_eviction_undoes_the_record(cluster):
+    """SIGTERM lands after the history recording the eviction was written and before the
+    eviction: the eviction is not made, the history is put back as it was (no pending
+    action, no pending label), nothing else is written, and the next leader acts as if
+    nothing happened."""
+    c = await cluster(policy="single-numa-node")
+    await c.cross_numa_sustained()
+    controller = c.controller()
+    stopping = [False]
+    record = controller.actuator.record
+
+    async def record_then_sigterm(workload, history):
+        result = await record(workload, history)
+        stopping[0] = True  # the signal arrives right after the first write
+        return result
+
+    controller.actuator.record = record_then_sigterm
+    controller.actuator.stopping = lambda: stopping[0]
+    report = await until(_acted(controller), "the cycle reaching its eviction", 120)
+    assert [(a.pod.name, r) for a, r in report.results] == [("trainer-remote", "stopped")]
+    assert c.evictions() == []
+    deployment = await c.get("Deployment", "trainer-remote")
+    assert (
+        json.loads(deployment["metadata"]["annotations"]["numaguard.io/history"])["pending"] == []
+    )
+    assert "numaguard.io/pending" not in deployment["metadata"].get("labels", {})
+    assert not report.verified  # verification waits for the next leader
+    # the next leader: no cooldown, no action in flight, acts at once
+    successor = c.controller()
+    report = await until(_acted(successor), "the successor's eviction", 120)
+    assert [(a.pod.name, r) for a, r in report.results] == [("trainer-remote", "evicted")]
+
+
+def _acted(controller):
+    async def cycle():
+        report = await controller.cycle()
+        acted = [(a, r) for a, r in report.results if a.kind == "evict"]
+        if acted:
+            report.results = acted
+            return report
+        return None
+
+    return cycle

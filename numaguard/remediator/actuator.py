@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -59,18 +60,23 @@ class Actuator:
         self.writer = Writer(kube)
         self.elector = elector
         self.clock = clock
+        # SIGTERM: no new write is begun, only corrections of histories already written
+        self.stopping: Callable[[], bool] = lambda: False
 
     def leading(self) -> bool:
         return self.elector is None or self.elector.leading
 
     async def act(self, action: Action, intent: WorkloadHistory | None = None) -> str:
         """Carry out one action; its result: evicted | resized | recommended | dry_run |
-        pdb_blocked (429, retried in a later cycle) | failed | gone | not_leader.
+        pdb_blocked (429, retried in a later cycle) | failed | gone | not_leader |
+        stopped (SIGTERM: not taken; a history written for it is the caller's to undo).
         ``intent``: the workload's history with this action in it, written first — an
         action whose record cannot be kept is not taken."""
         pod = action.pod
         if not self.leading():
             return "not_leader"
+        if self.stopping():
+            return "stopped"
         if action.kind == "recommend":
             await self.event(pod, "Recommendation", action.detail, "Normal")
             return "recommended"
@@ -83,6 +89,8 @@ class Actuator:
                 return recorded
         if not self.leading():
             return "not_leader"
+        if self.stopping():  # between the record and the eviction: the record is undone
+            return "stopped"
         if action.kind == "evict":
             result = await self._evict(pod)
         else:
@@ -186,7 +194,7 @@ class Actuator:
         self, pod: PodInfo | None, reason: str, message: str, kind: str, owner: bool = False
     ) -> None:
         """An Event on the pod, or (``owner``) on the workload that owns it."""
-        if pod is None or (owner and not pod.workload) or not self.leading():
+        if pod is None or (owner and not pod.workload) or not self.leading() or self.stopping():
             return
         if owner:
             workload_kind, _, name = pod.workload.split("/")

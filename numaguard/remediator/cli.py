@@ -478,16 +478,18 @@ async def run_command(args) -> int:
         retry_period=args.retry_period,
         on_change=leadership,
     )
-    stop = asyncio.Event()
+    stop = asyncio.Event()  # SIGTERM: the cycle stops at its next write
+    release = asyncio.Event()  # then, the cycle over, the Lease is let go
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     last_cycle = [time.monotonic()]
     runner, scrapers = await _serve_metrics(args, metrics, last_cycle)
-    election = asyncio.create_task(elector.run(stop))  # renews whatever the cycle does
+    election = asyncio.create_task(elector.run(release))  # renews whatever the cycle does
     try:
         async with aiohttp.ClientSession() as session:
             controller = await _controller(args, session, kube, elector, metrics)
+            controller.actuator.stopping = stop.is_set
             log.info(
                 "remediator started",
                 extra={
@@ -506,7 +508,7 @@ async def run_command(args) -> int:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), args.interval)
     finally:
-        stop.set()
+        release.set()
         await election  # releases the Lease
         await runner.cleanup()
         await kube.api.close()

@@ -162,6 +162,9 @@ class Controller:
         m.unremediable.set(len(report.plan.unremediable))
         if write and self.actuator is not None:
             await self._carry_out(report, pods, history, now)
+            if self.actuator.stopping():  # SIGTERM: the rest waits for the next leader
+                m.duration.set(time.monotonic() - started)
+                return report
             await self._clear_storms(report.storms)
             if not policy.paused:
                 try:
@@ -226,7 +229,8 @@ class Controller:
                 log.warning("%s failed: %r", action.kind, err)
                 result = "failed"
             if action.kind == "evict" and result not in ("evicted", "dry_run", "not_leader"):
-                # the intent was written: put down what really happened instead
+                # the intent may have been written (not when stopped before it: then
+                # this writes the history as it was): put down what really happened
                 with contextlib.suppress(*_TRANSPORT):
                     await self.actuator.record(
                         action.pod.workload, after_action(before, action, result, now)
