@@ -501,10 +501,11 @@ async def run_command(args) -> int:
             while not stop.is_set():
                 try:
                     await controller.cycle()
-                except Exception:  # one bad cycle must not end the loop
+                except Exception:  # one bad cycle must not end the loop ...
                     log.exception("remediation cycle failed")
                     metrics.errors.labels("internal").inc()
-                last_cycle[0] = time.monotonic()
+                else:  # ... but cycles that keep failing so make /healthz fail
+                    last_cycle[0] = time.monotonic()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), args.interval)
     finally:
@@ -541,8 +542,10 @@ async def _answering_kube(kubeconfig: str | None) -> Kube:
 
 
 async def _serve_metrics(args, metrics: Metrics, last_cycle: list[float]):
-    """/metrics and /healthz (stuck when no cycle ended in three intervals and a
-    minute), on --listen: (the runner, the client that authenticates scrapers or None)."""
+    """/metrics and /healthz (failing when no cycle ended without an internal error in
+    three intervals and a minute: stuck, or failing every time, where a restart is what
+    helps; a cycle that found its data doubtful ended), on --listen: (the runner, the
+    client that authenticates scrapers or None)."""
 
     async def serve(_):
         return web.Response(
@@ -551,7 +554,8 @@ async def _serve_metrics(args, metrics: Metrics, last_cycle: list[float]):
 
     async def healthz(_):
         ok = time.monotonic() - last_cycle[0] < 3 * args.interval + 60
-        return web.Response(status=200 if ok else 503, text="ok" if ok else "stuck")
+        text = "ok" if ok else "no cycle has ended without an internal error lately"
+        return web.Response(status=200 if ok else 503, text=text)
 
     app = web.Application()
     app.add_routes([web.get("/metrics", serve), web.get("/healthz", healthz)])
