@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster, one_node
-from numaguard.simulator.controlplane import ApiError, nrt_crd, rendered
+from numaguard.simulator.controlplane import ApiError, nrt_crd, path_of, rendered
 from numaguard.simulator.processes import get, until
 
 pytestmark = pytest.mark.cluster
@@ -24,12 +24,37 @@ GPU = "nvidia.com/gpu"
 
 
 async def grant_nrt(cp, session) -> None:
-    """The CRD, and what deploy/overlays/nrt grants the exporter beyond the base."""
+    """The CRD, and what deploy/overlays/nrt adds for the exporter beyond the base: its
+    grant, and the policy holding each exporter to its own node's object."""
     await cp.install_crd(session, nrt_crd())
     for obj in rendered("overlays/nrt"):
-        if obj["metadata"]["name"] == "numaguard-exporter-nrt":
+        if obj["metadata"]["name"].startswith("numaguard-exporter-nrt"):
             with contextlib.suppress(ApiError):  # another test made it
                 await cp.create(session, obj)
+
+
+@contextlib.asynccontextmanager
+async def exporter_token_on(cp, session, node: str):
+    """The exporter's token as its DaemonSet pod on ``node`` has it: bound to that pod,
+    and so to the node (the pod only stands in: nothing runs it; it goes at the end)."""
+    pod = await cp.create(
+        session,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"generateName": "numaguard-exporter-", "namespace": "numaguard"},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": "numaguard-exporter",
+                "containers": [{"name": "exporter", "image": "registry.example/numaguard:1"}],
+            },
+        },
+    )
+    try:
+        yield await cp.service_account_token(session, "numaguard", "numaguard-exporter", pod=pod)
+    finally:
+        path = path_of("Pod", "numaguard", pod["metadata"]["name"])
+        await cp.request(session, "DELETE", path, {"gracePeriodSeconds": 0})
 
 
 def zones_of_series(metrics: bytes) -> dict[str, dict[str, tuple[int, int]]]:
@@ -82,7 +107,8 @@ async def test_the_published_topology_is_the_exporter_s_zones_and_follows_them(
         stack.push_async_callback(sim.stop)
         await grant_nrt(cp, sim.session)
         account = "numaguard-exporter"
-        kubeconfig = cp.kubeconfig(tmp_path / "exporter.kubeconfig", cp.tokens[account], account)
+        token = await stack.enter_async_context(exporter_token_on(cp, sim.session, NODE))
+        kubeconfig = cp.kubeconfig(tmp_path / "exporter.kubeconfig", token, account)
         url, _ = await stack.enter_async_context(
             sim.exporter(node, kubeconfig, "--interval", "1", "--nrt")
         )
@@ -169,6 +195,48 @@ async def test_without_nrt_nothing_is_published(control_plane):
         assert (
             await control_plane.get(sim.session, "NodeResourceTopology", None, "gpu-node-5") is None
         )
+
+
+async def test_an_exporter_s_token_writes_only_its_own_node_s_topology(tmp_path, control_plane):
+    """A token taken from the exporter on one node (bound to its pod there, as the
+    DaemonSet's projected token is): the API server refuses it another node's object,
+    to create or to replace, and lets it write its own."""
+    cp = control_plane
+    sim = SimulatedCluster(str(tmp_path / "cluster"), cp)
+    for i, name in enumerate(("nrt-a", "nrt-b")):
+        host, nvml = presets.gpu_node(node_id=i)
+        host.pods = []  # nodes, no more: the objects are written by hand here
+        sim.add_node(name, host, nvml, "single-numa-node")
+    async with contextlib.AsyncExitStack() as stack:
+        await sim.start()
+        stack.push_async_callback(sim.stop)
+        await grant_nrt(cp, sim.session)
+        stolen = await stack.enter_async_context(exporter_token_on(cp, sim.session, "nrt-a"))
+
+        def topology(node: str) -> dict:
+            return {
+                "apiVersion": "topology.node.k8s.io/v1alpha2",
+                "kind": "NodeResourceTopology",
+                "metadata": {"name": node},
+                "zones": [],
+            }
+
+        def at(node: str | None = None) -> str:
+            return path_of("NodeResourceTopology", None, node)
+
+        other = await cp.request(sim.session, "POST", at(), topology("nrt-b"), stolen)
+        assert other[0] == 403, other
+        assert "only the NodeResourceTopology of the node it runs on" in str(other[1])
+        own = await cp.request(sim.session, "POST", at(), topology("nrt-a"), stolen)
+        assert own[0] == 201, own
+        # replacing: its own yes, another's (made by someone allowed to) no
+        await cp.create(sim.session, topology("nrt-b"))
+        for node, allowed in (("nrt-a", 200), ("nrt-b", 403)):
+            current = await cp.get(sim.session, "NodeResourceTopology", None, node)
+            put = await cp.request(sim.session, "PUT", at(node), current, stolen)
+            assert put[0] == allowed, (node, put)
+        for node in ("nrt-a", "nrt-b"):
+            await cp.request(sim.session, "DELETE", at(node))
 
 
 def test_the_object_says_nothing_it_does_not_know():

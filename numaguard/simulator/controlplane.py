@@ -77,6 +77,16 @@ KINDS = {
     "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors", True),
     "PrometheusRule": ("/apis/monitoring.coreos.com/v1", "prometheusrules", True),
     "RuntimeClass": ("/apis/node.k8s.io/v1", "runtimeclasses", False),
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicies",
+        False,
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
     # Dynamic Resource Allocation (simulator.dra publishes a node's GPUs)
     "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
     "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
@@ -297,11 +307,21 @@ class ControlPlane:
             self.tokens[account] = await self.service_account_token(session, "numaguard", account)
 
     async def service_account_token(
-        self, session: aiohttp.ClientSession, namespace: str, name: str, seconds: int = 86400
+        self,
+        session: aiohttp.ClientSession,
+        namespace: str,
+        name: str,
+        seconds: int = 86400,
+        pod: dict | None = None,
     ) -> str:
-        """A bound token for the ServiceAccount, from the TokenRequest API."""
+        """A bound token for the ServiceAccount, from the TokenRequest API; ``pod``: bound
+        to that pod, as a pod's projected token is (it then names the pod's node)."""
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest"}
         body["spec"] = {"expirationSeconds": seconds}
+        if pod is not None:
+            meta = pod["metadata"]
+            ref = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
+            body["spec"]["boundObjectRef"] = ref
         path = path_of("ServiceAccount", namespace, name) + "/token"
         return (await self.call(session, "POST", path, body))["status"]["token"]
 
