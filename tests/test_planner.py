@@ -23,6 +23,7 @@ from numaguard.remediator.core.history import (
     Pending,
     WorkloadHistory,
 )
+from numaguard.remediator.core.kinds import KINDS
 from numaguard.remediator.core.planner import GUARDS, PodInfo, plan
 from numaguard.remediator.core.policy import Enforcement, Policy
 from numaguard.remediator.core.queries import REQUIRED_LABELS, Windows
@@ -1003,3 +1004,55 @@ def test_two_series_for_one_pod_and_reason_are_a_contradiction_not_evidence(seri
         assert [(r.guard, r.detail) for r in result.refusals] == [
             ("evidence_mismatch", "2 series say cross_numa device_remote of the pod")
         ]
+
+
+HOSTILE = st.sampled_from(["n1", "n2", "uid-trainer", "ml", "trainer", "0", "1"]) | st.text(
+    alphabet='a-z0."\\\n{}=~|', max_size=6
+)
+ROW = st.dictionaries(
+    st.sampled_from(["node", "instance", "namespace", "pod", "pod_uid", "reason", "gpu_uuid"]),
+    HOSTILE,
+).flatmap(
+    lambda labels: st.builds(
+        lambda value: {**labels, "value": value},
+        st.sampled_from(["1", "0", "NaN", "-1", "x", "1e999", "3600"]),
+    )
+)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    answers=st.dictionaries(
+        st.sampled_from(
+            [
+                "cross_numa_sustained",
+                "cross_numa_seen",
+                "cross_numa_age",
+                "cross_numa_series",
+                "starved_sustained",
+                "targets_up",
+                "collector_age",
+                "collector_success",
+                "pod_exclusive_cpus",
+                "zone_free_cpus",
+            ]
+        ),
+        st.lists(ROW, max_size=4),
+    )
+)
+def test_any_rows_prometheus_could_answer_are_planned_or_refused_never_raised(answers):
+    """The whole path from answers to a plan, fed what a tenant under honor_labels can
+    write (newlines, quotes, braces, made-up reasons, values no number): no exception,
+    no finding of a reason no exporter writes, no action on a pod the API server does
+    not know, and the next round's matchers can be written."""
+    sig = as_signals(NOW, answers, {"n1": instance("n1")})
+    state = update(FindingState(), sig, Detection())
+    findings = list(state.open.values())
+    assert all(f.reason in KINDS[f.kind].reasons for f in findings)
+    for label in q.MATCHED:
+        values = {getattr(f, label, "") for f in findings} - {""}
+        q.scoped(["holders"], label, values, Windows(), q.DEFAULT_SELECTOR)
+    result = plan(
+        findings, {"uid-trainer": pod_info("trainer")}, sig, Policy(dry_run=False), {}, NOW
+    )
+    assert all(a.pod.uid == "uid-trainer" for a in result.actions)
