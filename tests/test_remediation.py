@@ -828,17 +828,21 @@ class Tenant:
     async def __aexit__(self, *exc):
         await self.runner.cleanup()
 
+    @property
+    def job(self) -> dict:
+        """The scrape job that reads it: kubernetes-pods style, keeping its labels."""
+        return {
+            "job_name": "kubernetes-pods",
+            "honor_labels": True,
+            "static_configs": [{"targets": [f"127.0.0.1:{self.port}"]}],
+        }
+
 
 async def test_series_forged_by_another_target_evict_nothing(cluster, tmp_path):
     # trainer is aligned; a tenant claims it is cross-NUMA, once in its own job and once
     # under the exporters' job, and that infer-d's slice is idle (for a resize)
     async with Tenant("") as tenant:
-        job = {
-            "job_name": "kubernetes-pods",
-            "honor_labels": True,
-            "static_configs": [{"targets": [f"127.0.0.1:{tenant.port}"]}],
-        }
-        c = await cluster(other_jobs=[job])
+        c = await cluster(other_jobs=[tenant.job])
         uid = (await c.get("Pod", "trainer"))["metadata"]["uid"]  # what a tenant can read
         labels = f'node="{NODE}",namespace="ml",pod="trainer",pod_uid="{uid}",reason="cpu_span"'
         tenant.text = (
@@ -872,12 +876,7 @@ async def test_a_forged_1_beside_the_exporter_s_own_0_evicts_nothing(cluster):
     says the aligned trainer's cpu_span is 1 with one label more, while the exporter's
     own series for the same pod and reason says 0: two series, a contradiction."""
     async with Tenant("") as tenant:
-        job = {
-            "job_name": "kubernetes-pods",
-            "honor_labels": True,
-            "static_configs": [{"targets": [f"127.0.0.1:{tenant.port}"]}],
-        }
-        c = await cluster(other_jobs=[job])
+        c = await cluster(other_jobs=[tenant.job])
         (up,) = await c.prom.wait_for('up{job="numaguard"} == 1')
         exporter = up["metric"]["instance"]
         uid = (await c.get("Pod", "trainer"))["metadata"]["uid"]
