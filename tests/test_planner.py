@@ -1056,3 +1056,31 @@ def test_any_rows_prometheus_could_answer_are_planned_or_refused_never_raised(an
         findings, {"uid-trainer": pod_info("trainer")}, sig, Policy(dry_run=False), {}, NOW
     )
     assert all(a.pod.uid == "uid-trainer" for a in result.actions)
+
+
+def test_a_finding_that_cannot_be_planned_refuses_only_itself(monkeypatch):
+    """Anything unexpected while planning one finding (here, its need cannot be read)
+    is that finding's refusal; the others are planned."""
+    sig = signals(
+        **merge(
+            healthy("n1", "n2"),
+            cross_numa("a"),
+            cross_numa("b"),
+            needs("a", 8, 32),
+            needs("b", 8, 32),
+            zone("n2", "1", 16, 200, devices={"nvidia.com/gpu": 2}),
+        )
+    )
+    need = Capacity.need
+
+    def broken_for_a(self, finding):
+        if finding.pod == "a":
+            raise KeyError("numa_node")
+        return need(self, finding)
+
+    monkeypatch.setattr(Capacity, "need", broken_for_a)
+    result = run(sig, [pod_info("a"), pod_info("b")], Policy(dry_run=False, max_per_node=2))
+    assert [a.pod.name for a in result.actions] == ["b"]
+    assert [(r.finding.pod, r.guard, r.detail) for r in result.refusals] == [
+        ("a", "evidence_mismatch", "not planned: KeyError('numa_node')")
+    ]

@@ -142,18 +142,19 @@ def plan(
     refusals: list[Refusal] = []
     acted: set[str] = set()  # one action per pod per cycle
     ignored: list[Finding] = []
-    for finding in sorted(findings, key=_priority):
+
+    def decide(finding: Finding) -> None:
         mode = policy.enforcement.of(finding.kind)
         if mode == "ignore":
             ignored.append(finding)
-            continue
+            return
         pod = pods.get(finding.pod_uid)
         intent = intent_of(finding)
         # doubtful evidence stops even a recommendation (an Event in the pod's namespace)
         guard, detail = ("paused", "paused") if policy.paused else evidence.doubt(finding, pod)
         if guard is not None:
             refusals.append(Refusal(finding, guard, detail))
-            continue
+            return
         if (
             mode == "recommend"
             or intent == "recommend"
@@ -162,9 +163,9 @@ def plan(
             actions.append(
                 Action("recommend", finding, pod, KINDS[finding.kind].advice(finding), True)
             )
-            continue
+            return
         if finding.pod_uid in acted:
-            continue
+            return
         guard, detail = _guard(pod, policy, history, now)
         if guard is None and finding.kind == NOISY_NEIGHBOUR.name:
             feeder = pods.get(finding.feeder_uid)
@@ -184,7 +185,7 @@ def plan(
             guard, detail = _caps(pod, policy, history, taken)
         if guard is not None:
             refusals.append(Refusal(finding, guard, detail))
-            continue
+            return
         if intent == "evict":
             capacity.move(finding.pod_uid, target, need)
             node, numa = capacity.name(target)
@@ -196,6 +197,12 @@ def plan(
             taken[key] += 1
         acted.add(finding.pod_uid)
         actions.append(Action(intent, finding, pod, detail, policy.dry_run))
+
+    for finding in sorted(findings, key=_priority):
+        try:
+            decide(finding)
+        except Exception as err:  # whatever one finding holds refuses it alone
+            refusals.append(Refusal(finding, "evidence_mismatch", f"not planned: {err!r}"))
     return Plan(tuple(actions), tuple(refusals), tuple(ignored))
 
 
