@@ -29,8 +29,8 @@ METADATA = "metadata"
 class Collector:
     name: str  # the "collector" label, and --collector.<name>
     help: str  # for --help
-    # the module whose open_source(settings) makes this collector's source, or None
-    # where there is nothing to read here (the collector is then left out)
+    # the module whose open_source(settings) makes this collector's source; it returns
+    # None where the node has nothing to read, and the collector is then left out
     source: str
     families: Callable[[NodeSnapshot], Iterable[Family]]
     # build_snapshot's keyword for the reading; None: the model derives nothing from it,

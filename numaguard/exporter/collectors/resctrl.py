@@ -14,7 +14,7 @@ def families(snap: NodeSnapshot) -> list[Family]:
     """Turned off (--no-collector.resctrl), it says so."""
     f = Families("resctrl", snap.node_name)
     add = f.add
-    running = COLLECTOR.name in snap.collectors
+    running = COLLECTOR.name in snap.readings
     state = snap.resctrl if running else None
     mode = state.mode if state else "unavailable" if running else "off"
     add(c.RESCTRL_AVAILABLE, int(bool(state and state.available)))

@@ -56,8 +56,7 @@ class NodeSnapshot:
     device_uses: tuple[DeviceUse, ...] = ()
     zones: tuple[Zone, ...] = ()
     starvation: tuple[Starvation, ...] = ()
-    # the collectors turned on this cycle, and their readings (None: failed) by name
-    collectors: frozenset[str] = frozenset()
+    # the readings of the collectors turned on this cycle (None: failed), by name
     readings: Mapping[str, object] = field(default_factory=dict)
 
 
@@ -133,7 +132,6 @@ def build_snapshot(
         device_uses=uses,
         zones=zones_of(kubelet, topology, dra_devices(find, uses)) if kubelet else (),
         starvation=starvation,
-        collectors=frozenset(readings or ()),
         readings=dict(readings or {}),
     )
 

@@ -15,6 +15,7 @@ from numaguard.remediator.core.kinds import (
     KINDS,
     NOISY_NEIGHBOUR,
     OVERSIZED,
+    PLACEMENT,
     RESIZED,
     STARVED,
 )
@@ -63,7 +64,7 @@ class Evidence:
             self._age((slices, mig), age)
         # how many series say each verdict now: (kind, target, pod, reason, device) -> n
         self.series: dict[tuple, float] = {}
-        for kind in (CROSS_NUMA, STARVED):
+        for kind in PLACEMENT:
             key = ("instance", "pod_uid", "reason", "gpu_uuid", "mig_uuid", "value")
             for instance, uid, reason, gpu, mig, n in columns(s[kind.series], *key):
                 self.series[(kind.name, instance, uid, reason, mig or gpu)] = n

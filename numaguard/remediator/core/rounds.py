@@ -14,7 +14,7 @@ answers of its own.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.core import queries as q
@@ -45,7 +45,7 @@ class Round:
     detection: Detection
     policy: Policy
     recorded: frozenset[str] = frozenset()  # expressions Prometheus records for us
-    rejected: Iterable[Need] = field(default=())  # the needs of pods the kubelet refused
+    rejected: Iterable[Need] = ()  # the needs of pods the kubelet refused
 
 
 Rounds = Generator[q.Queries, Signals, tuple[Signals, FindingState, Sizing]]
@@ -68,7 +68,7 @@ def rounds(asked: Round, state: FindingState, sizing: Sizing) -> Rounds:
             frozenset(candidates["mig_uuid"]),
             frozenset(candidates.get("gpu_uuid", ())) - {""},
         )
-    sizing = Sizing(sizing.slices, sizing.gpus, sizing.since + 1)
+    sizing = replace(sizing, since=sizing.since + 1)
 
     before = list(state.open.values())
     second: q.Queries = []
