@@ -528,16 +528,20 @@ async def test_hung_nvml_marks_that_gpu_down_and_metrics_keep_answering(gpu_node
     async with TestClient(TestServer(exporter.app)) as client:
         loop_task = asyncio.create_task(exporter.run_cycles())
         try:
-            gpu = node.collection.health["gpu"]
+            timeouts = series("numaguard_collector_errors_total", collector="gpu", reason="timeout")
 
-            async def timed_out_twice():  # cycles went on with GPU 2 stuck
-                return gpu.errors["timeout"] >= 2
+            async def served_past_two_timeouts():  # cycles went on with GPU 2 stuck
+                started = time.monotonic()
+                response = await client.get("/metrics")
+                took = time.monotonic() - started
+                if response.status != 200:  # no cycle rendered yet
+                    return None
+                got = samples(await response.read())
+                return got.get(timeouts, 0) >= 2 and (response, took, got)
 
-            await until(timed_out_twice, "two cycles past the hung GPU", 30)
-            started = time.monotonic()
-            response = await client.get("/metrics")
-            took = time.monotonic() - started
-            got = samples(await response.read())
+            response, took, got = await until(
+                served_past_two_timeouts, "two cycles past the hung GPU served", 30
+            )
             stuck_calls = node.nvml.calls["nvmlDeviceGetPowerUsage", 2] - calls_before
             node.nvml.release.set()
             up = series("numaguard_gpu_up", **gpu_labels(node, 2))

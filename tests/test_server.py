@@ -60,16 +60,21 @@ async def test_hung_collector_never_blocks_metrics(fake_root):
         assert (await client.get("/metrics")).status == 503
         loop_task = asyncio.create_task(exporter.run_cycles())
         try:
-            health = collection.health["pod_placement"]
+            timeouts = series(
+                "numaguard_collector_errors_total", collector="pod_placement", reason="timeout"
+            )
 
-            async def timed_out_twice():  # cycles went on with the source still hung
-                return health.errors["timeout"] >= 2
+            async def served_past_two_timeouts():  # cycles went on with the source hung
+                started = time.monotonic()
+                response = await client.get("/metrics")
+                took = time.monotonic() - started
+                body = await response.read()
+                served = response.status == 200 and samples(body).get(timeouts, 0) >= 2
+                return served and (response, took, body)
 
-            await until(timed_out_twice, "two cycles past the hung read", 30)
-            started = time.monotonic()
-            response = await client.get("/metrics")
-            took = time.monotonic() - started
-            body = await response.read()
+            response, took, body = await until(
+                served_past_two_timeouts, "two cycles past the hung read served", 30
+            )
             calls_while_hung = hanging.calls
             hanging.release.set()  # the stuck read returns; the next cycle reads afresh
 
