@@ -8,6 +8,8 @@ settings keeping one stable leader between two replicas."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -295,3 +297,89 @@ async def test_two_remediator_processes_and_the_leader_killed(tmp_path, control_
                 proc.wait()
         async with aiohttp.ClientSession() as session:
             await cp.request(session, "DELETE", LEASE)
+
+
+async def test_healthz_fails_while_every_cycle_fails_and_recovers_with_one_that_ends(
+    control_plane, tmp_path, monkeypatch
+):
+    """`remediator run` whose cycles all raise (a bug: nothing a cycle meets should)
+    keeps running, but /healthz fails once no cycle has ended for three intervals and a
+    minute (on a fake clock), so the kubelet restarts it; a cycle that ends, even one
+    that found its data doubtful (no Prometheus here), makes it healthy again."""
+    from numaguard.remediator import cli
+    from numaguard.remediator.controller import Controller
+
+    cp = control_plane
+    account = "numaguard-remediator"
+    kubeconfig = cp.kubeconfig(tmp_path / "kubeconfig", cp.tokens[account], account)
+    now = [0.0]
+    health = cli.Health
+    monkeypatch.setattr(cli, "Health", lambda limit: health(limit, clock=lambda: now[0]))
+    failing = [True]
+    cycle = Controller.cycle
+
+    async def buggy(self, *args, **kwargs):
+        if failing[0]:
+            raise RuntimeError("a bug")
+        return await cycle(self, *args, **kwargs)
+
+    monkeypatch.setattr(Controller, "cycle", buggy)
+    port = free_port()
+    args = cli.parser().parse_args(
+        [
+            *("run", "--kubeconfig", kubeconfig, "--listen", f"127.0.0.1:{port}"),
+            *("--prometheus", f"http://127.0.0.1:{free_port()}"),
+            *("--lease-namespace", NAMESPACE, "--lease-name", "healthz", "--interval", "0.1"),
+        ]
+    )
+    running = asyncio.create_task(cli.run_command(args))
+    base = f"http://127.0.0.1:{port}"
+
+    async def internal_errors(session) -> float:
+        assert not running.done(), running
+        try:
+            async with session.get(f"{base}/metrics") as r:
+                text = await r.text()
+        except aiohttp.ClientError:
+            return 0
+        found = re.search(
+            r'numaguard_remediator_cycle_errors_total\{reason="internal"\} (\S+)', text
+        )
+        return float(found[1]) if found else 0
+
+    async def healthz(session) -> tuple[int, str]:
+        async with session.get(f"{base}/healthz") as r:
+            return r.status, await r.text()
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            await until(lambda: internal_errors(session), "a cycle failing")
+            assert await healthz(session) == (200, "ok")  # started within the limit
+            now[0] += 3 * 0.1 + 60 - 1
+            assert (await healthz(session))[0] == 200
+            seen = await internal_errors(session)
+
+            async def more_errors():
+                return await internal_errors(session) > seen
+
+            await until(more_errors, "cycles still failing")
+            now[0] += 1
+            assert await healthz(session) == (
+                503,
+                "no cycle has ended without an internal error in 60.3s",
+            )
+            failing[0] = False
+
+            async def healthy():
+                return (await healthz(session))[0] == 200
+
+            await until(healthy, "a cycle ending")
+        os.kill(os.getpid(), signal.SIGTERM)  # its own handler: a clean stop
+        assert await asyncio.wait_for(running, 30) == 0
+    finally:
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(BaseException):
+                await running
+        async with aiohttp.ClientSession() as session:
+            await cp.request(session, "DELETE", path_of("Lease", NAMESPACE, "healthz"))

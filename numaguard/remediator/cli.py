@@ -13,7 +13,8 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 
 import aiohttp
 import yaml
@@ -50,6 +51,26 @@ FLAGS = {
 
 class ConfigError(Exception):
     pass
+
+
+@dataclass
+class Health:
+    """/healthz: ok while some cycle ended without an internal error in the last
+    ``limit`` seconds. Stuck, or failing every time, a restart is what helps; a cycle
+    that found its data doubtful ended."""
+
+    limit: float
+    clock: Callable[[], float] = time.monotonic
+    last: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.last = self.clock()  # starting counts as a cycle ended
+
+    def ended(self) -> None:
+        self.last = self.clock()
+
+    def ok(self) -> bool:
+        return self.clock() - self.last < self.limit
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -483,8 +504,8 @@ async def run_command(args) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    last_cycle = [time.monotonic()]
-    runner, scrapers = await _serve_metrics(args, metrics, last_cycle)
+    health = Health(3 * args.interval + 60)
+    runner, scrapers = await _serve_metrics(args, metrics, health)
     election = asyncio.create_task(elector.run(release))  # renews whatever the cycle does
     try:
         async with aiohttp.ClientSession() as session:
@@ -505,7 +526,7 @@ async def run_command(args) -> int:
                     log.exception("remediation cycle failed")
                     metrics.errors.labels("internal").inc()
                 else:  # ... but cycles that keep failing so make /healthz fail
-                    last_cycle[0] = time.monotonic()
+                    health.ended()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), args.interval)
     finally:
@@ -541,11 +562,9 @@ async def _answering_kube(kubeconfig: str | None) -> Kube:
     return kube
 
 
-async def _serve_metrics(args, metrics: Metrics, last_cycle: list[float]):
-    """/metrics and /healthz (failing when no cycle ended without an internal error in
-    three intervals and a minute: stuck, or failing every time, where a restart is what
-    helps; a cycle that found its data doubtful ended), on --listen: (the runner, the
-    client that authenticates scrapers or None)."""
+async def _serve_metrics(args, metrics: Metrics, health: Health):
+    """/metrics and /healthz on --listen: (the runner, the client that authenticates
+    scrapers or None)."""
 
     async def serve(_):
         return web.Response(
@@ -553,9 +572,10 @@ async def _serve_metrics(args, metrics: Metrics, last_cycle: list[float]):
         )
 
     async def healthz(_):
-        ok = time.monotonic() - last_cycle[0] < 3 * args.interval + 60
-        text = "ok" if ok else "no cycle has ended without an internal error lately"
-        return web.Response(status=200 if ok else 503, text=text)
+        if health.ok():
+            return web.Response(text="ok")
+        text = f"no cycle has ended without an internal error in {health.limit:g}s"
+        return web.Response(status=503, text=text)
 
     app = web.Application()
     app.add_routes([web.get("/metrics", serve), web.get("/healthz", healthz)])
