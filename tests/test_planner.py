@@ -246,11 +246,10 @@ def test_caps_hold_under_a_hundred_findings():
     for i in range(100):
         node, ns = f"n{i % 10}", f"team{i % 4}"
         name = f"p{i}"
-        parts += [cross_numa(name, node=node), needs(name, 1, 1, node=node), healthy(node)]
+        parts += [cross_numa(name, node=node), needs(name, 1, 1, node=node)]
         # pairs of pods share a workload
         pods.append(pod_info(name, node=node, namespace=ns, workload=f"Deployment/{ns}/w{i // 2}"))
-    for i in range(5):
-        parts.append(healthy(f"spare{i}"))
+    parts.append(healthy(*(f"n{i}" for i in range(10)), *(f"spare{i}" for i in range(5))))
     for row in merge(*parts)["cross_numa_sustained"]:
         row["namespace"] = next(p.namespace for p in pods if p.uid == row["pod_uid"])
     policy = Policy(dry_run=False, max_per_cycle=8, max_per_node=1, max_per_namespace=2)
@@ -1003,6 +1002,46 @@ def test_two_series_for_one_pod_and_reason_are_a_contradiction_not_evidence(seri
         assert not result.actions
         assert [(r.guard, r.detail) for r in result.refusals] == [
             ("evidence_mismatch", "2 series say cross_numa device_remote of the pod")
+        ]
+
+
+@pytest.mark.parametrize(
+    "extra, refused",
+    [
+        ({}, ""),
+        # what the target adds to every series it exposes (discovery, relabelling)
+        ({"service": "numaguard-exporter", "cluster": "gpu-a"}, ""),
+        ({"container_id": "x"}, "container_id"),
+        ({"service": "numaguard-exporter", "forged": "1", "gpu_uuid": "GPU-x"}, "forged, gpu_uuid"),
+    ],
+)
+def test_a_verdict_with_labels_no_exporter_writes_is_a_contradiction(extra, refused):
+    """The only series saying so, but with a label the catalogue does not declare for
+    the verdict and its target does not add (its build_info does not carry): someone
+    else wrote it, even under the exporter's job and instance."""
+    target = {"service": "numaguard-exporter", "cluster": "gpu-a"}
+    up = merge(healthy("n1", "n2"))
+    up["targets_up"] = [{**row, **target} for row in up["targets_up"]]
+    finding = cross_numa("trainer")
+    finding["cross_numa_age"] = [{**row, **target, **extra} for row in finding["cross_numa_age"]]
+    sig = signals(
+        **merge(
+            up,
+            finding,
+            needs("trainer", 8, 32),
+            zone("n2", "1", 16, 200, devices={"nvidia.com/gpu": 1}),
+        )
+    )
+    result = run(sig, [pod_info("trainer")])
+    if not refused:
+        assert [a.pod.name for a in result.actions] == ["trainer"]
+    else:
+        assert not result.actions
+        assert [(r.guard, r.detail) for r in result.refusals] == [
+            (
+                "evidence_mismatch",
+                f"a series saying cross_numa device_remote has labels no exporter writes: {refused}",
+            )
         ]
 
 

@@ -184,12 +184,19 @@ def test_empty_answers_and_bad_rows():
                 {"metric": {"node": "g"}, "value": [1, "one"]},
                 {"metric": {"node": "h", "pod_uid": "u\n1"}, "value": [1, "1"]},
                 {"metric": {"node": 'i"} or vector(1) #'}, "value": [1, "1"]},
+                # one series answered twice (Prometheus never does): neither copy is read
+                {"metric": {"node": "j", "pod": "p"}, "value": [1, "1"]},
+                {"metric": {"pod": "p", "node": "j"}, "value": [1, "0"]},
+                {"metric": {"node": "j", "pod": "q"}, "value": [1, "1"]},
             ],
         },
     }
     df, dropped = frame("x", body, ("node",))
-    assert df.to_dict("records") == [{"node": "b", "value": 2.5}]
-    assert dropped == {"bad_value": 5, "missing_label": 2, "bad_label": 2}
+    assert df.to_dict("records") == [
+        {"node": "b", "value": 2.5, "pod": ""},
+        {"node": "j", "pod": "q", "value": 1.0},
+    ]
+    assert dropped == {"bad_value": 5, "missing_label": 2, "bad_label": 2, "duplicate": 2}
 
 
 async def test_the_answers_of_a_cycle_share_one_bound(bad_prometheus):

@@ -791,7 +791,8 @@ REMEDIATOR_DROPPED_ROWS = _m(
     "counter",
     "Rows of Prometheus answers not used, by reason: missing_label, bad_value (not a "
     "finite, non-negative number), bad_label (a node, pod_uid, gpu_uuid or mig_uuid that "
-    "is no name, as no exporter writes it).",
+    "is no name, as no exporter writes it), duplicate (a series answered more than once, "
+    "as Prometheus never does: every copy).",
     ("reason",),
     "remediator",
 )

@@ -52,5 +52,5 @@ class Metrics:
             self.verifications.labels(outcome)
         for kind in KINDS:
             self.fix_gain.labels(kind)
-        for reason in ("missing_label", "bad_value", "bad_label"):
+        for reason in ("missing_label", "bad_value", "bad_label", "duplicate"):
             self.dropped_rows.labels(reason)

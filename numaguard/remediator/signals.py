@@ -4,8 +4,8 @@
 Anything doubtful about an answer as a whole — Prometheus down, slow, answering garbage,
 an error, or a cycle's answers over ``max_answer_bytes`` together — raises SignalsError:
 the cycle then takes no action at all. Doubtful rows (a label missing, a value that is
-not a finite, non-negative number, a pod uid, node or device that is no name) are
-dropped and counted: they cost only themselves.
+not a finite, non-negative number, a pod uid, node or device that is no name, a series
+answered twice) are dropped and counted: they cost only themselves.
 """
 
 from __future__ import annotations
@@ -219,7 +219,8 @@ def _too_large(expr: str, limit: int) -> SignalsError:
 
 def frame(expr: str, body, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame, Counter]:
     """An instant-query answer -> one row per series: its labels and ``value``; and the
-    rows dropped, by reason (missing_label, bad_value, bad_label)."""
+    rows dropped, by reason (missing_label, bad_value, bad_label, duplicate: every row of
+    a series answered more than once)."""
     if not isinstance(body, dict) or body.get("status") not in ("success", "error"):
         raise SignalsError("garbage", f"{expr}: not a Prometheus answer")
     if body["status"] == "error":
@@ -230,7 +231,7 @@ def frame(expr: str, body, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame
     result = data.get("result")
     if not isinstance(result, list):
         raise SignalsError("garbage", f"{expr}: no result list")
-    rows, dropped = [], Counter()
+    rows, dropped, keys = [], Counter(), Counter()
     for item in result:
         try:
             labels, (_, raw) = dict(item["metric"]), item["value"]
@@ -251,9 +252,15 @@ def frame(expr: str, body, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame
         if not all(quotable(labels[name]) for name in MATCHED if labels.get(name)):
             dropped["bad_label"] += 1  # a newline, a quote: no exporter writes it
             continue
+        key = frozenset(labels.items())
+        keys[key] += 1
         labels.pop("__name__", None)
         labels["value"] = value
-        rows.append(labels)
+        rows.append((key, labels))
+    # Prometheus answers one sample per series: a second was not written by it
+    rows = [labels for key, labels in rows if keys[key] == 1]
+    if duplicates := sum(n for n in keys.values() if n > 1):
+        dropped["duplicate"] += duplicates
     if not rows:
         return empty_frame(required), dropped
     df = pd.DataFrame(rows)

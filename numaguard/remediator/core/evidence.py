@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from numaguard.exporter import catalogue as c
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.findings import Finding
@@ -34,8 +35,14 @@ class Evidence:
         s = signals
         self.stale_after = stale_after
         self.targets: dict[str, set[str]] = {}  # node -> instances up now that speak for it
-        for node, instance in columns(s["targets_up"], "node", "instance"):
+        # instance -> the labels it adds to each series (job, instance, what discovery and
+        # relabelling give it): its build_info's, less those the exporter writes
+        self.target_labels: dict[str, frozenset[str]] = {}
+        for labels in labelled(s["targets_up"]):
+            node, instance = labels.get("node", ""), labels.get("instance", "")
             self.targets.setdefault(node, set()).add(instance)
+            own = set(c.BUILD_INFO.labels) | {"node"}
+            self.target_labels[instance] = frozenset(labels) - own
         key = ("node", "instance", "collector", "value")
         self.collector_age = {(n, i, c): v for n, i, c, v in columns(s["collector_age"], *key)}
         self.collector_ok = {
@@ -58,6 +65,16 @@ class Evidence:
         rows = columns(s[starved], "pod_uid", "reason", "gpu_uuid", "mig_uuid", "value")
         for uid, reason, gpu, mig, age in rows:
             self._age((starved, uid, reason, mig or gpu), age)
+        # (kind, pod, reason) -> labels on a series saying so now that neither the
+        # catalogue declares for its metric nor its target adds: someone else wrote it
+        self.foreign: dict[tuple, set[str]] = {}
+        for kind in PLACEMENT:
+            for labels in labelled(s[kind.age]):
+                target = self.target_labels.get(labels.get("instance", ""), frozenset())
+                declared = {*kind.verified_by.labels, "node", "job", "instance", *target}
+                if extra := set(labels) - declared:
+                    key = (kind.name, labels.get("pod_uid", ""), labels.get("reason", ""))
+                    self.foreign.setdefault(key, set()).update(extra)
         for uid, domain, age in columns(s[llc], "pod_uid", "l3_domain", "value"):
             self._age((llc, uid, f"l3:{domain}"), age)
         for mig, age in columns(s[slices], "mig_uuid", "value"):
@@ -122,6 +139,11 @@ class Evidence:
         n = self.series.get((f.kind, f.instance, f.pod_uid, f.reason, f.device), 0)
         if n > 1:  # one exporter writes one: the others are someone else's
             return "evidence_mismatch", f"{n:g} series say {f.kind} {f.reason} of the pod"
+        if extra := self.foreign.get((f.kind, f.pod_uid, f.reason)):
+            return "evidence_mismatch", (
+                f"a series saying {f.kind} {f.reason} has labels no exporter writes: "
+                + ", ".join(sorted(extra))
+            )
         if pod is None:
             return "pod_gone", "the API server does not know the pod"
         if pod.mismatch:
@@ -158,3 +180,10 @@ class Evidence:
 def columns(df: pd.DataFrame, *names: str):
     """Rows of ``df`` as tuples of the named columns ("" for a label no row had)."""
     return zip(*(df[n] if n in df else [""] * len(df) for n in names), strict=True)
+
+
+def labelled(df: pd.DataFrame):
+    """Each row's labels that have a value, by name (a frame fills "" where a row had none)."""
+    names = [n for n in df.columns if n != "value"]
+    for values in zip(*(df[n] for n in names), strict=True):
+        yield {n: v for n, v in zip(names, values, strict=True) if v != ""}
