@@ -10,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-fast bench lint docs proto image system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd clean FORCE
+.PHONY: demo test test-fast bench lint docs proto image push image-check system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -161,19 +161,29 @@ proto: $(VENV)/.installed
 	$(PY) -m numaguard.exporter.sources.podresources
 
 # The images deploy/ runs, one per role, with whichever engine this machine has:
-# $(IMAGE)-exporter:$(VERSION) and $(IMAGE)-remediator:$(VERSION).
+# $(IMAGE)-exporter:$(VERSION) and $(IMAGE)-remediator:$(VERSION), as the chart's
+# image.repository and image.tag name them. IMAGE is a repository, without a tag.
 IMAGE ?= ghcr.io/numaguard/numaguard
-VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' numaguard/__init__.py)
+VERSION ?= $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' numaguard/__init__.py)
 ENGINE ?= $(shell for e in docker podman buildah; do command -v $$e >/dev/null && { echo $$e; break; }; done)
+IMAGES := $(foreach role,exporter remediator,$(IMAGE)-$(role):$(VERSION))
 
+image push: image-check
 image:
-	@if [ -z "$(ENGINE)" ]; then \
-	  echo "make image: no container engine found (docker, podman or buildah): install one, or set ENGINE"; \
-	  exit 1; fi
 	for role in exporter remediator; do \
 	  $(ENGINE) build -f deploy/Dockerfile --target $$role -t $(IMAGE)-$$role:$(VERSION) . || exit 1; \
 	done
-	@echo "built $(IMAGE)-exporter:$(VERSION) and $(IMAGE)-remediator:$(VERSION); push them where your nodes pull from, and set image.repository in the chart (or the images in deploy/)"
+	@echo "built $(IMAGES); make push IMAGE=$(IMAGE) pushes them, then set the chart's image.repository=$(IMAGE) (and image.tag=$(VERSION))"
+
+push:
+	for image in $(IMAGES); do $(ENGINE) push $$image || exit 1; done
+
+image-check:
+	@image="$(IMAGE)"; case "$${image##*/}" in *:*) \
+	  echo "make image: IMAGE=$$image has a tag; give the repository alone (IMAGE=$${image%:*}) and the tag as VERSION=$${image##*:}"; exit 1;; esac
+	@if [ -z "$(ENGINE)" ]; then \
+	  echo "make image: no container engine found (docker, podman or buildah): install one, or set ENGINE"; \
+	  exit 1; fi
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,7 @@
 """Writes the manifests made from other sources of truth: the PrometheusRule from
-alerts/ and the Grafana dashboard ConfigMaps from grafana/ in the kustomize base, and
-the same rules and dashboards as the Helm chart's files (``make docs``)."""
+alerts/ and the Grafana dashboard ConfigMaps from grafana/ in the kustomize base, the
+same rules and dashboards as the Helm chart's files, and the chart's values schema and
+README from its values.yaml (``make docs``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from alerts.rules import rules_document
+from deploy import chart
 from grafana import dashboards
 
 DEPLOY = Path(__file__).resolve().parent
@@ -74,6 +76,8 @@ def files() -> dict[str, str]:
     }
     for name, text in dashboards.files().items():
         out[f"{CHART_FILES}/dashboards/{name}"] = text
+    out["helm/numaguard/values.schema.json"] = chart.schema()
+    out["helm/numaguard/README.md"] = chart.readme()
     return out
 
 

@@ -4,6 +4,7 @@ base and overlays do (but the Namespace, which `helm install --create-namespace`
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -21,6 +22,22 @@ pytestmark = pytest.mark.cluster
 
 CHART = DEPLOY / "helm" / "numaguard"
 CHART_ONLY_ANNOTATIONS = {"checksum/config"}  # rolls the remediator when its config changes
+# Kubernetes' recommended labels that name a Helm release (the base has no release)
+CHART_ONLY_LABELS = {
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+}
+
+
+def without_chart_labels(value):
+    if isinstance(value, dict):
+        return {k: without_chart_labels(v) for k, v in value.items() if k not in CHART_ONLY_LABELS}
+    if isinstance(value, list):
+        return [without_chart_labels(v) for v in value]
+    return value
 
 
 def helm_binary() -> str:
@@ -33,8 +50,8 @@ def helm_binary() -> str:
     return str(path)
 
 
-def template(*sets: str) -> list[dict]:
-    args = [helm_binary(), "template", "numaguard", str(CHART), "--namespace", "numaguard"]
+def template(*sets: str, release: str = "numaguard", namespace: str = "numaguard") -> list[dict]:
+    args = [helm_binary(), "template", release, str(CHART), "--namespace", namespace]
     args += ["--kube-version", "1.37.0"]  # what the test control plane runs
     for s in sets:
         args += ["--set", s]
@@ -56,7 +73,7 @@ def comparable(docs: list[dict]) -> dict[tuple[str, str], dict]:
             template.get("annotations", {}).pop(key, None)
         if template.get("annotations") == {}:
             del template["annotations"]
-        out[(doc["kind"], doc["metadata"]["name"])] = doc
+        out[(doc["kind"], doc["metadata"]["name"])] = without_chart_labels(doc)
     return out
 
 
@@ -69,40 +86,69 @@ def test_helm_lint_is_clean():
 
 
 @pytest.mark.parametrize(
-    ("sets", "overlay"),
+    ("sets", "components"),
     [
-        ((), "base"),
-        (("remediator.enforce=true",), "overlays/enforce"),
-        (("exporter.resctrlManage=true",), "overlays/resctrl-manage"),
-        (("webConfig.kubernetesAuth=true",), "overlays/kubernetes-auth"),
-        (("exporter.nrt=true",), "overlays/nrt"),
+        ((), ()),
+        (("remediator.dryRun=false",), ("no-dry-run",)),
+        (("exporter.resctrlManage=true",), ("resctrl-manage",)),
+        (("webConfig.kubernetesAuth=true",), ("kubernetes-auth",)),
+        (("exporter.nrt=true",), ("nrt",)),
+        (
+            ("networkPolicy.enabled=true", "networkPolicy.prometheusNamespace=monitoring"),
+            ("network-policy",),
+        ),
     ],
 )
-def test_the_chart_renders_what_kustomize_does(sets, overlay):
-    chart, kustomized = comparable(template(*sets)), comparable(rendered(overlay))
+def test_the_chart_renders_what_kustomize_does(sets, components):
+    chart, kustomized = comparable(template(*sets)), comparable(rendered(*components))
     assert set(chart) == set(kustomized)
     for key, doc in chart.items():
         assert doc == kustomized[key], key
 
 
+# what a platform team sets beside kube-prometheus-stack and the GPU Operator, and
+# every switch on
+EVERY_SWITCH = (
+    "remediator.dryRun=false",
+    "exporter.resctrlManage=true",
+    "exporter.nrt=true",
+    "webConfig.secretName=numaguard-web",
+    "webConfig.kubernetesAuth=true",
+    "serviceMonitor.scheme=https",
+    "serviceMonitor.additionalLabels.release=prom",
+    "serviceMonitor.scrapeTimeout=10s",
+    "serviceMonitor.metricRelabelings[0].action=labeldrop",
+    "serviceMonitor.metricRelabelings[0].regex=python_version",
+    "prometheusRule.additionalLabels.release=prom",
+    "networkPolicy.enabled=true",
+    "networkPolicy.prometheusNamespace=observability",
+    "image.tag=0.1.1",
+    "image.pullPolicy=Always",
+    "imagePullSecrets[0].name=registry",
+    "commonLabels.team=ml-infra",
+    "exporter.image.digest=sha256:" + "0" * 64,
+    "exporter.extraArgs[0]=--collector.resctrl=false",
+    "exporter.podAnnotations.example\\.com/scrape=no",
+    "remediator.tolerations[0].operator=Exists",
+    "remediator.serviceAccount.annotations.example\\.com/role=x",
+)
+
+
 def test_every_object_validates_with_every_switch_on():
-    docs = template(
-        "remediator.enforce=true",
-        "exporter.resctrlManage=true",
-        "exporter.nrt=true",
-        "webConfig.secretName=numaguard-web",
-        "webConfig.kubernetesAuth=true",
-        "serviceMonitor.scheme=https",
-        "image.tag=0.1.1",
-        "image.pullPolicy=Always",
-    )
+    docs = template(*EVERY_SWITCH)
     for doc in docs:
         if doc["kind"] not in CRDS:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert "--web.config.file=/etc/numaguard/web/web-config.yml" in container["args"]
-    assert container["image"] == "ghcr.io/numaguard/numaguard-exporter:0.1.1"
+    assert container["image"] == "ghcr.io/numaguard/numaguard-exporter:0.1.1@sha256:" + "0" * 64
+    assert container["args"][-1] == "--collector.resctrl=false"
+    pod = daemonset["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"example.com/scrape": "no"}
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "registry"}]
+    for doc in docs:
+        assert doc["metadata"]["labels"]["team"] == "ml-infra", doc["kind"]
     assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     (monitor,) = [
         d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "numaguard"
@@ -120,3 +166,175 @@ def test_switches_off_leave_their_objects_out():
     kinds = {d["kind"] for d in docs}
     assert not kinds & {"ServiceMonitor", "PrometheusRule", "NetworkPolicy"}
     assert not [d for d in docs if d["kind"] == "ConfigMap" and "grafana_dashboard" in str(d)]
+
+
+def test_a_value_the_chart_does_not_have_is_refused():
+    """values.schema.json: a typo, or a value of another chart's layout, fails the
+    install with the key named, instead of being silently ignored."""
+    for typo, said in (
+        ("exporter.nodeSelectr.a=b", "'nodeSelectr' not allowed"),
+        ("nodeSelector.a=b", "'nodeSelector' not allowed"),
+        ("remediator.enforce=true", "'enforce' not allowed"),
+        ("networkPolicy.enabled=true", "/networkPolicy/prometheusNamespace"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+    ):
+        with pytest.raises(subprocess.CalledProcessError) as failed:
+            template(typo)
+        assert said in failed.value.stderr, (typo, failed.value.stderr)
+
+
+def test_helm_template_works_offline_with_helm_s_own_defaults():
+    args = [helm_binary(), "template", "numaguard", str(CHART)]
+    done = subprocess.run(args, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def names(docs: list[dict]) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def test_names_follow_the_release_and_each_component_can_be_left_out():
+    default = names(template())
+    staging = names(template(release="staging"))
+    assert not default & staging  # nothing of one release is the other's, cluster-wide too
+    assert all(name.startswith("staging-numaguard") for _, name in staging)
+    assert names(template("fullnameOverride=ng")) == {
+        (kind, name.replace("numaguard", "ng", 1)) for kind, name in default
+    }
+    exporter_only = template("remediator.enabled=false")
+    assert not [name for _, name in names(exporter_only) if "remediator" in name]
+    assert ("DaemonSet", "numaguard-exporter") in names(exporter_only)
+    remediator_only = template("exporter.enabled=false")
+    assert not [name for _, name in names(remediator_only) if "exporter" in name]
+    assert ("Deployment", "numaguard-remediator") in names(remediator_only)
+
+
+def test_the_network_policy_selects_only_this_release_s_pods():
+    docs = template(
+        "networkPolicy.enabled=true",
+        "networkPolicy.prometheusNamespace=observability",
+        release="ng",
+        namespace="monitoring",
+    )
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector == {
+        "app.kubernetes.io/part-of": "numaguard",
+        "app.kubernetes.io/instance": "ng",
+    }
+    pods = [
+        d["spec"]["template"]["metadata"]["labels"] for d in docs if "template" in d.get("spec", {})
+    ]
+    assert len(pods) == 2 and all(selector.items() <= labels.items() for labels in pods)
+    source = policy["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]
+    assert source == {"kubernetes.io/metadata.name": "observability"}
+
+
+def test_two_releases_install_side_by_side_on_the_real_api_server(control_plane, tmp_path):
+    """helm install with every switch on and kube-prometheus-stack-style values, twice,
+    into one namespace that is not `numaguard`, on the real API server with the
+    Prometheus Operator's CRDs and deploy/'s kustomize install already there: every
+    object accepted, none shared, the notes say the mode; uninstalled, nothing of either
+    is left."""
+    from numaguard.simulator.operator import operator_dir
+
+    cp = control_plane
+    kubeconfig = cp.kubeconfig(tmp_path / "admin.kubeconfig", cp.admin_token)
+    env = {
+        **os.environ,
+        "KUBECONFIG": kubeconfig,
+        **{f"HELM_{d}_HOME": str(tmp_path / d) for d in ("CACHE", "CONFIG", "DATA")},
+    }
+    kubectl = [str(cp.bin / "kubectl"), f"--kubeconfig={kubeconfig}"]
+    subprocess.run(
+        [*kubectl, "apply", "--server-side", f"--filename={operator_dir() / 'crds'}"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [*kubectl, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"],
+        check=True,
+        capture_output=True,
+    )
+    namespace = "gpu-observability"
+
+    def helm(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([helm_binary(), *args], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    def installed(release: str) -> list[dict]:
+        text = helm("get", "manifest", release, "-n", namespace).stdout
+        return [d for d in yaml.safe_load_all(text) if d]
+
+    def on_the_server(docs: list[dict]) -> list[dict]:
+        manifest = tmp_path / "manifest.yaml"
+        manifest.write_text(yaml.safe_dump_all(docs))
+        argv = [*kubectl, "get", "-f", str(manifest), "--ignore-not-found", "-o", "json"]
+        got = json.loads(subprocess.run(argv, check=True, capture_output=True).stdout or "{}")
+        return got.get("items", [got] if got.get("kind") not in (None, "List") else [])
+
+    releases = {"gpu": EVERY_SWITCH, "staging": ("remediator.replicas=1",)}
+    objects: list[dict] = []
+    try:
+        notes = {}
+        for release, sets in releases.items():
+            args = ["install", release, str(CHART), "-n", namespace, "--create-namespace"]
+            notes[release] = helm(*args, *(a for s in sets for a in ("--set", s))).stdout
+            objects += installed(release)
+        assert "The remediator ACTS" in notes["gpu"]
+        assert "The remediator is in DRY-RUN" in notes["staging"]
+        assert "kubectl get events -A --field-selector reason=DryRun" in notes["staging"]
+        first, second = installed("gpu"), installed("staging")
+        assert not names(first) & names(second)
+        assert {"ValidatingAdmissionPolicy", "NetworkPolicy", "ServiceMonitor"} <= {
+            d["kind"] for d in first
+        }
+        served = on_the_server(objects)  # each object is on the API server, as its release's
+        assert names(served) == names(objects)
+        for doc in served:
+            assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] in releases
+    finally:
+        for release in releases:
+            subprocess.run(
+                [helm_binary(), "uninstall", release, "-n", namespace, "--wait"],
+                capture_output=True,
+                env=env,
+            )
+    assert on_the_server(objects) == []
+
+
+def test_the_readme_s_image_command_builds_and_pushes_what_the_chart_runs():
+    """`make image push IMAGE=...` as the README writes it (run with `make -n`, as a
+    container engine would be told): the tags it builds and pushes are the images the
+    chart runs with `image.repository` set to that IMAGE."""
+    readme = (DEPLOY.parent / "README.md").read_text()
+    (line,) = [ln for ln in readme.splitlines() if ln.startswith("make image push ")]
+    args = line.split("#", 1)[0].split()[1:]
+    image = next(a.split("=", 1)[1] for a in args if a.startswith("IMAGE="))
+    done = subprocess.run(
+        ["make", "-n", *args, "ENGINE=docker"],
+        cwd=DEPLOY.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    built = set(re.findall(r"docker build .* -t (\S+) \.", done.replace("$role", "{role}")))
+    pushed = set(re.findall(r"for image in ([^;]+); do docker push", done)[0].split())
+    assert len(pushed) == 2 and len(built) == 1  # one build command, a tag per role
+    run = {
+        c["image"]
+        for d in template(f"image.repository={image}")
+        if d["kind"] in ("DaemonSet", "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert run == pushed
+    assert {b.format(role=r) for b in built for r in ("exporter", "remediator")} == pushed
+    refused = subprocess.run(
+        ["make", "image", f"IMAGE={image}:0.1.0", "ENGINE=docker"],
+        cwd=DEPLOY.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0
+    assert f"give the repository alone (IMAGE={image})" in refused.stdout

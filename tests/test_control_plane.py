@@ -110,7 +110,7 @@ async def test_without_the_eviction_verb_the_remediator_s_eviction_gets_403(
     none): the remediator's own eviction is refused by the real authorizer (and then
     allowed again)."""
     cp = control_plane
-    enforce = DEPLOY.parent / "overlays" / "enforce" / "remediator-enforce-rbac.yaml"
+    enforce = DEPLOY.parent / "components" / "no-dry-run" / "remediator-enforce-rbac.yaml"
     (role,) = [o for o in yaml.safe_load_all(enforce.read_text()) if o["kind"] == "ClusterRole"]
     path = f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role['metadata']['name']}"
     without = [r for r in role["rules"] if r["resources"] != ["pods/eviction"]]

@@ -61,9 +61,13 @@ def test_kustomizations_name_every_file():
     listed = set(base["resources"])
     present = {p.name for p in (DEPLOY / "base").glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == present
-    enforce = documents(DEPLOY / "overlays" / "enforce" / "kustomization.yaml")[0]
-    assert enforce["resources"] == ["../../base", "remediator-enforce-rbac.yaml"]
-    assert "--no-dry-run" in enforce["patches"][0]["patch"]
+    for component in (DEPLOY / "components").iterdir():
+        kustomization = documents(component / "kustomization.yaml")[0]
+        assert kustomization["kind"] == "Component", component
+        present = {p.name for p in component.glob("*.yaml")} - {"kustomization.yaml"}
+        assert set(kustomization.get("resources", ())) == present, component
+    acting = documents(DEPLOY / "components" / "no-dry-run" / "kustomization.yaml")[0]
+    assert "--no-dry-run" in acting["patches"][0]["patch"]
     # and the base runs the remediator in dry-run
     (deployment,) = [d for n, d in manifests() if d["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -102,16 +106,16 @@ def granted(docs: list[dict], account: str) -> set[tuple[str, str, str]]:
 
 
 def test_rbac_grants_exactly_what_the_code_uses():
-    """The base: the exporter's reads and a dry run's; the enforce overlay adds the
+    """The base: the exporter's reads and a dry run's; the no-dry-run component adds the
     remediator's writes, and nothing else."""
-    base, enforce = rendered("base"), rendered("overlays/enforce")
+    base, enforce = rendered(), rendered("no-dry-run")
     assert granted(base, "numaguard-exporter") == EXPORTER_API_USE
     assert granted(base, "numaguard-remediator") == DRY_RUN_API_USE
     assert granted(enforce, "numaguard-exporter") == EXPORTER_API_USE
     assert granted(enforce, "numaguard-remediator") == REMEDIATOR_API_USE
     assert REMEDIATOR_API_USE - DRY_RUN_API_USE == ENFORCE_API_USE
     # --nrt: the exporter publishes its NodeResourceTopology, with no other grant
-    nrt = rendered("overlays/nrt")
+    nrt = rendered("nrt")
     assert granted(nrt, "numaguard-exporter") == EXPORTER_API_USE | NRT_API_USE
     assert granted(nrt, "numaguard-remediator") == DRY_RUN_API_USE
     exporter = of(nrt, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
@@ -124,22 +128,46 @@ def test_rbac_grants_exactly_what_the_code_uses():
     )
 
 
-@pytest.mark.parametrize(
-    "overlay",
-    [
-        "base",
-        "overlays/enforce",
-        "overlays/resctrl-manage",
-        "overlays/kubernetes-auth",
-        "overlays/nrt",
-    ],
-)
-def test_every_overlay_renders_and_validates(overlay):
-    docs = rendered(overlay)
+COMPONENTS = ("no-dry-run", "resctrl-manage", "kubernetes-auth", "nrt", "network-policy")
+
+
+@pytest.mark.parametrize("components", [(), *((c,) for c in COMPONENTS), COMPONENTS])
+def test_the_base_with_any_components_renders_and_validates(components):
+    docs = rendered(*components)
     assert {d["kind"] for d in docs} >= {"DaemonSet", "Deployment", "ServiceMonitor"}
     for doc in docs:
         if doc["kind"] not in CRDS:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        # what the NetworkPolicy selects, and what `apply --prune -l` keeps track of
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "numaguard", doc
+
+
+def test_components_combine_and_each_leaves_nothing_behind():
+    """All at once, each does what it does alone: the flags of every one, and the
+    objects of every one; without one, none of its objects or flags are left."""
+
+    def args(docs, kind, name):
+        return of(docs, kind, name)["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    every = rendered(*COMPONENTS)
+    exporter = args(every, "DaemonSet", "numaguard-exporter")
+    remediator = args(every, "Deployment", "numaguard-remediator")
+    assert {"--nrt", "--web.kubernetes-auth"} <= set(exporter)
+    assert {"--no-dry-run", "--web.kubernetes-auth"} <= set(remediator)
+    pod = of(every, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
+    assert "resctrl" in {v["name"] for v in pod["volumes"]}
+    names = {(d["kind"], d["metadata"]["name"]) for d in every}
+    base = {(d["kind"], d["metadata"]["name"]) for d in rendered()}
+    for component in COMPONENTS:
+        without = [c for c in COMPONENTS if c != component]
+        docs = rendered(*without)
+        added = names - {(d["kind"], d["metadata"]["name"]) for d in docs}
+        own = {(d["kind"], d["metadata"]["name"]) for d in rendered(component)} - base
+        assert added == own, component
+    assert not {"--nrt", "--web.kubernetes-auth"} & set(
+        args(rendered(), "DaemonSet", "numaguard-exporter")
+    )
+    assert "--no-dry-run" not in args(rendered(), "Deployment", "numaguard-remediator")
 
 
 def of(docs: list[dict], kind: str, name: str) -> dict:
@@ -150,7 +178,7 @@ def of(docs: list[dict], kind: str, name: str) -> dict:
 def test_kube_prometheus_stack_selects_the_monitors_and_rules():
     """Selected by the release label kube-prometheus-stack's defaults select; how they
     are then scraped and evaluated, tests/test_operator.py shows with the real operator."""
-    docs = rendered("base")
+    docs = rendered()
     for kind, name in (
         ("ServiceMonitor", "numaguard"),
         ("ServiceMonitor", "numaguard-remediator"),
@@ -162,7 +190,7 @@ def test_kube_prometheus_stack_selects_the_monitors_and_rules():
 
 
 def test_the_exporter_mounts_only_what_it_reads_and_the_pods_are_confined():
-    docs = rendered("base")
+    docs = rendered()
     spec = of(docs, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     volumes = {v["name"]: v["hostPath"] for v in spec["volumes"]}
@@ -185,12 +213,15 @@ def test_the_exporter_mounts_only_what_it_reads_and_the_pods_are_confined():
     assert security["capabilities"] == {"drop": ["ALL"]}
     namespace = of(docs, "Namespace", "numaguard")["metadata"]["labels"]
     assert namespace["pod-security.kubernetes.io/enforce"] == "privileged"
-    policy = of(docs, "NetworkPolicy", "numaguard-metrics")["spec"]
+    assert "NetworkPolicy" not in {d["kind"] for d in docs}  # opt-in: see the component
+    policy = of(rendered("network-policy"), "NetworkPolicy", "numaguard-metrics")["spec"]
     assert [p["port"] for p in policy["ingress"][0]["ports"]] == [9847, 9848]
+    # numaguard's pods only: others sharing the namespace are left alone
+    assert policy["podSelector"] == {"matchLabels": {"app.kubernetes.io/part-of": "numaguard"}}
 
 
-def test_resctrl_is_writable_only_with_its_overlay_and_only_where_it_exists():
-    spec = of(rendered("overlays/resctrl-manage"), "DaemonSet", "numaguard-exporter")["spec"]
+def test_resctrl_is_writable_only_with_its_component_and_only_where_it_exists():
+    spec = of(rendered("resctrl-manage"), "DaemonSet", "numaguard-exporter")["spec"]
     pod = spec["template"]["spec"]
     assert {"name": "resctrl", "hostPath": {"path": "/sys/fs/resctrl", "type": "Directory"}} in (
         pod["volumes"]
@@ -198,3 +229,55 @@ def test_resctrl_is_writable_only_with_its_overlay_and_only_where_it_exists():
     mount = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "resctrl"]
     assert mount == [{"name": "resctrl", "mountPath": "/host/sys/fs/resctrl"}]
     assert pod["nodeSelector"]["feature.node.kubernetes.io/cpu-rdt.RDTMON"] == "true"
+
+
+def test_each_component_s_own_objects_carry_its_name_and_nothing_else_does():
+    """What the README's `kubectl delete ... -l numaguard.io/component=<name>` removes
+    when a component is taken out: its objects, and only those."""
+    base = {(d["kind"], d["metadata"]["name"]) for d in rendered()}
+    for component in COMPONENTS:
+        for doc in rendered(component):
+            key = (doc["kind"], doc["metadata"]["name"])
+            label = doc["metadata"]["labels"].get("numaguard.io/component")
+            assert label == (None if key in base else component), (component, key)
+
+
+README = DEPLOY.parent / "README.md"
+
+
+def readme_kustomization() -> str:
+    text = README.read_text().split("**With kustomize**", 1)[1]
+    return text.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("uncommented", [False, True])
+def test_the_readme_s_kustomization_renders_what_it_says(tmp_path, uncommented):
+    """The README's kustomization, with this checkout where it says ../numaguard, as
+    written (two components) and with every component it lists taken in."""
+    import os
+    import subprocess
+
+    from numaguard.simulator.controlplane import parts_dir
+
+    text = readme_kustomization().replace("../numaguard/deploy", os.path.relpath(DEPLOY, tmp_path))
+    if uncommented:
+        text = text.replace("  # - ", "  - ")
+    (tmp_path / "kustomization.yaml").write_text(text)
+    out = subprocess.run(
+        [str(parts_dir() / "kubectl"), "kustomize", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    exporter = of(docs, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
+    remediator = of(docs, "Deployment", "numaguard-remediator")["spec"]["template"]["spec"]
+    (container,) = exporter["containers"]
+    assert container["image"] == "registry.example.com/numaguard-exporter:0.1.0"
+    assert remediator["containers"][0]["image"] == "registry.example.com/numaguard-remediator:0.1.0"
+    assert "--nrt" in container["args"]
+    assert "resctrl" in {v["name"] for v in exporter["volumes"]}
+    acting = "--no-dry-run" in remediator["containers"][0]["args"]
+    assert acting == uncommented
+    assert ("NetworkPolicy" in {d["kind"] for d in docs}) == uncommented
+    assert ("--web.kubernetes-auth" in container["args"]) == uncommented

@@ -1,5 +1,5 @@
 """--nrt on the real control plane with the NodeResourceTopology CRD (the scheduler-plugins
-project's, fetched by make): the exporter, as its ServiceAccount with deploy/overlays/nrt's
+project's, fetched by make): the exporter, as its ServiceAccount with deploy/components/nrt's
 RBAC, publishes its node's object; its zones are the exporter's numaguard_zone_* series
 and follow them when a pod goes; a pod that the rule of NodeResourceTopologyMatch
 (single-numa-node: one zone with all it asks) fits there is admitted by the node's
@@ -24,10 +24,10 @@ GPU = "nvidia.com/gpu"
 
 
 async def grant_nrt(cp, session) -> None:
-    """The CRD, and what deploy/overlays/nrt adds for the exporter beyond the base: its
+    """The CRD, and what deploy/components/nrt adds for the exporter beyond the base: its
     grant, and the policy holding each exporter to its own node's object."""
     await cp.install_crd(session, nrt_crd())
-    for obj in rendered("overlays/nrt"):
+    for obj in rendered("nrt"):
         if obj["metadata"]["name"].startswith("numaguard-exporter-nrt"):
             with contextlib.suppress(ApiError):  # another test made it
                 await cp.create(session, obj)

@@ -63,7 +63,7 @@ class Stack:
             namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MONITORING}}
             await cp.create(self.session, namespace)
         monitoring = ("Service", "ServiceMonitor", "PrometheusRule")
-        self.objects = quick([o for o in rendered("base") if o["kind"] in monitoring])
+        self.objects = quick([o for o in rendered() if o["kind"] in monitoring])
         token = directory / "prometheus.token"
         token.write_text(cp.admin_token)
         version = built_prometheus3().name.removeprefix("prometheus-")
@@ -153,7 +153,7 @@ async def test_the_operator_s_configuration_keeps_the_workloads_names(stack):
 
     # the PrometheusRule's rules are loaded, every one, and its alert fires with the
     # workload's names
-    (shipped,) = [o for o in rendered("base") if o["kind"] == "PrometheusRule"]
+    (shipped,) = [o for o in rendered() if o["kind"] == "PrometheusRule"]
     async with stack.session.get(f"{prom.url}/api/v1/rules") as r:
         groups = (await r.json())["data"]["groups"]
     loaded = sorted(rule["name"] for g in groups for rule in g["rules"])

@@ -1040,7 +1040,8 @@ def test_a_verdict_with_labels_no_exporter_writes_is_a_contradiction(extra, refu
         assert [(r.guard, r.detail) for r in result.refusals] == [
             (
                 "evidence_mismatch",
-                f"a series saying cross_numa device_remote has labels no exporter writes: {refused}",
+                "a series saying cross_numa device_remote has labels no exporter writes: "
+                + refused,
             )
         ]
 

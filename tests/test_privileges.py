@@ -5,7 +5,7 @@ give it) and every collector succeeds, on a simulated GPU node (cgroups, NVML's 
 PIDs through /proc/<pid>/cgroup, the kubelet's socket, the API server) and on this
 machine's real /proc and /sys. uid 0 it needs: the kubelet keeps its socket in a
 directory only root may enter, and the kernel lets only root (or the task's owner) move
-a task into a resctrl group (overlays/resctrl-manage)."""
+a task into a resctrl group (components/resctrl-manage)."""
 
 from __future__ import annotations
 

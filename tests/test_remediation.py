@@ -13,9 +13,11 @@ import json
 import logging
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -584,6 +586,21 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
     assert c.evictions() == []  # dry-run: Events only
     reasons = {e["reason"] for e in await c.events()}
     assert "DryRun" in reasons
+    # the README's review command, as it is written, by the real kubectl: it finds them
+    # (they are in the pods' own namespace, not numaguard's)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (review,) = {tuple(ln.split()) for ln in readme.splitlines() if ln.endswith("reason=DryRun")}
+    admin = c.cp.kubeconfig(tmp_path / "admin.kubeconfig", c.cp.admin_token)
+    listed = subprocess.run(
+        [str(c.cp.bin / "kubectl"), f"--kubeconfig={admin}", *review[1:], "-o", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    found = json.loads(listed.stdout)["items"]
+    assert found and {(e["reason"], e["involvedObject"]["namespace"]) for e in found} == {
+        ("DryRun", "ml")
+    }
     # it held the Lease, and released it when it stopped
     lease = await c.get("Lease", "numaguard-remediator", "numaguard")
     assert lease["spec"]["holderIdentity"] == "" and lease["metadata"]["resourceVersion"]

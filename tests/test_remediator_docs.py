@@ -142,3 +142,16 @@ def test_minimum_gains_come_from_the_config_and_flags_kind_by_kind(tmp_path):
     args = ["plan", "--config", str(config), "--min-fix-gain", "starved=2"]
     policy = settings(parser().parse_args([*args, "--min-fix-gain", "cross_numa=1.25"]))[0]
     assert policy.min_fix_gain == FixGain(cross_numa=1.25, starved=2.0, oversized=0.0)
+
+
+def test_its_own_namespace_is_always_protected(monkeypatch):
+    """Installed into a shared namespace (helm install -n monitoring), the remediator
+    never acts on its neighbours there, whatever the config lists."""
+    from numaguard.remediator.cli import parser, settings
+
+    monkeypatch.setenv("POD_NAMESPACE", "monitoring")
+    args = ["plan", "--protected-namespace", "team-a"]
+    policy = settings(parser().parse_args(args))[0]
+    assert policy.protected_namespaces == ("kube-system", "team-a", "monitoring")
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert settings(parser().parse_args(["plan"]))[0].protected_namespaces == ("kube-system",)

@@ -256,14 +256,14 @@ def bearer(token: str) -> dict:
 
 @contextlib.asynccontextmanager
 async def scrapers(cp, session):
-    """deploy/overlays/kubernetes-auth's RBAC (what it adds to the base) applied; and
+    """deploy/components/kubernetes-auth's RBAC (what it adds to the base) applied; and
     two would-be scrapers in namespace monitoring: prometheus, allowed to get /metrics
     as kube-prometheus-stack's Prometheus ClusterRole allows it, and stranger, not.
     Yields {name: a token of it}; takes it all away after."""
-    base = {(o["kind"], o["metadata"]["name"]) for o in rendered("base")}
+    base = {(o["kind"], o["metadata"]["name"]) for o in rendered()}
     made = [
         o
-        for o in rendered("overlays/kubernetes-auth")
+        for o in rendered("kubernetes-auth")
         if (o["kind"], o["metadata"]["name"]) not in base
     ]
     if await cp.get(session, "Namespace", None, "monitoring") is None:

@@ -181,7 +181,7 @@ def parser() -> argparse.ArgumentParser:
         help="let only scrapers whose bearer token the API server authenticates "
         "(TokenReview) and allows to get the path (SubjectAccessReview, e.g. Prometheus' "
         "ClusterRole's nonResourceURLs /metrics), as kube-rbac-proxy does; needs the API "
-        "server and the system:auth-delegator ClusterRole (deploy/overlays/kubernetes-auth)",
+        "server and the system:auth-delegator ClusterRole (deploy/components/kubernetes-auth)",
     )
     p.add_argument(
         "--nrt",
@@ -189,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
         help="publish this node's NodeResourceTopology (topology.node.k8s.io/v1alpha2, read "
         "by the scheduler's NodeResourceTopologyMatch plugin) from the numaguard_zone_* "
         "figures, each cycle they change; needs the API server, the CRD and "
-        "deploy/overlays/nrt's RBAC",
+        "deploy/components/nrt's RBAC",
     )
     p.add_argument(
         "--nrt.kubelet-config",

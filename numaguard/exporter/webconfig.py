@@ -19,7 +19,7 @@ server as kube-rbac-proxy does it for node_exporter in kube-prometheus: a bearer
 the API server vouches for (TokenReview) whose user may ``get`` the path as a
 non-resource URL (SubjectAccessReview: Prometheus' ClusterRole in kube-prometheus-stack
 grants ``get`` on ``/metrics``). The component's own ServiceAccount asks, with the
-``system:auth-delegator`` ClusterRole (deploy/overlays/kubernetes-auth).
+``system:auth-delegator`` ClusterRole (deploy/components/kubernetes-auth).
 
 And the TCP site both serve on, bounded in the connections it holds (BoundedSite).
 """

@@ -142,7 +142,8 @@ def parser() -> argparse.ArgumentParser:
             "--protected-namespace",
             action="append",
             metavar="NS",
-            help="never act in this namespace (repeatable; kube-system always)",
+            help="never act in this namespace (repeatable; kube-system and its own, env "
+            "POD_NAMESPACE, always)",
         )
         s.add_argument(
             "--enforce",
@@ -329,8 +330,10 @@ def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows, Sour
             problems = "; ".join(_problem(name, e) for e in err.errors())
             raise ConfigError(f"{where}: {problems}") from None
     policy = built["policy"]
-    if args.protected_namespace:
-        protected = (*policy.protected_namespaces, *args.protected_namespace)
+    # its own namespace (where it is installed, with the exporters) is never acted in
+    own = [os.environ["POD_NAMESPACE"]] if os.environ.get("POD_NAMESPACE") else []
+    if args.protected_namespace or own:
+        protected = (*policy.protected_namespaces, *(args.protected_namespace or ()), *own)
         policy = replace(policy, protected_namespaces=protected)
     return policy, built["detection"], built["windows"], built["prometheus"]
 

@@ -36,7 +36,7 @@ async def api_client(kubeconfig: str | None) -> client.ApiClient | None:
 
 # Every (API group, resource, verb) the remediator uses; deploy/ grants exactly these:
 # deploy/base what a dry run needs (it reads, tells in Events and elects a leader), the
-# enforce overlay the writes that act.
+# no-dry-run component the writes that act.
 DRY_RUN_API_USE = {
     ("", "pods", "get"),
     ("", "pods", "list"),  # a workload's pods, to verify a fix on its replacements

@@ -335,7 +335,7 @@ class SimulatedCluster(NodeAgent):
         Running at that address, so the exporter Service's EndpointSlices list it as
         they would a real one. ``stack`` stops the processes. Returns node -> URL."""
         address = routable_address()
-        (daemonset,) = [o for o in rendered("base") if o["kind"] == "DaemonSet"]
+        (daemonset,) = [o for o in rendered() if o["kind"] == "DaemonSet"]
         namespace = daemonset["metadata"]["namespace"]
         self.namespaces.add(namespace)  # stop() takes the DaemonSet and its pods away
         # the GPU Operator's RuntimeClass, which the DaemonSet's pods ask for

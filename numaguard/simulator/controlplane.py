@@ -136,10 +136,21 @@ def nrt_crd() -> Path:
     return path
 
 
-def rendered(overlay: str = "base") -> list[dict]:
-    """What ``kubectl apply -k deploy/<overlay>`` would send: kustomize's rendering."""
-    kubectl = [str(parts_dir() / "kubectl"), "kustomize", str(ROOT / "deploy" / overlay)]
-    out = subprocess.run(kubectl, check=True, capture_output=True, text=True).stdout
+def rendered(*components: str) -> list[dict]:
+    """What ``kubectl apply -k`` would send of a kustomization of deploy/base with these
+    of deploy/components: kustomize's rendering."""
+    with tempfile.TemporaryDirectory() as folder:
+        # kustomize takes relative paths only
+        deploy = os.path.relpath(ROOT / "deploy", folder)
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [f"{deploy}/base"],
+            "components": [f"{deploy}/components/{c}" for c in components],
+        }
+        (Path(folder) / "kustomization.yaml").write_text(json.dumps(kustomization))
+        kubectl = [str(parts_dir() / "kubectl"), "kustomize", folder]
+        out = subprocess.run(kubectl, check=True, capture_output=True, text=True).stdout
     return [obj for obj in yaml.safe_load_all(out) if obj]
 
 
@@ -295,12 +306,12 @@ class ControlPlane:
         return str(path)
 
     async def install_numaguard(
-        self, session: aiohttp.ClientSession, overlay: str = "overlays/enforce"
+        self, session: aiohttp.ClientSession, components: tuple[str, ...] = ("no-dry-run",)
     ) -> None:
-        """Apply deploy/<overlay>'s namespace, ServiceAccounts and RBAC as kustomize
-        renders them (the enforce overlay: tests act), and get a token for each of our
+        """Apply deploy/'s namespace, ServiceAccounts and RBAC as kustomize renders them
+        with ``components`` (no-dry-run: tests act), and get a token for each of our
         ServiceAccounts (``self.tokens``): our components run as those."""
-        for obj in rendered(overlay):
+        for obj in rendered(*components):
             if obj["kind"] in RBAC_KINDS:
                 await self.create(session, obj)
         for account in ACCOUNTS:

@@ -25,7 +25,7 @@ from numaguard.exporter.sources.apiserver import ApiServer
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_SECONDS = 10.0
-# What --nrt needs of the API server, beyond the pod watch (deploy/overlays/nrt grants it)
+# What --nrt needs of the API server, beyond the pod watch (deploy/components/nrt grants it)
 API_USE = {
     ("topology.node.k8s.io", "noderesourcetopologies", "get"),
     ("topology.node.k8s.io", "noderesourcetopologies", "create"),
