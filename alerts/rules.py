@@ -70,7 +70,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "NumaguardPodCrossNUMA",
             q["cross_numa_sustained"],
             "0m",
-            "warning",
+            "info",  # one per pod: a ticket or a dashboard, never a page
             "Pod {{ $labels.namespace }}/{{ $labels.pod }} is placed across NUMA nodes "
             "({{ $labels.reason }})",
             "On node {{ $labels.node }}, pod {{ $labels.namespace }}/{{ $labels.pod }} has been "
@@ -89,7 +89,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "NumaguardGPUStarved",
             q["starved_sustained"],
             "0m",
-            "warning",
+            "info",  # one per pod: a ticket or a dashboard, never a page
             "GPU work of {{ $labels.namespace }}/{{ $labels.pod }} is starved by its host "
             "({{ $labels.reason }})",
             "On node {{ $labels.node }}, GPU {{ $labels.gpu }} (slice {{ $labels.mig_uuid }}) "
@@ -184,10 +184,12 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         Alert(
             "NumaguardExporterDown",
             f"{selected('up', SELECTOR)} == 0",
-            "5m",
-            "critical",
+            "10m",
+            # as kube-prometheus-stack's TargetDown, which fires beside it: a ticket, not
+            # a page (nothing acts on the node's stale data meanwhile)
+            "warning",
             "numaguard exporter {{ $labels.instance }} is down",
-            "Prometheus has not been able to scrape {{ $labels.instance }} for 5 minutes.",
+            "Prometheus has not been able to scrape {{ $labels.instance }} for 10 minutes.",
             "No placement, GPU or traffic data comes from that node; the remediator takes no "
             "action there (its data is stale).",
             "Check the DaemonSet pod on that node (`kubectl -n numaguard get pods -o wide`), "
@@ -225,11 +227,13 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardRemediatorNoLeader",
-            f"max({c.REMEDIATOR_LEADER.name}) < 1 or absent({c.REMEDIATOR_LEADER.name})",
+            # per install (its job, and cluster or any label every replica shares), and only
+            # where a remediator runs: an exporters-only install has no such series
+            f"max without (instance, pod, container, endpoint) ({c.REMEDIATOR_LEADER.name}) < 1",
             "10m",
             "warning",
-            "No numaguard remediator replica leads",
-            "For 10 minutes no remediator replica has held the leader Lease.",
+            "No numaguard remediator replica leads ({{ $labels.job }})",
+            "For 10 minutes no replica of {{ $labels.job }} has held the leader Lease.",
             "Nothing is remediated: findings pile up.",
             "Check the remediator Deployment, its RBAC for leases, and its logs.",
             "numaguard-remediation",
@@ -248,24 +252,25 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardRemediationNotHolding",
+            # no_gain is an expected outcome (placement was not what held the job back),
+            # said in the RemediationVerified Event and the fix-gain histogram: no alert
             f"increase({c.REMEDIATOR_VERIFICATIONS.name}"
-            '{outcome=~"did_not_hold|no_gain|unverified|gave_up"}[1h]) > 0',
+            '{outcome=~"did_not_hold|unverified|gave_up"}[1h]) > 0',
             "0m",
             "warning",
             "numaguard fixes do not hold",
             "In the last hour a remediated workload came back with the same finding, or "
-            "without the gain a fix should bring ({{ $labels.outcome }}).",
+            "could not be verified ({{ $labels.outcome }}).",
             "did_not_hold: the replacement pod was placed as badly as before, typically on a "
             "node whose Topology Manager policy is `none` or `best-effort`, or by a scheduler "
-            "that keeps choosing the same node. no_gain: the replacement is aligned but its "
-            "GPU is no busier (or its memory no more local) than before: placement was not "
-            "what held the job back (its input, its own code, a small batch). unverified: no "
-            "fresh data on the replacement by the deadline.",
+            "that keeps choosing the same node. unverified: no fresh data on the replacement "
+            "by the deadline. gave_up: the remediator stopped trying that workload. (no_gain, "
+            "an aligned replacement no busier than before, is expected now and then and does "
+            "not alert: placement was not what held the job back.)",
             "Set `single-numa-node` on GPU nodes; read the `RemediationVerified` Events (they "
             "give the GPU activity before and after) and "
-            "`numaguard_remediator_fix_gain_ratio`. For no_gain, look at what the job waits "
-            "for instead, or raise `policy.enforcement` of that kind to `recommend`. The "
-            "remediator backs off and gives up on such workloads by itself.",
+            "`numaguard_remediator_fix_gain_ratio`. The remediator backs off and gives up on "
+            "such workloads by itself.",
             "numaguard-remediation",
         ),
         Alert(

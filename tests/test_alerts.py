@@ -137,10 +137,10 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
     ),
     "NumaguardExporterDown": (
         {
-            'up{job="numaguard",instance="n1:9847"}': "0x10",
-            'up{job="numaguard",instance="n2:9847"}': "1x10",
+            'up{job="numaguard",instance="n1:9847"}': "0x15",
+            'up{job="numaguard",instance="n2:9847"}': "1x15",
         },
-        [("4m", []), ("6m", [{"job": "numaguard", "instance": "n1:9847"}])],
+        [("9m", []), ("11m", [{"job": "numaguard", "instance": "n1:9847"}])],
     ),
     "NumaguardCollectorFailing": (
         {
@@ -156,10 +156,14 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
     ),
     "NumaguardRemediatorNoLeader": (
         {
-            'numaguard_remediator_leader{instance="a"}': "0x20",
-            'numaguard_remediator_leader{instance="b"}': "0x20",
+            'numaguard_remediator_leader{job="numaguard-remediator",instance="a",pod="a"}': "0x20",
+            'numaguard_remediator_leader{job="numaguard-remediator",instance="b",pod="b"}': "0x20",
+            # another install, in another cluster, whose replica leads
+            'numaguard_remediator_leader{job="numaguard-remediator",cluster="c2",instance="c"}': (
+                "1x20"
+            ),
         },
-        [("9m", []), ("11m", [{}])],
+        [("9m", []), ("11m", [{"job": "numaguard-remediator"}])],
     ),
     "NumaguardRemediationActionsFailing": (
         {
@@ -177,7 +181,8 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
         [
             ("3m", []),
             ("7m", [{"outcome": "did_not_hold"}]),
-            ("10m", [{"outcome": "did_not_hold"}, {"outcome": "no_gain"}]),
+            # no_gain rose at 9m: an expected outcome, no alert
+            ("10m", [{"outcome": "did_not_hold"}]),
         ],
     ),
     "NumaguardAdmissionRejections": (
@@ -304,6 +309,39 @@ def test_promtool_unit_tests(alert, version, tmp_path):
                         ],
                     }
                     for at, expected in checks
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    run = subprocess.run(
+        [binary("promtool", version), "test", "rules", str(path)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_an_exporters_only_install_raises_no_remediator_alert(version, tmp_path):
+    """The chart's remediator.enabled=false: exporters up and well, no remediator series
+    at all. Nothing fires, NoLeader included, at any time."""
+    series = {
+        'up{job="numaguard",instance="n1:9847"}': "1x90",
+        'numaguard_collector_success{job="numaguard",node="n1",collector="gpu"}': "1x90",
+        'numaguard_collector_last_success_timestamp_seconds{job="numaguard",node="n1",'
+        'collector="gpu"}': "0+60x90",
+    }
+    test = {
+        "rule_files": [str(rules.RULES_FILE)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "alert_rule_test": [
+                    {"eval_time": at, "alertname": a.name, "exp_alerts": []}
+                    for a in rules.ALERTS
+                    for at in ("15m", "90m")
                 ],
             }
         ],

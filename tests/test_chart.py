@@ -338,3 +338,19 @@ def test_the_readme_s_image_command_builds_and_pushes_what_the_chart_runs():
     )
     assert refused.returncode != 0
     assert f"give the repository alone (IMAGE={image})" in refused.stdout
+
+
+def test_the_alerts_runbook_urls_can_point_elsewhere():
+    (rule,) = [
+        d
+        for d in template("prometheusRule.runbookUrl=https://wiki.example/numaguard/")
+        if d["kind"] == "PrometheusRule"
+    ]
+    urls = [
+        r["annotations"]["runbook_url"]
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    ]
+    assert urls and all(u.startswith("https://wiki.example/numaguard/Numaguard") for u in urls)
+    assert "https://wiki.example/numaguard/NumaguardExporterDown.md" in urls
