@@ -262,9 +262,7 @@ async def scrapers(cp, session):
     Yields {name: a token of it}; takes it all away after."""
     base = {(o["kind"], o["metadata"]["name"]) for o in rendered()}
     made = [
-        o
-        for o in rendered("kubernetes-auth")
-        if (o["kind"], o["metadata"]["name"]) not in base
+        o for o in rendered("kubernetes-auth") if (o["kind"], o["metadata"]["name"]) not in base
     ]
     if await cp.get(session, "Namespace", None, "monitoring") is None:
         made.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "monitoring"}})
