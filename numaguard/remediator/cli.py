@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -13,6 +15,8 @@ import signal
 import socket
 import sys
 import time
+import typing
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
@@ -109,9 +113,11 @@ def parser() -> argparse.ArgumentParser:
             description=text,
             formatter_class=_Help,
         )
+        s.set_defaults(subparser=s)  # its own usage for its own errors
         s.add_argument(
             "--prometheus",
             default="http://127.0.0.1:9090",
+            type=_url,
             metavar="URL",
             help="Prometheus that scrapes the numaguard exporters",
         )
@@ -322,13 +328,14 @@ def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows, Sour
                 sections["policy"][key][kind] = value
     if getattr(args, "dry_run", None) is not None:  # `run --dry-run` / `--no-dry-run`
         sections["policy"]["dry_run"] = args.dry_run
-    built = {}
+    built, problems = {}, []
     for name, cls in SECTIONS.items():
         try:
             built[name] = TypeAdapter(cls).validate_python(sections[name])
         except ValidationError as err:
-            problems = "; ".join(_problem(name, e) for e in err.errors())
-            raise ConfigError(f"{where}: {problems}") from None
+            problems += [_problem(name, e, cls) for e in err.errors()]
+    if problems:
+        raise ConfigError(f"{where}: {'; '.join(problems)}")
     policy = built["policy"]
     # its own namespace (where it is installed, with the exporters) is never acted in
     own = [os.environ["POD_NAMESPACE"]] if os.environ.get("POD_NAMESPACE") else []
@@ -338,17 +345,45 @@ def settings(args: argparse.Namespace) -> tuple[Policy, Detection, Windows, Sour
     return policy, built["detection"], built["windows"], built["prometheus"]
 
 
-def _problem(section: str, error: dict) -> str:
-    """One validation error, named by where it is; one across a section's fields (its
-    __post_init__) by the section."""
+def _problem(section: str, error: dict, record: type) -> str:
+    """One validation error, named by where it is (one across a section's fields, its
+    __post_init__, by the section), in words a user can act on."""
+    message = error["msg"].removeprefix("Value error, ")
     if not error["loc"]:
-        return f"{section}: {error['msg'].removeprefix('Value error, ')}"
-    return f"{section}.{'.'.join(map(str, error['loc']))}: {error['msg']} (got {error['input']!r})"
+        return f"{section}: {message}"
+    where = f"{section}.{'.'.join(map(str, error['loc']))}"
+    if error["type"] == "unexpected_keyword_argument":
+        for part in error["loc"][:-1]:  # the record the key was given to
+            record = typing.get_type_hints(record).get(part)
+        keys = [f.name for f in fields(record)] if dataclasses.is_dataclass(record) else []
+        near = difflib.get_close_matches(str(error["loc"][-1]), keys, n=1)
+        hint = f"did you mean {near[0]}?" if near else f"the keys are {', '.join(keys)}"
+        return f"{where}: no such setting ({hint})"
+    return f"{where}: {message} (got {error['input']!r})"
+
+
+def _url(text: str) -> str:
+    """An http(s) URL: without a scheme every query would fail as unreachable."""
+    parsed = urllib.parse.urlsplit(text)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is no http(s) URL: give the scheme too, e.g. http://{text.split('://')[-1]}"
+        )
+    return text
+
+
+# the sizing kinds: enforced together (one policy for resizes), gains set per direction
+RESIZES = ("undersized", "oversized")
 
 
 def _enforcement(text: str) -> tuple[str, str]:
     kind, sep, mode = text.partition("=")
     kinds = [f.name for f in fields(Enforcement)]
+    if kind in RESIZES and sep and mode in MODES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: undersized and oversized slices are enforced together, as "
+            f"mis_sized: give mis_sized={mode}"
+        )
     if not sep or kind not in kinds or mode not in MODES:
         raise argparse.ArgumentTypeError(
             f"{text!r}: give KIND=MODE, KIND one of {', '.join(kinds)}, MODE one of "
@@ -364,6 +399,11 @@ def _min_gain(text: str) -> tuple[str, float]:
         gain = float(value)
     except ValueError:
         gain = -1.0
+    if kind == "mis_sized" and sep:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a resize's gain is set per direction: give undersized={value} and/or "
+            f"oversized={value}"
+        )
     if not sep or kind not in kinds or not 0 <= gain < float("inf"):
         raise argparse.ArgumentTypeError(
             f"{text!r}: give KIND=GAIN, KIND one of {', '.join(kinds)}, GAIN a number >= 0"
@@ -398,6 +438,7 @@ def _json(report: CycleReport) -> str:
     return json.dumps(
         {
             "error": report.error,
+            "warning": report.warning,
             "findings": [vars(f) for f in report.findings],
             "actions": [
                 {
@@ -448,7 +489,8 @@ def _json(report: CycleReport) -> str:
 def _table(report: CycleReport) -> str:
     if report.error:
         return f"no plan: {report.error}"
-    lines = [f"{len(report.findings)} findings"]
+    lines = [f"warning: {report.warning}"] if report.warning else []
+    lines.append(f"{len(report.findings)} findings")
     rows = [("pod", "finding", "decision", "why")]
     for a in report.plan.actions:
         rows.append(
@@ -482,7 +524,13 @@ def _table(report: CycleReport) -> str:
 
 
 async def run_command(args) -> int:
-    kube = await _answering_kube(args.kubeconfig)
+    stop = asyncio.Event()  # SIGTERM: the cycle stops at its next write
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    kube = await _answering_kube(args.kubeconfig, stop)
+    if kube is None:  # stopped while the API server did not answer
+        return 0
     metrics = Metrics()
 
     def leadership(leading: bool) -> None:
@@ -502,11 +550,7 @@ async def run_command(args) -> int:
         retry_period=args.retry_period,
         on_change=leadership,
     )
-    stop = asyncio.Event()  # SIGTERM: the cycle stops at its next write
     release = asyncio.Event()  # then, the cycle over, the Lease is let go
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     health = Health(3 * args.interval + 60)
     runner, scrapers = await _serve_metrics(args, metrics, health)
     election = asyncio.create_task(elector.run(release))  # renews whatever the cycle does
@@ -543,8 +587,10 @@ async def run_command(args) -> int:
     return 0
 
 
-async def _answering_kube(kubeconfig: str | None) -> Kube:
-    """The API server's client, once the server answers; else a KubeconfigError."""
+async def _answering_kube(kubeconfig: str | None, stop: asyncio.Event) -> Kube | None:
+    """The API server's client, once the server answers (asked again with backoff, as a
+    controller rides out an API server restart); None if stopped first; a
+    KubeconfigError when there is no kubeconfig at all."""
     api = await api_client(kubeconfig)
     if api is None:
         raise KubeconfigError(
@@ -552,17 +598,27 @@ async def _answering_kube(kubeconfig: str | None) -> Kube:
             "the API server"
         )
     kube = Kube(api)
-    try:
-        version = await kube.get("/version")
-    except (aiohttp.ClientError, OSError, TimeoutError) as err:
-        version = None
-        reason = str(err) or type(err).__name__
-    else:
-        reason = f"HTTP {version.status}"
-    if version is None or not version.ok:
-        await api.close()
-        raise KubeconfigError(f"the API server does not answer ({reason}): not starting")
-    return kube
+    delay = 1.0
+    while True:
+        try:
+            version = await kube.get("/version")
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            version, reason = None, str(err) or type(err).__name__
+        else:
+            reason = f"HTTP {version.status}"
+        if version is not None and version.ok:
+            return kube
+        log.warning(
+            "the API server does not answer (%s): asking again in %gs",
+            reason,
+            delay,
+            extra={"reason": reason, "retry_seconds": delay},
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+            await api.close()
+            return None
+        delay = min(2 * delay, 30.0)
 
 
 async def _serve_metrics(args, metrics: Metrics, health: Health):
@@ -610,9 +666,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "web_config_file", None):  # a bad file: an error before starting
             webconfig.ssl_context(webconfig.load(args.web_config_file), args.web_config_file)
     except ConfigError as err:
-        p.error(str(err))
+        args.subparser.error(str(err))
     except webconfig.WebConfigError as err:
-        p.error(f"--web.config.file {err}")
+        args.subparser.error(f"--web.config.file {err}")
     logs.setup(args.log_format, args.log_level)
     try:
         return asyncio.run(plan_command(args) if args.command == "plan" else run_command(args))

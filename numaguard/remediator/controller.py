@@ -81,6 +81,7 @@ class CycleReport:
     storms: list[Storm] = field(default_factory=list)  # pods the kubelet refused, grouped
     error: str = ""
     leader: bool = True
+    warning: str = ""  # the cycle ran, but something a person should fix made it blind
 
 
 class Controller:
@@ -138,6 +139,13 @@ class Controller:
                 extra={"query": query, "reason": reason},
             )
         report.findings = list(self.state.open.values())
+        if not signals["exporter_targets"]["value"].sum():
+            report.warning = (
+                f"no exporter target matches the selector {self.prometheus.selector}: no "
+                "finding can be made; set prometheus.selector (--selector) to the exporters' "
+                "job, as `count by (job) (numaguard_build_info)` names it"
+            )
+            log.warning(report.warning, extra={"selector": self.prometheus.selector})
         try:
             pods = await pods_of(self.kube, report.findings) if self.kube else {}
         except (ClusterError, *_TRANSPORT) as err:

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Annotated
 import aiohttp
 import pandas as pd
 import promql_parser
-from pydantic import Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints
 
 from numaguard.remediator.core.answers import Signals, empty_frame, joined
 from numaguard.remediator.core.queries import (
@@ -44,6 +45,16 @@ _MATCHER = r'\s*[A-Za-z_]\w*\s*(=|!=|=~|!~)\s*"[^"\\]*"\s*'
 _MATCHERS = rf"^{_MATCHER}(,{_MATCHER})*$"
 
 
+def _matchers(text: str) -> str:
+    if re.fullmatch(_MATCHERS, text):
+        return text
+    quoted = re.sub(r'(=~|!~|!=|=)\s*([^",]+?)\s*(?=,|$)', r'\1"\2"', text)
+    hint = f": quote each value, {quoted}" if re.fullmatch(_MATCHERS, quoted) else ""
+    raise ValueError(
+        f'label matchers as PromQL writes them between braces, e.g. job="numaguard"{hint}'
+    )
+
+
 @dataclass(frozen=True)
 class Source:
     """Where the exporters' series are read, and how much of an answer is believed."""
@@ -51,7 +62,9 @@ class Source:
     __pydantic_config__ = FORBID_EXTRA
 
     # the exporters' own series: the ServiceMonitor's job (the alert rules use the same)
-    selector: Annotated[str, StringConstraints(pattern=_MATCHERS, strict=True)] = DEFAULT_SELECTOR
+    selector: Annotated[str, StringConstraints(strict=True), AfterValidator(_matchers)] = (
+        DEFAULT_SELECTOR
+    )
     timeout_seconds: Positive = 10.0  # per query, reading and decoding included
     # all of a cycle's answers together: what decoding them costs in memory is bounded
     # (about six times this at most)

@@ -223,7 +223,9 @@ def detection(
     def read(name: str) -> str:
         return selected(RECORDED[name], selector) if name in recorded else e[name]
 
-    out = []
+    # how many exporter targets the selector finds: none is a selector that names no
+    # exporter (a job relabelled otherwise), said, never read as "nothing to fix"
+    out = [("exporter_targets", f"count({selected('up', selector)})")]
     for kind in PLACEMENT:
         sustained, seen = kind.sustained, kind.seen
         out.append((sustained, read(sustained)) if sustained in recorded else (seen, e[seen]))
