@@ -208,7 +208,9 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "that node.",
             "See `numaguard_collector_errors_total{collector=...}` for the reason (missing, "
             "permission, parse, timeout, gpu_lost, nvml, kubelet, ...) and the exporter's log "
-            "line for the file or call.",
+            "line for the file or call. `driver` on the gpu collector: a GPU node where NVML "
+            "cannot be loaded in the exporter's pod (no `nvidia` RuntimeClass or CDI "
+            "injection, or the GPU Operator's driver not up yet).",
             "numaguard-health",
         ),
         Alert(

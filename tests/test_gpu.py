@@ -746,6 +746,27 @@ async def test_without_a_driver_the_exporter_runs_without_gpus(fake_root):
     assert log_of(proc).count("no NVIDIA driver") == 1
 
 
+async def test_on_a_gpu_node_without_a_driver_the_gpu_collector_fails_visibly(fake_root):
+    """The DaemonSet's --gpu-backend nvml on this machine, which has no driver: not an
+    exporter quietly without GPUs, but the gpu collector failing with reason driver
+    (NumaguardCollectorFailing then fires)."""
+    root = fake_root(presets.two_socket())
+    args = ("--host-root", str(root.root), "--node-name", NODE, "--interval", "0.2")
+    errors = series("numaguard_collector_errors_total", collector="gpu", reason="driver")
+
+    async with exporter_process(*args, "--gpu-backend", "nvml") as (url, proc):
+
+        async def failed_twice():
+            got = samples(await get(f"{url}/metrics"))
+            return got if got.get(errors, 0) >= 2 else None
+
+        got = await until(failed_twice, "two cycles failing for the driver")
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert got[series("numaguard_collector_success", collector="gpu")] == 0
+    assert log_of(proc).count("the gpu collector fails (reason driver)") == 1
+
+
 async def test_a_bad_fake_gpu_file_is_a_clear_error(fake_root, tmp_path):
     root = fake_root(presets.two_socket())
     bad = tmp_path / "gpus.json"
@@ -764,3 +785,35 @@ async def test_a_bad_fake_gpu_file_is_a_clear_error(fake_root, tmp_path):
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert f"cannot use the fake GPU node in {bad}" in err.decode()
+
+
+async def test_a_gpu_node_whose_driver_is_not_loaded_yet_says_so_until_it_is(fake_root):
+    """--gpu-backend nvml (the DaemonSet on GPU nodes): NVML that cannot be initialised
+    is the gpu collector's failure, reason driver, each cycle, and no GPU series; once
+    the driver loads (the GPU Operator's driver container came up after us) the next
+    cycle reads the GPUs."""
+    clock = Clock()
+    host, nvml = presets.gpu_node(clock)
+    root = fake_root(host)
+    nvml.failures[("nvmlInitWithFlags", None)] = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    with nvml.installed():
+        source = NvmlSource(pynvml, str(root.root), 5.0, clock)
+        collection = Collection(NODE, {"gpu": source}, clock=clock)
+
+        async def cycle() -> dict:
+            clock.now += INTERVAL
+            await collection.run_once()
+            return samples(collection.exposition.text)
+
+        for n in (1, 2):
+            got = await cycle()
+            assert got[series("numaguard_collector_success", collector="gpu")] == 0
+            errors = series("numaguard_collector_errors_total", collector="gpu", reason="driver")
+            assert got[errors] == n
+            assert not [k for k in got if k[0].startswith(("numaguard_gpu_", "numaguard_mig_"))]
+        del nvml.failures[("nvmlInitWithFlags", None)]
+        got = await cycle()
+        source.close()
+    assert got[series("numaguard_collector_success", collector="gpu")] == 1
+    info = [k for k in got if k[0] == "numaguard_gpu_info"]
+    assert len(info) == len(nvml.gpus) == 8

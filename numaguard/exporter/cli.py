@@ -124,10 +124,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--gpu-backend",
-        default="nvml",
-        choices=("nvml", "none"),
-        help="where GPU and MIG metrics come from: nvml (the driver's libnvidia-ml; without "
-        "a driver the exporter logs one line and runs without GPU metrics) or none",
+        default="auto",
+        choices=("auto", "nvml", "none"),
+        help="where GPU and MIG metrics come from: the driver's libnvidia-ml, where there is "
+        "one (auto: without a driver, one log line and no GPU metrics), or must be (nvml, "
+        "for GPU nodes: without a driver the gpu collector fails with reason driver, and "
+        "NVML is tried again every cycle), or none",
     )
     p.add_argument(
         "--pod-resources-socket",

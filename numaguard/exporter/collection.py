@@ -32,12 +32,14 @@ log = logging.getLogger(__name__)
 
 # "write": the kernel refused a resctrl group change or task move; "gpu_lost" and
 # "nvml": a GPU fell off the bus, or NVML answered an error other than not-supported;
+# "driver": a GPU node's NVIDIA driver cannot be loaded (--gpu-backend nvml);
 # "kubelet": the PodResources API answered an error
 ERROR_REASONS = (
     *READ_FAILURES,
     "write",
     "gpu_lost",
     "nvml",
+    "driver",
     "kubelet",
     "timeout",
     "internal",

@@ -25,7 +25,7 @@ class Settings:
     thresholds: Thresholds = Thresholds()
     resctrl_mode: str = "auto"
     resctrl_ops: ResctrlOps | None = None  # resctrl's writes; None: the kernel's files
-    gpu_backend: str = "nvml"  # nvml | none
+    gpu_backend: str = "auto"  # auto | nvml (a driver must load) | none
     # the kubelet's PodResources socket; None: the default one, used only if it exists
     pod_resources_socket: str | None = None
     web_config_file: str | None = None  # TLS and basic auth (exporter-toolkit's format)

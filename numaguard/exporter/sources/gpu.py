@@ -108,6 +108,7 @@ class NvmlSource:
         # GPU uuid -> GPU instance profile id -> name, where the driver has no ByIdV
         self._profile_names: dict[str, dict[int, str]] = {}
         self.driver_version = self.nvml_version = ""
+        self.started = False  # NVML initialised
         # GPU index -> UUID -> what it fixes, for the GPU and slices seen last cycle;
         # only what was learnt without an error is kept
         self._static: dict[int, dict[str, _GpuStatic | _SliceStatic]] = {}
@@ -121,6 +122,7 @@ class NvmlSource:
             n.nvmlInit()
         except (n.NVMLError_LibraryNotFound, n.NVMLError_DriverNotLoaded) as err:
             raise GpuUnavailable(str(err)) from None
+        self.started = True
         call = _Caller(n, "nvml", [], self._missing)  # a version NVML won't give stays ""
         self.driver_version = _text(call.optional(n.nvmlSystemGetDriverVersion))
         self.nvml_version = _text(call.optional(n.nvmlSystemGetNVMLVersion))
@@ -143,6 +145,11 @@ class NvmlSource:
 
     def read(self) -> GpuReading:
         n = self.nvml
+        if not self.started:  # a driver expected (--gpu-backend nvml), not loaded yet
+            try:
+                self.start()
+            except GpuUnavailable as err:
+                return GpuReading((), [Issue("driver", "nvmlInit", str(err))])
         try:
             count = n.nvmlDeviceGetCount()
         except n.NVMLError as err:
@@ -578,12 +585,15 @@ class GpuBackendError(Exception):
 
 
 def open_source(settings: Settings) -> NvmlSource | None:
-    """The GPU source for --gpu-backend; None without GPUs. Blocking (NVML init)."""
+    """The GPU source for --gpu-backend; None without GPUs. Blocking (NVML init).
+    auto: no driver, no GPU metrics (a node without GPUs); nvml: a GPU node, where a
+    driver that cannot be loaded is the gpu collector's failure (reason driver), tried
+    again every cycle (the GPU Operator's driver may come up after us)."""
     backend = settings.gpu_backend
     if backend == "none":
         return None
-    if backend != "nvml":
-        raise GpuBackendError(f"unknown GPU backend {backend!r}: use nvml or none")
+    if backend not in ("auto", "nvml"):
+        raise GpuBackendError(f"unknown GPU backend {backend!r}: use auto, nvml or none")
     import pynvml
 
     # half the collector's budget per GPU, so a hung GPU is named before the whole
@@ -592,6 +602,13 @@ def open_source(settings: Settings) -> NvmlSource | None:
     try:
         source.start()
     except GpuUnavailable as err:
+        if backend == "nvml":
+            log.warning(
+                "no NVIDIA driver (%s): the gpu collector fails (reason driver) until one "
+                "loads; is the pod's RuntimeClass the NVIDIA runtime's?",
+                err,
+            )
+            return source
         log.info("no NVIDIA driver (%s): no GPU metrics; --gpu-backend none says so quietly", err)
         return None
     return source
