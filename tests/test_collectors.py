@@ -121,3 +121,24 @@ async def test_a_new_collector_needs_only_its_own_files(tmp_path, monkeypatch):
     assert got[errors] == 1
     assert series("numaguard_test_uptime_seconds") not in got
     assert got[series("numaguard_collector_success", collector="host_numa")] == 1
+
+
+async def test_each_collector_counts_only_the_errors_its_source_can_have(fake_root):
+    """numaguard_collector_errors_total starts at 0 for the reasons a collector's source
+    can fail for, and only those: no host_numa x gpu_lost series to alert or graph on."""
+    root = fake_root(presets.two_socket())
+    settings = Settings(host_root=str(root.root), node_name=NODE, gpu_backend="none")
+    collection = Collection(NODE, await open_sources(settings))
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    reasons: dict[str, set[str]] = {}
+    for name, labels in got:
+        if name == "numaguard_collector_errors_total":
+            reasons.setdefault(dict(labels)["collector"], set()).add(dict(labels)["reason"])
+    assert reasons["host_numa"] == {*COLLECTORS["host_numa"].errors, "timeout", "internal"}
+    assert "gpu_lost" not in reasons["host_numa"] and "write" not in reasons["pod_placement"]
+    assert "write" in COLLECTORS["resctrl"].errors
+    assert {"gpu_lost", "nvml", "driver"} <= set(COLLECTORS["gpu"].errors)
+    assert (
+        got[series("numaguard_collector_errors_total", collector="host_numa", reason="parse")] == 0
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import numaguard.exporter.sources as sources
-from numaguard.exporter.catalogue import CATALOGUE
+from numaguard.exporter.catalogue import CATALOGUE, NUMASTAT
 from numaguard.simulator import presets
 from numaguard.simulator.host import GIB, MIB, SANDBOX, FakeContainer, FakeHostRoot
 from tests.conftest import make_collection, metadata_of, samples, series
@@ -51,7 +51,7 @@ def host_numa(nodes, distance, numastat, remote, balancing=None, locality=None) 
         out[series("numaguard_numa_node_memory_free_bytes", numa_node=n)] = free
         out[series("numaguard_numa_node_memory_used_bytes", numa_node=n)] = total - free
         for kind, value in numastat[i].items():
-            out[series("numaguard_numa_node_alloc_pages_total", numa_node=n, kind=kind)] = value
+            out[series(NUMASTAT[kind].name, numa_node=n)] = value
         for j, d in enumerate(distance[i]):
             out[series("numaguard_numa_node_distance", numa_node=n, target_numa_node=str(j))] = d
         if remote[i] is not None:

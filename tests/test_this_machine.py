@@ -8,6 +8,7 @@ import os
 import re
 import socket
 
+from numaguard.exporter.catalogue import NUMASTAT
 from numaguard.simulator.processes import exporter_process, get
 from tests.conftest import samples
 
@@ -85,7 +86,7 @@ async def test_default_flags_match_sysfs():
         exported_free = value("numaguard_numa_node_memory_free_bytes", numa_node=numa)
         assert abs(exported_free - free_now[n]) < 0.02 * meminfo_bytes(n, "MemTotal")
         for kind in ("numa_hit", "local_node", "other_node", "numa_miss"):
-            exported = value("numaguard_numa_node_alloc_pages_total", numa_node=numa, kind=kind)
+            exported = value(NUMASTAT[kind].name, numa_node=numa)
             assert before[n][kind] <= exported <= after[n][kind]
     vmstat = dict(line.split() for line in read("/proc/vmstat").splitlines())
     if "numa_hint_faults" in vmstat:

@@ -188,14 +188,47 @@ NUMA_MEMORY_USED = _m(
     ("numa_node",),
     "host_numa",
 )
-NUMA_ALLOC_PAGES = _m(
-    "numa_node_alloc_pages_total",
-    "counter",
-    "Page allocations on the NUMA node by numastat kind (numa_hit, numa_miss, numa_foreign, "
-    "interleave_hit, local_node, other_node).",
-    ("numa_node", "kind"),
-    "host_numa",
-)
+# numastat's counters, a family each as node_exporter splits them: numa_hit + numa_miss
+# and local_node + other_node each add up to the pages allocated on the node, so one
+# family with a kind label would count every page twice when summed
+NUMASTAT = {
+    kind: _m(name, "counter", help, ("numa_node",), "host_numa")
+    for kind, name, help in (
+        (
+            "numa_hit",
+            "numa_node_hit_pages_total",
+            "Pages allocated on the NUMA node that were meant for it (numastat numa_hit).",
+        ),
+        (
+            "numa_miss",
+            "numa_node_miss_pages_total",
+            "Pages allocated on the NUMA node that were meant for another node, short of "
+            "memory (numastat numa_miss).",
+        ),
+        (
+            "numa_foreign",
+            "numa_node_foreign_pages_total",
+            "Pages meant for the NUMA node that were allocated on another (numastat numa_foreign).",
+        ),
+        (
+            "interleave_hit",
+            "numa_node_interleave_hit_pages_total",
+            "Interleaved pages allocated on the NUMA node as meant (numastat interleave_hit; "
+            "part of numa_hit).",
+        ),
+        (
+            "local_node",
+            "numa_node_local_pages_total",
+            "Pages allocated on the NUMA node for a process running on it (numastat local_node).",
+        ),
+        (
+            "other_node",
+            "numa_node_other_pages_total",
+            "Pages allocated on the NUMA node for a process running on another node "
+            "(numastat other_node).",
+        ),
+    )
+}
 NUMA_REMOTE_ALLOC = _m(
     "numa_node_remote_alloc_ratio",
     "gauge",

@@ -25,25 +25,8 @@ from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.process import ProcessCollector
 from numaguard.exporter.readers.dra import DraView
 from numaguard.exporter.records import Issue, PodMeta
-from numaguard.exporter.sources import READ_FAILURES
 
 log = logging.getLogger(__name__)
-
-
-# "write": the kernel refused a resctrl group change or task move; "gpu_lost" and
-# "nvml": a GPU fell off the bus, or NVML answered an error other than not-supported;
-# "driver": a GPU node's NVIDIA driver cannot be loaded (--gpu-backend nvml);
-# "kubelet": the PodResources API answered an error
-ERROR_REASONS = (
-    *READ_FAILURES,
-    "write",
-    "gpu_lost",
-    "nvml",
-    "driver",
-    "kubelet",
-    "timeout",
-    "internal",
-)
 
 POD_PLACEMENT = pod_placement.COLLECTOR.name  # its reading holds the cardinality guard
 
@@ -59,9 +42,13 @@ class Source(Protocol):
 class Health:
     success: bool = False
     duration_seconds: float = 0.0
-    # every reason starts at 0, so rate() sees the first error
-    errors: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(ERROR_REASONS, 0)))
+    # every reason its source can fail for starts at 0, so rate() sees the first error
+    errors: Counter[str] = field(default_factory=Counter)
     last_success: float | None = None
+
+    @classmethod
+    def of(cls, collector: Collector) -> Health:
+        return cls(errors=Counter(dict.fromkeys((*collector.errors, "timeout", "internal"), 0)))
 
 
 class Exposition:
@@ -118,7 +105,7 @@ class Collection:
         self.clock = clock  # snapshot timestamps, the base of every rate
         self.monotonic = monotonic  # how long a read has been running
         self.nrt_current = nrt_current  # whether the published topology is current (--nrt)
-        self.health = {name: Health() for name in self.sources}
+        self.health = {name: Health.of(self.collectors[name]) for name in self.sources}
         self.snapshot: NodeSnapshot | None = None
         self.exposition: Exposition | None = None
         # a source's read still running, and since when (a thread cannot be cancelled)

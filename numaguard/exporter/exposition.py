@@ -124,6 +124,8 @@ def render(families: list[Family]) -> tuple[bytes, bytes]:
     text: list[bytes] = []
     om: list[bytes] = []
     for fam in families:
+        if not fam.lines:  # no HELP and TYPE without a sample, as node_exporter
+            continue
         spec = fam.spec
         name = spec.name
         body = "".join(fam.lines).encode()

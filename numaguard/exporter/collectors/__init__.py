@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from numaguard.exporter.sources import READ_FAILURES
+
 if TYPE_CHECKING:
     from numaguard.exporter.exposition import Family
     from numaguard.exporter.model import NodeSnapshot
@@ -40,6 +42,13 @@ class Collector:
     # for that collector's reading this cycle (read after it; None when it is off)
     reads: tuple[str, ...] = ()
     default: bool = True  # on unless --no-collector.<name>
+    # the reasons its source can fail for (besides timeout and internal, which any can):
+    # its numaguard_collector_errors_total series start at 0, and only these. Beyond a
+    # file's READ_FAILURES: write (the kernel refused a resctrl group change or task
+    # move), gpu_lost (a GPU fell off the bus), nvml (another NVML error than
+    # not-supported), driver (a GPU node's driver cannot be loaded), kubelet (the
+    # PodResources API answered an error)
+    errors: tuple[str, ...] = READ_FAILURES
 
 
 def registered() -> dict[str, Collector]:

@@ -8,6 +8,7 @@ from numaguard.exporter.collectors import Collector
 from numaguard.exporter.exposition import Families, Family
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.records import Activity, GpuRecord
+from numaguard.exporter.sources import READ_FAILURES
 
 
 def families(snap: NodeSnapshot) -> list[Family]:
@@ -103,4 +104,5 @@ COLLECTOR = Collector(
     source="numaguard.exporter.sources.gpu",
     families=families,
     reading="gpus",
+    errors=(*READ_FAILURES, "gpu_lost", "nvml", "driver"),
 )

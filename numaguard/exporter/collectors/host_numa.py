@@ -17,7 +17,8 @@ def families(snap: NodeSnapshot) -> list[Family]:
     total, free, used = (
         Family(m, node) for m in (c.NUMA_MEMORY_TOTAL, c.NUMA_MEMORY_FREE, c.NUMA_MEMORY_USED)
     )
-    pages, remote = Family(c.NUMA_ALLOC_PAGES, node), Family(c.NUMA_REMOTE_ALLOC, node)
+    pages = {kind: Family(spec, node) for kind, spec in c.NUMASTAT.items()}
+    remote = Family(c.NUMA_REMOTE_ALLOC, node)
     for n in snap.numa_nodes:
         numa = str(n.id)
         if n.cpus is not None:
@@ -29,14 +30,15 @@ def families(snap: NodeSnapshot) -> list[Family]:
             free.add(n.meminfo.free_bytes, numa)
             used.add(n.meminfo.used_bytes, numa)
         for kind, value in (n.numastat or {}).items():
-            pages.add(value, numa, kind)
+            if kind in pages:  # a counter a newer kernel adds is not in the catalogue
+                pages[kind].add(value, numa)
         if n.remote_alloc_ratio is not None:
             remote.add(n.remote_alloc_ratio, numa)
     if snap.topology:
         for a, row in snap.topology.distance.items():
             for b, d in row.items():
                 distance.add(d, str(a), str(b))
-    out = [info, cpus, distance, total, free, used, pages, remote]
+    out = [info, cpus, distance, total, free, used, *pages.values(), remote]
     for spec, key in (
         (c.HINT_FAULTS, "numa_hint_faults"),
         (c.HINT_FAULTS_LOCAL, "numa_hint_faults_local"),

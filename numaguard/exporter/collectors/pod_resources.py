@@ -31,4 +31,5 @@ COLLECTOR = Collector(
     source="numaguard.exporter.sources.kubelet",
     families=families,
     reading="kubelet",
+    errors=("missing", "kubelet"),
 )
