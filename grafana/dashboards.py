@@ -16,8 +16,12 @@ from numaguard.exporter import catalogue as c
 
 HERE = Path(__file__).resolve().parent
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-NODE = 'node=~"$node"'
-POD = 'node=~"$node", namespace=~"$namespace", pod=~"$pod"'
+# the exporters' job (several installs, or a job relabelled) and the cluster (Thanos,
+# Mimir: an external label), as every exporter query is scoped
+SCOPE = 'job=~"$job", cluster=~"$cluster"'
+NODE = f'{SCOPE}, node=~"$node"'
+POD = f'{NODE}, namespace=~"$namespace", pod=~"$pod"'
+REMEDIATOR = 'cluster=~"$cluster"'  # its own job: the cluster alone scopes it
 
 
 @dataclass(frozen=True)
@@ -144,13 +148,14 @@ DASHBOARDS = (
             ),
             Panel(
                 "CPU throttled time per second",
-                f"rate({c.CONTAINER_THROTTLED_SECONDS.name}{{{POD}}}[5m])",
+                f"rate({c.CONTAINER_THROTTLED_SECONDS.name}{{{POD}}}[$__rate_interval])",
                 "s",
                 "{{namespace}}/{{pod}} {{container}}",
             ),
             Panel(
                 "CPU stall time per second (PSI some)",
-                f'rate({c.CONTAINER_PRESSURE["cpu"].name}{{{POD}, stall="some"}}[5m])',
+                f'rate({c.CONTAINER_PRESSURE["cpu"].name}{{{POD}, stall="some"}}'
+                "[$__rate_interval])",
                 "s",
                 "{{namespace}}/{{pod}} {{container}}",
             ),
@@ -232,14 +237,19 @@ DASHBOARDS = (
         (
             Panel(
                 "Open findings by kind",
-                f"sum by (kind) ({c.REMEDIATOR_FINDINGS.name})",
+                f"sum by (kind) ({c.REMEDIATOR_FINDINGS.name}{{{REMEDIATOR}}})",
                 "short",
                 "{{kind}}",
             ),
-            Panel("Unremediable findings", c.REMEDIATOR_UNREMEDIABLE.name, "short", kind="stat"),
+            Panel(
+                "Unremediable findings",
+                f"{c.REMEDIATOR_UNREMEDIABLE.name}{{{REMEDIATOR}}}",
+                "short",
+                kind="stat",
+            ),
             Panel(
                 "Pods the kubelet refused, left Failed",
-                f"sum({c.REMEDIATOR_REJECTED.name}) or vector(0)",
+                f"sum({c.REMEDIATOR_REJECTED.name}{{{REMEDIATOR}}}) or vector(0)",
                 "short",
                 kind="stat",
                 description="Pods refused at admission for NUMA alignment "
@@ -248,26 +258,28 @@ DASHBOARDS = (
             ),
             Panel(
                 "Actions by kind and result (1h)",
-                f"sum by (kind, result) (increase({c.REMEDIATOR_ACTIONS.name}[1h]))",
+                f"sum by (kind, result) "
+                f"(increase({c.REMEDIATOR_ACTIONS.name}{{{REMEDIATOR}}}[1h]))",
                 "short",
                 "{{kind}} {{result}}",
             ),
             Panel(
                 "Refusals by guard (1h)",
-                f"sum by (guard) (increase({c.REMEDIATOR_REFUSALS.name}[1h]))",
+                f"sum by (guard) (increase({c.REMEDIATOR_REFUSALS.name}{{{REMEDIATOR}}}[1h]))",
                 "short",
                 "{{guard}}",
             ),
             Panel(
                 "Verifications by outcome (1h)",
-                f"sum by (outcome) (increase({c.REMEDIATOR_VERIFICATIONS.name}[1h]))",
+                f"sum by (outcome) "
+                f"(increase({c.REMEDIATOR_VERIFICATIONS.name}{{{REMEDIATOR}}}[1h]))",
                 "short",
                 "{{outcome}}",
             ),
             Panel(
                 "What fixes gained, median by kind (24h)",
                 "histogram_quantile(0.5, sum by (kind, le) "
-                f"(increase({c.REMEDIATOR_FIX_GAIN.name}_bucket[24h])))",
+                f"(increase({c.REMEDIATOR_FIX_GAIN.name}_bucket{{{REMEDIATOR}}}[24h])))",
                 "short",
                 "{{kind}}",
                 description="The workload's GPU work after / before each verified fix (or "
@@ -275,8 +287,19 @@ DASHBOARDS = (
                 "Fixes under policy.min_fix_gain are verified no_gain; the "
                 "RemediationVerified Events give each fix's before and after.",
             ),
-            Panel("Cycle duration", c.REMEDIATOR_DURATION.name, "s", "{{instance}}"),
-            Panel("Leader", c.REMEDIATOR_LEADER.name, "short", "{{instance}}", kind="stat"),
+            Panel(
+                "Cycle duration",
+                f"{c.REMEDIATOR_DURATION.name}{{{REMEDIATOR}}}",
+                "s",
+                "{{instance}}",
+            ),
+            Panel(
+                "Leader",
+                f"{c.REMEDIATOR_LEADER.name}{{{REMEDIATOR}}}",
+                "short",
+                "{{instance}}",
+                kind="stat",
+            ),
         ),
     ),
     Dashboard(
@@ -285,7 +308,7 @@ DASHBOARDS = (
         "Are the exporters up, and is every collector succeeding in time?",
         ("node",),
         (
-            Panel("Exporters up", 'up{job="numaguard"}', "short", "{{instance}}"),
+            Panel("Exporters up", f"up{{{SCOPE}}}", "short", "{{instance}}"),
             Panel(
                 "Collector success",
                 f"{c.COLLECTOR_SUCCESS.name}{{{NODE}}}",
@@ -300,7 +323,8 @@ DASHBOARDS = (
             ),
             Panel(
                 "Collector errors per second by reason",
-                f"sum by (node, collector, reason) (rate({c.COLLECTOR_ERRORS.name}{{{NODE}}}[5m]))",
+                f"sum by (node, collector, reason) "
+                f"(rate({c.COLLECTOR_ERRORS.name}{{{NODE}}}[$__rate_interval]))",
                 "short",
                 "{{node}} {{collector}} {{reason}}",
             ),
@@ -316,23 +340,41 @@ DASHBOARDS = (
 )
 
 
+# variable -> (the label, the series it is read from, what that series is scoped by):
+# each is chained to those before it, so a namespace lists only the chosen nodes' pods
+_VARIABLES = {
+    "cluster": ("cluster", c.BUILD_INFO.name, ""),
+    "job": ("job", c.BUILD_INFO.name, 'cluster=~"$cluster"'),
+    "node": ("node", c.NUMA_NODE_INFO.name, SCOPE),
+    "namespace": ("namespace", c.POD_CPUS.name, f'{SCOPE}, node=~"$node"'),
+    "pod": ("pod", c.POD_CPUS.name, f'{SCOPE}, node=~"$node", namespace=~"$namespace"'),
+}
+
+
 def _variable(name: str) -> dict:
-    label = {
-        "node": ("node", c.NUMA_NODE_INFO.name),
-        "namespace": ("namespace", c.POD_CPUS.name),
-        "pod": ("pod", c.POD_CPUS.name),
-    }[name]
-    return {
+    label, series, scope = _VARIABLES[name]
+    query = (
+        f"label_values({series}{{{scope}}}, {label})"
+        if scope
+        else (f"label_values({series}, {label})")
+    )
+    variable = {
         "name": name,
         "type": "query",
         "datasource": DATASOURCE,
-        "query": {"query": f"label_values({label[1]}, {label[0]})", "refId": name},
+        "query": {"query": query, "refId": name},
         "includeAll": True,
         "multi": True,
         "allValue": ".*",
         "current": {"text": "All", "value": "$__all"},
         "refresh": 2,
     }
+    if name == "job":  # the exporters' job the alerts and the remediator read
+        variable |= {"includeAll": False, "multi": False}
+        variable["current"] = {"text": "numaguard", "value": "numaguard"}
+    if name == "cluster":  # only where series carry one (Thanos, Mimir); else hidden
+        variable["hide"] = 0
+    return variable
 
 
 def render(d: Dashboard) -> dict:
@@ -383,6 +425,8 @@ def render(d: Dashboard) -> dict:
                     "current": {},
                     "hide": 0,
                 },
+                _variable("cluster"),
+                *(_variable(v) for v in (() if d.uid == "numaguard-remediation" else ("job",))),
                 *(_variable(v) for v in d.variables),
             ]
         },

@@ -36,8 +36,10 @@ UNITS = {"bytes", "Bps", "percentunit", "s", "short", "watt", "celsius"}
 
 
 def substituted(expr: str) -> str:
-    """A panel query as Grafana sends it with every variable set to All."""
-    return re.sub(r"\$(node|namespace|pod)\b", ".*", expr)
+    """A panel query as Grafana sends it with every variable at its default: All, and
+    the exporters' job; $__rate_interval as Grafana makes it for a 15 s scrape."""
+    expr = expr.replace("$__rate_interval", "1m").replace("$job", "numaguard")
+    return re.sub(r"\$(cluster|node|namespace|pod)\b", ".*", expr)
 
 
 def panels():
@@ -56,8 +58,12 @@ def test_dashboards_are_sound():
         d = json.loads((dashboards.HERE / name).read_text())
         variables = [v["name"] for v in d["templating"]["list"]]
         assert variables[0] == "datasource"
-        used = {
-            m for p in d["panels"] for t in p["targets"] for m in re.findall(r"\$(\w+)", t["expr"])
+        used = {  # Grafana's own ($__rate_interval) aside
+            m
+            for p in d["panels"]
+            for t in p["targets"]
+            for m in re.findall(r"\$(\w+)", t["expr"])
+            if not m.startswith("__")
         }
         assert used <= set(variables), (name, used - set(variables))
         for p in d["panels"]:
@@ -201,3 +207,25 @@ async def test_every_panel_returns_data_on_each_prometheus_major(scraped):
             await until(answered, "every panel answering", 60, every=1)
         empty = await panels_without_data(prom)
         assert not empty, f"panels without data on Prometheus {version}:\n" + "\n".join(empty)
+
+
+def test_variables_are_chained_and_every_query_is_scoped_as_fleets_need():
+    """cluster, then the exporters' job, then node, namespace, pod, each listing only
+    what the ones before it chose; every exporter query scoped by job and cluster, the
+    remediator's by cluster; rates over Grafana's $__rate_interval."""
+    for name in dashboards.files():
+        d = json.loads((dashboards.HERE / name).read_text())
+        variables = [v for v in d["templating"]["list"] if v["type"] == "query"]
+        order = [v["name"] for v in variables]
+        assert order[0] == "cluster", name
+        for i, v in enumerate(variables[1:], 1):
+            query = v["query"]["query"]
+            for before in order[:i]:
+                assert f'{before}=~"${before}"' in query, (name, v["name"], query)
+        for p in d["panels"]:
+            for t in p["targets"]:
+                expr = t["expr"]
+                assert 'cluster=~"$cluster"' in expr, (name, p["title"])
+                if "numaguard_remediator_" not in expr:
+                    assert 'job=~"$job"' in expr, (name, p["title"])
+                assert not re.search(r"rate\([^)]*\[\d+[smh]\]\)", expr), (name, expr)
