@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ("cycle.py", "scrape.py", "planning.py", "remediation.py", "decisions.py")
+BENCHES = ("series.py", "cycle.py", "scrape.py", "planning.py", "remediation.py", "decisions.py")
 
 
 def main() -> None:
