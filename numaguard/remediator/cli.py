@@ -158,8 +158,9 @@ def parser() -> argparse.ArgumentParser:
             metavar="KIND=MODE",
             help="what to do about a kind of finding (repeatable): KIND is "
             f"{', '.join(f.name for f in fields(Enforcement))}; MODE is act (evict or "
-            "resize, under every guard and dry-run), recommend (an Event and the log say "
-            "what would help; nothing else) or ignore. Default: act for all",
+            "resize under every guard; while dry-run, which --no-dry-run alone ends, a DryRun "
+            "Event says it would), recommend (an Event and the log say what would help; "
+            "nothing else) or ignore. Default: act for all",
         )
         s.add_argument(
             "--min-fix-gain",
