@@ -38,10 +38,10 @@ class Evidence:
         # instance -> the labels it adds to each series (job, instance, what discovery and
         # relabelling give it): its build_info's, less those the exporter writes
         self.target_labels: dict[str, frozenset[str]] = {}
+        own = {*c.BUILD_INFO.labels, "node"}
         for labels in labelled(s["targets_up"]):
             node, instance = labels.get("node", ""), labels.get("instance", "")
             self.targets.setdefault(node, set()).add(instance)
-            own = set(c.BUILD_INFO.labels) | {"node"}
             self.target_labels[instance] = frozenset(labels) - own
         key = ("node", "instance", "collector", "value")
         self.collector_age = {(n, i, c): v for n, i, c, v in columns(s["collector_age"], *key)}
