@@ -139,8 +139,11 @@ def test_every_object_validates_with_every_switch_on():
     for doc in docs:
         if doc["kind"] not in CRDS:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    daemonset, rdt = [d for d in docs if d["kind"] == "DaemonSet"]  # resctrlManage: two
+    assert rdt["metadata"]["name"] == "numaguard-exporter-rdt"
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    # both run the same exporter; only the -rdt one's resctrl is writable
+    assert rdt["spec"]["template"]["spec"]["containers"][0]["args"] == container["args"]
     assert "--web.config.file=/etc/numaguard/web/web-config.yml" in container["args"]
     assert container["image"] == "ghcr.io/numaguard/numaguard-exporter:0.1.1@sha256:" + "0" * 64
     assert container["args"][-1] == "--collector.resctrl=false"

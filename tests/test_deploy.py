@@ -34,10 +34,16 @@ def documents(path: Path) -> list[dict]:
 
 def manifests() -> list[tuple[str, dict]]:
     out = []
-    for path in sorted((DEPLOY / "base").glob("*.yaml")):
+    for path in sorted((DEPLOY / "base").rglob("*.yaml")):
         if path.name != "kustomization.yaml":
             out += [(path.name, d) for d in documents(path)]
     return out
+
+
+def listed_here(folder: Path) -> set[str]:
+    """What a kustomization's resources must name: its YAML files and its folders."""
+    files = {p.name for p in folder.glob("*.yaml")} - {"kustomization.yaml"}
+    return files | {p.name for p in folder.iterdir() if (p / "kustomization.yaml").is_file()}
 
 
 def test_generated_manifests_are_current():
@@ -57,15 +63,13 @@ def test_every_manifest_validates(name, doc):
 
 
 def test_kustomizations_name_every_file():
-    base = documents(DEPLOY / "base" / "kustomization.yaml")[0]
-    listed = set(base["resources"])
-    present = {p.name for p in (DEPLOY / "base").glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == present
+    for folder in (DEPLOY / "base", DEPLOY / "base" / "exporter"):
+        base = documents(folder / "kustomization.yaml")[0]
+        assert set(base["resources"]) == listed_here(folder), folder
     for component in (DEPLOY / "components").iterdir():
         kustomization = documents(component / "kustomization.yaml")[0]
         assert kustomization["kind"] == "Component", component
-        present = {p.name for p in component.glob("*.yaml")} - {"kustomization.yaml"}
-        assert set(kustomization.get("resources", ())) == present, component
+        assert set(kustomization.get("resources", ())) == listed_here(component), component
     acting = documents(DEPLOY / "components" / "no-dry-run" / "kustomization.yaml")[0]
     assert "--no-dry-run" in acting["patches"][0]["patch"]
     # and the base runs the remediator in dry-run
@@ -154,8 +158,10 @@ def test_components_combine_and_each_leaves_nothing_behind():
     remediator = args(every, "Deployment", "numaguard-remediator")
     assert {"--nrt", "--web.kubernetes-auth"} <= set(exporter)
     assert {"--no-dry-run", "--web.kubernetes-auth"} <= set(remediator)
-    pod = of(every, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
-    assert "resctrl" in {v["name"] for v in pod["volumes"]}
+    rdt = of(every, "DaemonSet", "numaguard-exporter-rdt")["spec"]["template"]["spec"]
+    assert "resctrl" in {v["name"] for v in rdt["volumes"]}
+    # the -rdt copy runs the same exporter, whatever order the components came in
+    assert args(every, "DaemonSet", "numaguard-exporter-rdt") == exporter
     names = {(d["kind"], d["metadata"]["name"]) for d in every}
     base = {(d["kind"], d["metadata"]["name"]) for d in rendered()}
     for component in COMPONENTS:
@@ -221,14 +227,39 @@ def test_the_exporter_mounts_only_what_it_reads_and_the_pods_are_confined():
 
 
 def test_resctrl_is_writable_only_with_its_component_and_only_where_it_exists():
-    spec = of(rendered("resctrl-manage"), "DaemonSet", "numaguard-exporter")["spec"]
-    pod = spec["template"]["spec"]
+    """A second DaemonSet, numaguard-exporter-rdt, on the nodes with RDT monitoring with
+    resctrl writable; the first keeps every other node, read-only (a GPU node without
+    RDT kept no exporter when the one DaemonSet moved to RDT nodes); the Service finds
+    the pods of both, and the two DaemonSets never claim each other's."""
+    docs = rendered("resctrl-manage")
+    rdt_label = "feature.node.kubernetes.io/cpu-rdt.RDTMON"
+    rdt = of(docs, "DaemonSet", "numaguard-exporter-rdt")["spec"]
+    pod = rdt["template"]["spec"]
     assert {"name": "resctrl", "hostPath": {"path": "/sys/fs/resctrl", "type": "Directory"}} in (
         pod["volumes"]
     )
     mount = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "resctrl"]
     assert mount == [{"name": "resctrl", "mountPath": "/host/sys/fs/resctrl"}]
-    assert pod["nodeSelector"]["feature.node.kubernetes.io/cpu-rdt.RDTMON"] == "true"
+    assert pod["nodeSelector"][rdt_label] == "true"
+    rest = of(docs, "DaemonSet", "numaguard-exporter")["spec"]
+    assert "resctrl" not in {v["name"] for v in rest["template"]["spec"]["volumes"]}
+    (term,) = rest["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term == {
+        "matchExpressions": [{"key": rdt_label, "operator": "NotIn", "values": ["true"]}]
+    }
+    service = of(docs, "Service", "numaguard-exporter")["spec"]["selector"]
+    for spec, other in ((rdt, rest), (rest, rdt)):
+        labels = spec["template"]["metadata"]["labels"]
+        assert service.items() <= labels.items()
+        assert (
+            not spec["selector"]["matchLabels"].items()
+            <= other["template"]["metadata"]["labels"].items()
+        )
+    # without the component: one DaemonSet, read-only, on every GPU node
+    (only,) = [d for d in rendered() if d["kind"] == "DaemonSet"]
+    assert "affinity" not in only["spec"]["template"]["spec"]
 
 
 def test_each_component_s_own_objects_carry_its_name_and_nothing_else_does():
@@ -276,7 +307,9 @@ def test_the_readme_s_kustomization_renders_what_it_says(tmp_path, uncommented):
     assert container["image"] == "registry.example.com/numaguard-exporter:0.1.0"
     assert remediator["containers"][0]["image"] == "registry.example.com/numaguard-remediator:0.1.0"
     assert "--nrt" in container["args"]
-    assert "resctrl" in {v["name"] for v in exporter["volumes"]}
+    rdt = of(docs, "DaemonSet", "numaguard-exporter-rdt")["spec"]["template"]["spec"]
+    assert "resctrl" in {v["name"] for v in rdt["volumes"]}
+    assert rdt["containers"][0]["args"] == container["args"]
     acting = "--no-dry-run" in remediator["containers"][0]["args"]
     assert acting == uncommented
     assert ("NetworkPolicy" in {d["kind"] for d in docs}) == uncommented

@@ -67,7 +67,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* What the pod spec of a role shares: (dict "root" $ "role" "exporter") */}}
+{{/* What the pod spec of a role shares: (dict "root" $ "role" "exporter"), and
+"affinity" when it is not the role's value as given */}}
 {{- define "numaguard.podScheduling" -}}
 {{- $values := index .root.Values .role -}}
 {{- with .root.Values.imagePullSecrets }}
@@ -76,7 +77,7 @@ imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{- with $values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
-{{- with $values.affinity }}
+{{- with (hasKey . "affinity" | ternary .affinity $values.affinity) }}
 affinity: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- with $values.tolerations }}
