@@ -335,6 +335,9 @@ def rules_document(windows: Windows = Windows()) -> dict:
                             "summary": a.summary,
                             "description": a.description,
                             "runbook_url": RUNBOOK_URL.format(a.name),
+                            # the Grafana dashboard to open (grafana/): a link in an
+                            # Alertmanager template, or the chart's dashboard_url
+                            "dashboard_uid": a.dashboard,
                         },
                     }
                     for a in alerts(windows)

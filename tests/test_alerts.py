@@ -279,6 +279,7 @@ def _annotations(alert: rules.Alert, labels: dict) -> dict:
         "summary": fill(alert.summary),
         "description": fill(alert.description),
         "runbook_url": rules.RUNBOOK_URL.format(alert.name),
+        "dashboard_uid": alert.dashboard,
     }
 
 

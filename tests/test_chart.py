@@ -357,3 +357,18 @@ def test_the_alerts_runbook_urls_can_point_elsewhere():
     ]
     assert urls and all(u.startswith("https://wiki.example/numaguard/Numaguard") for u in urls)
     assert "https://wiki.example/numaguard/NumaguardExporterDown.md" in urls
+
+
+def test_the_alerts_link_their_dashboard_in_your_grafana():
+    (rule,) = [
+        d
+        for d in template("prometheusRule.grafanaUrl=https://grafana.example/")
+        if d["kind"] == "PrometheusRule"
+    ]
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    for r in alerts:
+        uid = r["annotations"]["dashboard_uid"]
+        assert r["annotations"]["dashboard_url"] == f"https://grafana.example/d/{uid}", r
+    assert {r["annotations"]["dashboard_uid"] for r in alerts} >= {"numaguard-node"}
+    (plain,) = [d for d in template() if d["kind"] == "PrometheusRule"]
+    assert "dashboard_url" not in str(plain)
