@@ -16,9 +16,15 @@ from numaguard.exporter.readers.resctrl import MonValues
 UTILIZATION_KINDS = tuple(GPM_UTILIZATION)
 
 
+# Why a file could not be used; the collection adds "timeout" and "internal".
+# not_regular: a FIFO, device or socket where a kernel file should be (sysfs, procfs and
+# cgroupfs files are all regular): never opened for reading, it could block or not end
+READ_FAILURES = ("missing", "permission", "io", "parse", "oversized", "not_regular")
+
+
 @dataclass(frozen=True, slots=True)
 class Issue:
-    reason: str  # one of READ_FAILURES, "timeout" or "internal"
+    reason: str  # one of READ_FAILURES, a source's own (Collector.errors), "timeout" or "internal"
     path: str
     detail: str = ""
 

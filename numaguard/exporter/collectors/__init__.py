@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from numaguard.exporter.sources import READ_FAILURES
+from numaguard.exporter.records import READ_FAILURES
 
 if TYPE_CHECKING:
     from numaguard.exporter.exposition import Family

@@ -7,8 +7,7 @@ from numaguard.exporter import catalogue as c
 from numaguard.exporter.collectors import Collector
 from numaguard.exporter.exposition import Families, Family
 from numaguard.exporter.model import NodeSnapshot
-from numaguard.exporter.records import Activity, GpuRecord
-from numaguard.exporter.sources import READ_FAILURES
+from numaguard.exporter.records import READ_FAILURES, Activity, GpuRecord
 
 
 def families(snap: NodeSnapshot) -> list[Family]:

@@ -7,7 +7,7 @@ from numaguard.exporter.collectors import Collector
 from numaguard.exporter.exposition import Families, Family, LabelPrefix
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.readers import format_id_list
-from numaguard.exporter.sources import READ_FAILURES
+from numaguard.exporter.records import READ_FAILURES
 from numaguard.exporter.traffic import Traffic
 
 

@@ -22,11 +22,6 @@ _CHUNK = 65536
 
 T = TypeVar("T")
 
-# Why a file could not be used; the collection adds "timeout" and "internal".
-# not_regular: a FIFO, device or socket where a kernel file should be (sysfs, procfs and
-# cgroupfs files are all regular): never opened for reading, it could block or not end
-READ_FAILURES = ("missing", "permission", "io", "parse", "oversized", "not_regular")
-
 
 class ReadFailure(Exception):
     def __init__(self, reason: str, path: str, detail: str = "") -> None:
