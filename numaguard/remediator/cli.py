@@ -30,6 +30,7 @@ from numaguard.exporter import __version__, logs, webconfig
 from numaguard.exporter.sources.apiserver import KubeconfigError, connect
 from numaguard.remediator.controller import Controller, CycleReport
 from numaguard.remediator.core.findings import Detection
+from numaguard.remediator.core.kinds import RESIZED
 from numaguard.remediator.core.policy import MODES, Enforcement, FixGain, Policy
 from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.core.rejections import describe
@@ -373,14 +374,11 @@ def _url(text: str) -> str:
     return text
 
 
-# the sizing kinds: enforced together (one policy for resizes), gains set per direction
-RESIZES = ("undersized", "oversized")
-
-
 def _enforcement(text: str) -> tuple[str, str]:
     kind, sep, mode = text.partition("=")
     kinds = [f.name for f in fields(Enforcement)]
-    if kind in RESIZES and sep and mode in MODES:
+    # the resize kinds are enforced together (one policy), their gains set per direction
+    if kind in RESIZED and sep and mode in MODES:
         raise argparse.ArgumentTypeError(
             f"{text!r}: undersized and oversized slices are enforced together, as "
             f"mis_sized: give mis_sized={mode}"
