@@ -588,7 +588,7 @@ def open_source(settings: Settings) -> NvmlSource | None:
     """The GPU source for --gpu-backend; None without GPUs. Blocking (NVML init).
     auto: no driver, no GPU metrics (a node without GPUs); nvml: a GPU node, where a
     driver that cannot be loaded is the gpu collector's failure (reason driver), tried
-    again every cycle (the GPU Operator's driver may come up after us)."""
+    again every cycle (the GPU Operator's kernel module may load after us)."""
     backend = settings.gpu_backend
     if backend == "none":
         return None
@@ -605,7 +605,8 @@ def open_source(settings: Settings) -> NvmlSource | None:
         if backend == "nvml":
             log.warning(
                 "no NVIDIA driver (%s): the gpu collector fails (reason driver) until one "
-                "loads; is the pod's RuntimeClass the NVIDIA runtime's?",
+                "loads; is the pod's RuntimeClass the NVIDIA runtime's? (a library the "
+                "runtime did not mount into the pod needs the pod restarted)",
                 err,
             )
             return source
