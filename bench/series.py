@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pynvml
+from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.exporter.collection import Collection
 from numaguard.exporter.sources.cgroups import CgroupSource
@@ -52,16 +53,11 @@ async def bill() -> tuple[Counter, dict[str, int]]:
             await collection.run_once()
         gpus.close()
         text = collection.exposition.text.decode()
-    counts: Counter = Counter()
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            head = line.rsplit(" ", 1)[0]
-            labels = dict(
-                part.split("=", 1)
-                for part in head.partition("{")[2].rstrip("}").split('",')
-                if "=" in part
-            )
-            counts[what({k: v.strip('"') for k, v in labels.items()})] += 1
+    counts = Counter(
+        what(sample.labels)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    )
     sizes = {
         "pod": len(host.pods),
         "gpu": len(nvml.gpus),
