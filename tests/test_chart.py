@@ -239,7 +239,7 @@ def test_two_releases_install_side_by_side_on_the_real_api_server(control_plane,
     Prometheus Operator's CRDs and deploy/'s kustomize install already there: every
     object accepted, none shared, the notes say the mode; uninstalled, nothing of either
     is left."""
-    from numaguard.simulator.operator import operator_dir
+    from numaguard.simulator.operator import install_crds
 
     cp = control_plane
     kubeconfig = cp.kubeconfig(tmp_path / "admin.kubeconfig", cp.admin_token)
@@ -248,17 +248,8 @@ def test_two_releases_install_side_by_side_on_the_real_api_server(control_plane,
         "KUBECONFIG": kubeconfig,
         **{f"HELM_{d}_HOME": str(tmp_path / d) for d in ("CACHE", "CONFIG", "DATA")},
     }
+    install_crds(cp, kubeconfig)
     kubectl = [str(cp.bin / "kubectl"), f"--kubeconfig={kubeconfig}"]
-    subprocess.run(
-        [*kubectl, "apply", "--server-side", f"--filename={operator_dir() / 'crds'}"],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [*kubectl, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"],
-        check=True,
-        capture_output=True,
-    )
     namespace = "gpu-observability"
 
     def helm(*args: str) -> subprocess.CompletedProcess:

@@ -5,6 +5,7 @@ equal what alerts/ and grafana/ hold, and RBAC grants exactly the verbs the code
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import kubernetes_validate
@@ -18,7 +19,7 @@ from numaguard.exporter.publishers.nrt import API_USE as NRT_API_USE
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
 from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE
-from numaguard.simulator.controlplane import rendered
+from numaguard.simulator.controlplane import kustomized, rendered
 
 # kubectl kustomize and helm come from the control plane's build
 pytestmark = pytest.mark.cluster
@@ -285,22 +286,11 @@ def readme_kustomization() -> str:
 def test_the_readme_s_kustomization_renders_what_it_says(tmp_path, uncommented):
     """The README's kustomization, with this checkout where it says ../numaguard, as
     written (two components) and with every component it lists taken in."""
-    import os
-    import subprocess
-
-    from numaguard.simulator.controlplane import parts_dir
-
     text = readme_kustomization().replace("../numaguard/deploy", os.path.relpath(DEPLOY, tmp_path))
     if uncommented:
         text = text.replace("  # - ", "  - ")
     (tmp_path / "kustomization.yaml").write_text(text)
-    out = subprocess.run(
-        [str(parts_dir() / "kubectl"), "kustomize", str(tmp_path)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    docs = kustomized(tmp_path)
     exporter = of(docs, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
     remediator = of(docs, "Deployment", "numaguard-remediator")["spec"]["template"]["spec"]
     (container,) = exporter["containers"]

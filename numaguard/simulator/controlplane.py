@@ -149,8 +149,13 @@ def rendered(*components: str) -> list[dict]:
             "components": [f"{deploy}/components/{c}" for c in components],
         }
         (Path(folder) / "kustomization.yaml").write_text(json.dumps(kustomization))
-        kubectl = [str(parts_dir() / "kubectl"), "kustomize", folder]
-        out = subprocess.run(kubectl, check=True, capture_output=True, text=True).stdout
+        return kustomized(folder)
+
+
+def kustomized(folder: str | os.PathLike) -> list[dict]:
+    """The objects the kustomization in ``folder`` renders (kubectl's kustomize)."""
+    kubectl = [str(parts_dir() / "kubectl"), "kustomize", str(folder)]
+    out = subprocess.run(kubectl, check=True, capture_output=True, text=True).stdout
     return [obj for obj in yaml.safe_load_all(out) if obj]
 
 

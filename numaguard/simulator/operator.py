@@ -42,6 +42,18 @@ def operator_dir() -> Path:
     return path
 
 
+def install_crds(cp: ControlPlane, kubeconfig: str) -> None:
+    """The operator's CRDs (ServiceMonitor, PrometheusRule, ...) on the control plane,
+    served. Server-side, as the operator's docs say: they are too big for the
+    last-applied annotation; applying again (another test did) changes nothing."""
+    kubectl = [str(cp.bin / "kubectl"), f"--kubeconfig={kubeconfig}"]
+    for argv in (
+        ["apply", "--server-side", f"--filename={operator_dir() / 'crds'}"],
+        ["wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"],
+    ):
+        subprocess.run([*kubectl, *argv], check=True, capture_output=True)
+
+
 class PrometheusOperator:
     """``op.start()``; ``op.stop()`` kills it by PID."""
 
@@ -53,14 +65,7 @@ class PrometheusOperator:
 
     def start(self) -> None:
         kubeconfig = self.cp.kubeconfig(self.directory / "operator.kubeconfig", self.cp.admin_token)
-        kubectl = [str(self.cp.bin / "kubectl"), f"--kubeconfig={kubeconfig}"]
-        # server-side, as the operator's docs say: the CRDs are too big for the
-        # last-applied annotation; applying again (another test did) changes nothing
-        for argv in (
-            ["apply", "--server-side", f"--filename={self.bin / 'crds'}"],
-            ["wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"],
-        ):
-            subprocess.run([*kubectl, *argv], check=True, capture_output=True)
+        install_crds(self.cp, kubeconfig)
         self._log = open(self.directory / "operator.log", "wb")  # noqa: SIM115 (closed in stop)
         self._proc = subprocess.Popen(
             [
