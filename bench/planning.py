@@ -20,6 +20,8 @@ from numaguard.remediator.core.findings import FindingState, update
 from numaguard.remediator.core.planner import PodInfo, plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import expressions
+from numaguard.remediator.core.reach import Placement
+from numaguard.simulator.fleet import open_nodes
 from numaguard.simulator.prometheus import as_signals
 
 GIB = 1 << 30
@@ -88,6 +90,7 @@ def cluster(nodes: int, pods_per_node: int, seed: int = 7) -> tuple[Signals, dic
                 owner_name=f"{name}-rs",
                 workload=f"Deployment/{ids['namespace']}/w{n % 700}",
                 resources=frozenset({"nvidia.com/gpu"}),
+                placement=Placement(),
             )
     instances = {f"node-{n:05d}": f"10.1.{n // 250}.{n % 250}:9847" for n in range(nodes)}
     return as_signals(now, frames, instances), infos
@@ -107,7 +110,7 @@ def main() -> None:
         state = update(FindingState(), signals)
         findings = list(state.open.values())
         named = {f.pod_uid: pods[f.pod_uid] for f in findings}  # what the cluster view reads
-        result = plan(findings, named, signals, policy, {}, signals.at)
+        result = plan(findings, named, signals, policy, {}, signals.at, open_nodes(signals))
         times.append(time.process_time() - start)
     cpu = statistics.median(times)
     print(

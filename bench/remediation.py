@@ -28,7 +28,7 @@ from numaguard.remediator.core.findings import FindingState, update
 from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.signals import Prometheus, Source
-from numaguard.simulator.fleet import Fleet, pods_for
+from numaguard.simulator.fleet import Fleet, open_nodes, pods_for
 from numaguard.simulator.processes import free_port
 from numaguard.simulator.prometheus import PrometheusMissing, PrometheusServer, tsdb_blocks
 
@@ -66,7 +66,7 @@ async def cycle(way: str, prom: PrometheusServer, client: Prometheus, at: float)
         signals = await client.fetch(at)
         state = update(FindingState(), signals)
     findings = list(state.open.values())
-    result = plan(findings, pods_for(findings), signals, POLICY, {}, at)
+    result = plan(findings, pods_for(findings), signals, POLICY, {}, at, open_nodes(signals))
     return {
         "wall_s": time.monotonic() - wall,
         "cpu_s": time.process_time() - cpu,

@@ -27,8 +27,10 @@ from numaguard.remediator.core.kinds import KINDS
 from numaguard.remediator.core.planner import GUARDS, PodInfo, plan
 from numaguard.remediator.core.policy import Enforcement, Policy
 from numaguard.remediator.core.queries import REQUIRED_LABELS, Windows
+from numaguard.remediator.core.reach import Placement
 from numaguard.remediator.core.rejections import RejectedPod, describe, storms
 from numaguard.remediator.core.rounds import Round, Sizing, rounds
+from numaguard.simulator.fleet import open_nodes
 from numaguard.simulator.prometheus import as_signals
 from tests.conftest import examples
 
@@ -131,6 +133,7 @@ def pod_info(name: str, **kw) -> PodInfo:
         owner_name=f"{name}-rs",
         workload=f"Deployment/ml/{name}",
         resources=frozenset({"nvidia.com/gpu"}),
+        placement=Placement(),
     )
     return PodInfo(**{**defaults, **kw})
 
@@ -138,7 +141,9 @@ def pod_info(name: str, **kw) -> PodInfo:
 def run(sig: Signals, pods: list[PodInfo], policy=None, history=None):
     policy = policy or Policy(dry_run=False)
     findings = list(update(FindingState(), sig).open.values())
-    return plan(findings, {p.uid: p for p in pods}, sig, policy, history or {}, NOW)
+    return plan(
+        findings, {p.uid: p for p in pods}, sig, policy, history or {}, NOW, open_nodes(sig)
+    )
 
 
 def test_cross_numa_pod_is_evicted_to_an_aligned_zone():
@@ -1093,7 +1098,13 @@ def test_any_rows_prometheus_could_answer_are_planned_or_refused_never_raised(an
         values = {getattr(f, label, "") for f in findings} - {""}
         q.scoped(["holders"], label, values, Windows(), q.DEFAULT_SELECTOR)
     result = plan(
-        findings, {"uid-trainer": pod_info("trainer")}, sig, Policy(dry_run=False), {}, NOW
+        findings,
+        {"uid-trainer": pod_info("trainer")},
+        sig,
+        Policy(dry_run=False),
+        {},
+        NOW,
+        open_nodes(sig),
     )
     assert all(a.pod.uid == "uid-trainer" for a in result.actions)
 

@@ -19,7 +19,7 @@ from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.signals import Prometheus
-from numaguard.simulator.fleet import Fleet, pods_for
+from numaguard.simulator.fleet import Fleet, open_nodes, pods_for
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
 
@@ -40,7 +40,7 @@ def backfilled(tmp_path_factory):
 
 
 def decided(findings, signals, at):
-    result = plan(findings, pods_for(findings), signals, POLICY, {}, at)
+    result = plan(findings, pods_for(findings), signals, POLICY, {}, at, open_nodes(signals))
     return (
         [(a.kind, a.finding.pod_uid, a.detail) for a in result.actions],
         [(r.finding.pod_uid, r.guard, r.detail) for r in result.refusals],

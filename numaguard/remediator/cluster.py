@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from datetime import datetime
 
 from numaguard.remediator.core.capacity import Need
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import WorkloadHistory
 from numaguard.remediator.core.planner import DRA, HISTORY_OWNERS, PodInfo
+from numaguard.remediator.core.reach import NodeFacts, Placement
 from numaguard.remediator.core.rejections import ADMISSION_REJECTIONS, RejectedPod
 from numaguard.remediator.kube import Kube, parse_quantity
 
@@ -21,6 +23,7 @@ PENDING_LABEL = "numaguard.io/pending"  # "true" while an action awaits verifica
 _CONCURRENCY = 16
 _APPS = "/apis/apps/v1/namespaces"
 _PAGE = 500  # failed pods a list answer holds
+_NOT_ENDED = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class ClusterError(Exception):
@@ -59,8 +62,15 @@ async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> Po
     namespace = meta["namespace"]
     owner = _controller(meta)
     workload, workload_annotations, mismatch, history = "", {}, "", None
+    placement = None
     if owner is not None:
-        workload, top, mismatch = await _workload(kube, namespace, owner, owners)
+        workload, top, mismatch, maker = await _workload(kube, namespace, owner, owners)
+        template = (((maker or {}).get("spec") or {}).get("template") or {}).get("spec")
+        if template is not None:
+            try:  # where a replacement may run is its template's to say, not this pod's
+                placement = placement_of(template)
+            except ValueError as err:
+                mismatch = mismatch or f"{workload}: {err}"
         workload_annotations = ((top or {}).get("metadata") or {}).get("annotations") or {}
         text = workload_annotations.get(HISTORY_ANNOTATION)
         if text and not mismatch:
@@ -78,6 +88,7 @@ async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> Po
         created=_timestamp(meta.get("creationTimestamp")),
         owner_kind=owner["kind"] if owner else "",
         owner_name=owner["name"] if owner else "",
+        owner_uid=owner.get("uid", "") if owner else "",
         workload=workload,
         workload_annotations=dict(workload_annotations),
         annotations=dict(annotations),
@@ -89,27 +100,30 @@ async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> Po
         mismatch=mismatch,
         history=history,
         resources=_extended_resources(spec),
+        placement=placement,
+        requests=requests_of(spec),
     )
 
 
 async def _workload(
     kube: Kube, namespace: str, ref: dict, owners: dict[str, dict | None]
-) -> tuple[str, dict | None, str]:
-    """(kind/namespace/name of the top owner, its object, mismatch): owner references
-    are followed by uid, so a same-named object made since is not taken for the owner."""
+) -> tuple[str, dict | None, str, dict | None]:
+    """(kind/namespace/name of the top owner, its object, mismatch, the controller that
+    makes the pod's replacements): owner references are followed by uid, so a
+    same-named object made since is not taken for the owner."""
     kind, name = ref["kind"], ref["name"]
     if kind not in ("ReplicaSet", "StatefulSet"):
-        return f"{kind}/{namespace}/{name}", None, ""  # not followed: never acted on
+        return f"{kind}/{namespace}/{name}", None, "", None  # not followed: never acted on
     obj, why = await _owner(kube, namespace, ref, owners)
     if why:
-        return f"{kind}/{namespace}/{name}", None, why
+        return f"{kind}/{namespace}/{name}", None, why, None
     parent = _controller(obj["metadata"]) if kind == "ReplicaSet" else None
     if parent is None:
-        return f"{kind}/{namespace}/{name}", obj, ""
+        return f"{kind}/{namespace}/{name}", obj, "", obj
     if parent["kind"] != "Deployment":
-        return f"{parent['kind']}/{namespace}/{parent['name']}", None, ""
+        return f"{parent['kind']}/{namespace}/{parent['name']}", None, "", obj
     top, why = await _owner(kube, namespace, parent, owners)
-    return f"Deployment/{namespace}/{parent['name']}", top, why
+    return f"Deployment/{namespace}/{parent['name']}", top, why, obj
 
 
 async def _owner(
@@ -193,7 +207,7 @@ async def _rejected(kube: Kube, pod: dict, reason: str, owners: dict) -> Rejecte
     owner = _controller(meta)
     workload, owned = "", False
     if owner is not None:
-        workload, obj, mismatch = await _workload(kube, meta["namespace"], owner, owners)
+        workload, obj, mismatch, _ = await _workload(kube, meta["namespace"], owner, owners)
         if mismatch:
             workload = ""  # owned by something it cannot be shown to belong to: bare
         owned = not mismatch and obj is not None  # a workload that exists, by uid
@@ -263,3 +277,90 @@ def _timestamp(text: str | None) -> float:
     if not text:
         return math.inf  # unknown age counts as brand new: too young to touch
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def requests_of(spec: dict) -> dict[str, float]:
+    """The pod's whole requests, as the scheduler counts them: its containers' sum (a
+    request left unset is its limit), or an init container's if larger (sidecars, which
+    keep running, add to both), plus the pod's overhead; and one of the node's pods."""
+
+    def of(c: dict) -> Counter:
+        resources = c.get("resources") or {}
+        merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        return Counter({k: float(parse_quantity(v)) for k, v in merged.items()})
+
+    total: Counter = Counter()
+    sidecars: Counter = Counter()
+    init_peak: Counter = Counter()
+    for c in spec.get("initContainers") or []:
+        if c.get("restartPolicy") == "Always":
+            sidecars.update(of(c))
+        else:
+            for k, v in (of(c) + sidecars).items():
+                init_peak[k] = max(init_peak[k], v)
+    for c in spec.get("containers") or []:
+        total.update(of(c))
+    total.update(sidecars)
+    for k, v in init_peak.items():
+        total[k] = max(total[k], v)
+    total.update({k: float(parse_quantity(v)) for k, v in (spec.get("overhead") or {}).items()})
+    total["pods"] = 1
+    return {k: v for k, v in total.items() if v}
+
+
+def placement_of(spec: dict) -> Placement:
+    """Where a pod of this spec (a template's) may be scheduled; ValueError on a spec no
+    API server would store."""
+    try:
+        affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+        required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+        return Placement(
+            dict(spec.get("nodeSelector") or {}),
+            tuple(required.get("nodeSelectorTerms") or ()) if required else None,
+            tuple(spec.get("tolerations") or ()),
+            requests_of(spec),
+        )
+    except (AttributeError, TypeError, ValueError) as err:
+        raise ValueError(f"unreadable pod template: {err}") from None
+
+
+def node_facts(node: dict, pods: list[dict]) -> NodeFacts:
+    """A Node, with the pods bound to it that have not ended."""
+    meta, spec, status = node["metadata"], node.get("spec") or {}, node.get("status") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    requested: Counter = Counter()
+    for pod in pods:
+        requested.update(requests_of(pod.get("spec") or {}))
+    return NodeFacts(
+        meta["name"],
+        dict(meta.get("labels") or {}),
+        tuple(spec.get("taints") or ()),
+        bool(spec.get("unschedulable")),
+        conditions.get("Ready") == "True",
+        {k: float(parse_quantity(v)) for k, v in (status.get("allocatable") or {}).items()},
+        dict(requested),
+    )
+
+
+async def nodes_of(kube: Kube, names: list[str]) -> dict[str, NodeFacts]:
+    """The named nodes that exist, each with what its pods request (one GET and one
+    list of its pods per node: the requests follow the findings, not the cluster)."""
+    limit = asyncio.Semaphore(_CONCURRENCY)
+
+    async def one(name: str) -> NodeFacts | None:
+        async with limit:
+            answer = await kube.get(f"/api/v1/nodes/{name}")
+            if answer.status == 404:
+                return None
+            if not answer.ok:
+                raise ClusterError(f"GET node {name}: HTTP {answer.status}")
+            pods = await kube.get(
+                "/api/v1/pods",
+                fieldSelector=f"spec.nodeName={name},{_NOT_ENDED}",
+            )
+            if not pods.ok:
+                raise ClusterError(f"LIST pods on {name}: HTTP {pods.status}")
+            return node_facts(answer.body, pods.body.get("items") or [])
+
+    found = await asyncio.gather(*(one(n) for n in names))
+    return {f.name: f for f in found if f is not None}

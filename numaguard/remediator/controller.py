@@ -19,6 +19,7 @@ from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.cluster import (
     ClusterError,
+    nodes_of,
     pending_workloads,
     pods_of,
     rejected_pods,
@@ -46,7 +47,7 @@ from numaguard.remediator.core.outcome import (
     judged,
     mean,
 )
-from numaguard.remediator.core.planner import Action, Plan, PodInfo, plan
+from numaguard.remediator.core.planner import Action, Plan, PodInfo, nodes_to_check, plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.rejections import Storm, describe, storms
 from numaguard.remediator.core.rounds import Round, Sizing, rounds
@@ -157,7 +158,12 @@ class Controller:
         if not write:
             policy = replace(policy, dry_run=True)
         history = {p.workload: p.history for p in pods.values() if p.history}
-        report.plan = plan(report.findings, pods, signals, policy, history, now)
+        try:
+            wanted = nodes_to_check(report.findings, pods, signals, policy)
+            nodes = await nodes_of(self.kube, wanted) if self.kube and wanted else {}
+        except (ClusterError, *_TRANSPORT) as err:
+            return self._failed(report, "api_server", str(err) or type(err).__name__)
+        report.plan = plan(report.findings, pods, signals, policy, history, now, nodes)
         evidence = Evidence(signals, policy.stale_after_seconds, set())
         report.storms = storms(rejected, Capacity.from_signals(signals, set(), evidence), policy)
         m.rejected.clear()

@@ -41,6 +41,7 @@ DRY_RUN_API_USE = {
     ("", "pods", "get"),
     ("", "pods", "list"),  # a workload's pods, to verify a fix on its replacements
     ("", "events", "create"),
+    ("", "nodes", "get"),  # where a replacement may be scheduled (core/reach.py)
     # get: owners and their history; list: those with actions awaiting verification
     ("apps", "replicasets", "get"),
     ("apps", "replicasets", "list"),

@@ -22,6 +22,7 @@ from typing import TextIO
 
 from numaguard.exporter import catalogue as c
 from numaguard.remediator.core.planner import PodInfo
+from numaguard.remediator.core.reach import NodeFacts, Placement
 
 GIB = 1 << 30
 SLICES, PROFILE = 4, "1g.20gb"  # a slice of an H100-80GB
@@ -202,6 +203,13 @@ def _pod(labels: dict) -> dict:
     return {k: labels[k] for k in ("namespace", "pod", "pod_uid")}
 
 
+def open_nodes(signals) -> dict[str, NodeFacts]:
+    """The API server's word on every node the exporters report zones of: Ready,
+    schedulable, untainted, with room for more pods (as a fleet's nodes are)."""
+    names = set(signals["zone_free_cpus"]["node"]) | set(signals["targets_up"]["node"])
+    return {n: NodeFacts(n, allocatable={"pods": 250.0}) for n in names}
+
+
 def pods_for(findings) -> dict[str, PodInfo]:
     """The API server's word on the finding pods, as for a fleet's pods: running where
     the series say, owned by a Deployment's ReplicaSet, old enough, asking for GPUs."""
@@ -216,6 +224,7 @@ def pods_for(findings) -> dict[str, PodInfo]:
             owner_name=f"{f.pod}-rs",
             workload=f"Deployment/{f.namespace}/{f.pod}",
             resources=frozenset({"nvidia.com/gpu", f"nvidia.com/mig-{PROFILE}"}),
+            placement=Placement(),
         )
         for f in findings
     }

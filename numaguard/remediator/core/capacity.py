@@ -137,23 +137,21 @@ class Capacity:
                 if resource in self.devices:
                     self.devices[resource][i] += sign * count
 
-    def fit(self, need: Need, uid: str) -> int | None:
-        """The zone that can take the pod (``uid``) aligned, counting what it gives back
-        itself; the roomiest, so that fixes spread."""
+    def fitting(self, need: Need, uid: str) -> list[int]:
+        """The zones that can take the pod (``uid``) aligned, counting what it gives back
+        itself; roomiest first, so that fixes spread."""
         self._give_back(uid, +1)
         try:
             ok = (self.cpus >= need.cpus) & (self.memory >= need.memory)
             for resource, count in need.devices.items():
                 free = self.devices.get(resource)
                 if free is None:
-                    return None
+                    return []
                 ok &= free >= count
             candidates = np.flatnonzero(ok)
-            if candidates.size == 0:
-                return None
             # most free CPUs, then most free memory (bytes stay far below 1e12 per zone)
             score = self.cpus[candidates] * 1e12 + self.memory[candidates]
-            return int(candidates[np.argmax(score)])
+            return [int(z) for z in candidates[np.argsort(-score, kind="stable")]]
         finally:
             self._give_back(uid, -1)
 

@@ -8,16 +8,18 @@ taken for the rest of the cycle."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from numaguard.remediator.core.answers import Signals
-from numaguard.remediator.core.capacity import Capacity
+from numaguard.remediator.core.capacity import Capacity, Need
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import WorkloadHistory
 from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR
 from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.reach import NodeFacts, Placement, excluded
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 GUARDS = (
@@ -69,6 +71,9 @@ HISTORY_OWNERS = {
 
 
 DRA = "resource.k8s.io"  # in PodInfo.resources: the pod has ResourceClaims
+# Nodes with a fitting zone looked up per finding, roomiest first: the API requests
+# follow the findings, not the size of the cluster
+NODES_PER_FINDING = 8
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,7 @@ class PodInfo:
     created: float  # seconds since the epoch
     owner_kind: str = ""  # of the controller owner reference; "" for a bare pod
     owner_name: str = ""
+    owner_uid: str = ""  # the controller's, which makes its replacements
     workload: str = ""  # kind/namespace/name of the top owner (Deployment, StatefulSet...)
     workload_annotations: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
@@ -95,6 +101,9 @@ class PodInfo:
     # extended resources its containers request (nvidia.com/gpu, nvidia.com/mig-...), and
     # DRA when it has ResourceClaims
     resources: frozenset[str] = frozenset()
+    # where its replacement may be scheduled (its owner's template); None: unknown
+    placement: Placement | None = None
+    requests: dict[str, float] = field(default_factory=dict)  # its own, given back once gone
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,9 @@ class Action:
     pod: PodInfo | None
     detail: str
     dry_run: bool
+    # an eviction's: the nodes whose zones fit and that its replacement may reach,
+    # roomiest first (where steering sends it)
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,12 +143,16 @@ def plan(
     policy: Policy,
     history: dict[str, WorkloadHistory],
     now: float,
+    nodes: Mapping[str, NodeFacts],
 ) -> Plan:
     """``pods``: by UID, the pods the findings name that the API server knows;
-    ``history``: by workload, as read from the workloads this cycle."""
+    ``history``: by workload, as read from the workloads this cycle; ``nodes``: by
+    name, the nodes ``nodes_to_check`` named that the API server knows (a zone on any
+    other node is not reachable: nothing is known of it)."""
     uids = {f.pod_uid for f in findings}
     evidence = Evidence(signals, policy.stale_after_seconds, uids)
     capacity = Capacity.from_signals(signals, uids, evidence)
+    reach = _Reach(nodes)
     taken: Counter[str] = Counter()
     actions: list[Action] = []
     refusals: list[Refusal] = []
@@ -174,9 +190,8 @@ def plan(
                 detail = f"not of lower priority than the starved {finding.feeder}"
         if guard is None and intent == "evict":
             need = capacity.need(finding)
-            target = capacity.fit(need, finding.pod_uid)
-            if target is None:
-                guard, detail = "no_fit", f"no NUMA zone anywhere has {need.describe()}"
+            target, steer, detail = _fit(capacity, reach, pod, need)
+            guard = "no_fit" if target is None else None
         elif guard is None and intent == "resize":
             target = capacity.free_slice(finding.recommended)
             if target is None:
@@ -189,14 +204,16 @@ def plan(
         if intent == "evict":
             capacity.move(finding.pod_uid, target, need)
             node, numa = capacity.name(target)
+            reach.move(pod, node)
             detail = f"evict: fits aligned on {node} NUMA node {numa}"
         else:
+            steer = ()
             capacity.take_slice(target, finding.recommended)
             detail = f"resize {finding.profile} -> {finding.recommended} ({pod.workload})"
         for key in (f"node/{pod.node}", f"ns/{pod.namespace}", f"wl/{pod.workload}", "all"):
             taken[key] += 1
         acted.add(finding.pod_uid)
-        actions.append(Action(intent, finding, pod, detail, policy.dry_run))
+        actions.append(Action(intent, finding, pod, detail, policy.dry_run, steer))
 
     for finding in sorted(findings, key=_priority):
         try:
@@ -204,6 +221,81 @@ def plan(
         except Exception as err:  # whatever one finding holds refuses it alone
             refusals.append(Refusal(finding, "evidence_mismatch", f"not planned: {err!r}"))
     return Plan(tuple(actions), tuple(refusals), tuple(ignored))
+
+
+def nodes_to_check(
+    findings: list[Finding], pods: dict[str, PodInfo], signals: Signals, policy: Policy
+) -> list[str]:
+    """The nodes whose reachability ``plan`` needs: for each finding it may evict for,
+    the NODES_PER_FINDING roomiest nodes with a zone that fits it."""
+    evicting = [
+        f for f in findings if f.pod_uid in pods and intent_of(f) == "evict" and not policy.paused
+    ]
+    if not evicting:
+        return []
+    uids = {f.pod_uid for f in evicting}
+    capacity = Capacity.from_signals(
+        signals, uids, Evidence(signals, policy.stale_after_seconds, uids)
+    )
+    wanted: dict[str, None] = {}
+    for f in evicting:
+        zones = capacity.fitting(capacity.need(f), f.pod_uid)
+        names = dict.fromkeys(capacity.name(z)[0] for z in zones)
+        wanted.update(dict.fromkeys(list(names)[:NODES_PER_FINDING]))
+    return list(wanted)
+
+
+class _Reach:
+    """Which nodes a pod's replacement may be scheduled to, with the requests this
+    cycle's evictions free and take counted."""
+
+    def __init__(self, nodes: Mapping[str, NodeFacts]) -> None:
+        self.nodes = nodes
+        self.change: dict[str, Counter] = defaultdict(Counter)  # node -> requests freed
+
+    def why_not(self, pod: PodInfo, node: str) -> str | None:
+        facts = self.nodes.get(node)
+        if facts is None:
+            return "not looked up" if node else "unknown"
+        back = self.change[node].copy()
+        if node == pod.node:
+            back.update(pod.requests)  # its own, once it is gone
+        return excluded(pod.placement, facts, back)
+
+    def move(self, pod: PodInfo, node: str) -> None:
+        self.change[pod.node].update(pod.requests)
+        self.change[node].subtract(pod.placement.requests)
+
+
+def _fit(
+    capacity: Capacity, reach: _Reach, pod: PodInfo, need: Need
+) -> tuple[int | None, tuple[str, ...], str]:
+    """The zone to plan the pod's replacement on (the roomiest that fits on a node it
+    may reach), the nodes to steer it to, or why there is none."""
+    zones = capacity.fitting(need, pod.uid)
+    if not zones:
+        return None, (), f"no NUMA zone anywhere has {need.describe()}"
+    if pod.placement is None:
+        return None, (), "where its replacement may run is unknown: its owner's template is"
+    why: dict[str, str | None] = {}
+    reachable = []
+    for zone in zones:
+        node = capacity.name(zone)[0]
+        if node not in why:
+            why[node] = reach.why_not(pod, node)
+        if why[node] is None:
+            reachable.append(zone)
+    if reachable:
+        steer = dict.fromkeys(capacity.name(z)[0] for z in reachable)
+        return reachable[0], tuple(steer)[:NODES_PER_FINDING], ""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for node, reason in why.items():
+        by_reason[reason].append(node)
+    said = "; ".join(
+        f"{reason}: {', '.join(names[:5])}{f' and {len(names) - 5} more' if len(names) > 5 else ''}"
+        for reason, names in sorted(by_reason.items())
+    )
+    return None, (), f"{need.describe()} fits only where its replacement cannot run ({said})"
 
 
 def _priority(f: Finding) -> tuple:
