@@ -18,7 +18,7 @@ from grafana import dashboards
 from numaguard.exporter.publishers.nrt import API_USE as NRT_API_USE
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
-from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE
+from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE, STEERING_API_USE
 from numaguard.simulator.controlplane import kustomized, rendered
 
 # kubectl kustomize and helm come from the control plane's build
@@ -123,6 +123,16 @@ def test_rbac_grants_exactly_what_the_code_uses():
     nrt = rendered("nrt")
     assert granted(nrt, "numaguard-exporter") == EXPORTER_API_USE | NRT_API_USE
     assert granted(nrt, "numaguard-remediator") == DRY_RUN_API_USE
+    # --steer: its own webhook configuration and certificate Secret, by name
+    steering = rendered("steering")
+    assert granted(steering, "numaguard-remediator") == DRY_RUN_API_USE | STEERING_API_USE
+    for kind, name in (("ClusterRole", "steering"), ("Role", "certificate")):
+        for rule in of(steering, kind, f"numaguard-remediator-{name}")["rules"]:
+            assert rule.get("resourceNames") or rule["verbs"] == ["create"], rule
+    remediator = of(steering, "Deployment", "numaguard-remediator")["spec"]["template"]["spec"]
+    assert "--steer" in remediator["containers"][0]["args"]
+    webhooks = of(steering, "MutatingWebhookConfiguration", "numaguard-remediator")
+    assert webhooks["webhooks"] == []  # nothing is called until something is remediated
     exporter = of(nrt, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
     assert "--nrt" in exporter["containers"][0]["args"]
     assert (
@@ -133,7 +143,14 @@ def test_rbac_grants_exactly_what_the_code_uses():
     )
 
 
-COMPONENTS = ("no-dry-run", "resctrl-manage", "kubernetes-auth", "nrt", "network-policy")
+COMPONENTS = (
+    "no-dry-run",
+    "resctrl-manage",
+    "kubernetes-auth",
+    "nrt",
+    "network-policy",
+    "steering",
+)
 
 
 @pytest.mark.parametrize("components", [(), *((c,) for c in COMPONENTS), COMPONENTS])

@@ -155,7 +155,7 @@ def before(sm: float, **measures) -> Activity:
 
 async def after(rows, pods, pending, node=None):
     controller = Controller(Answers(rows, node), None, POLICY)
-    return await controller._outcome(pending, pods, NOW)
+    return (await controller._outcome(pending, pods, NOW))[:2]
 
 
 async def test_the_replacement_s_gpu_activity_is_compared_with_the_pod_s_before():
@@ -283,7 +283,7 @@ async def test_a_noisy_neighbour_s_fix_is_judged_by_the_feeder_it_crowded_out():
         **whole_gpu("feeder-1", GPU4, 0.7),
     }
     answers = Answers(rows)
-    decided, activity = await Controller(answers, None, POLICY)._outcome(
+    decided, activity, _ = await Controller(answers, None, POLICY)._outcome(
         pending, [replacement()], NOW
     )
     assert decided == "held" and activity.gpu == pytest.approx(0.7)

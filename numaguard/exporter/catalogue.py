@@ -801,6 +801,15 @@ REMEDIATOR_VERIFICATIONS = _m(
     ("outcome",),
     "remediator",
 )
+REMEDIATOR_LANDINGS = _m(
+    "remediator_landings_total",
+    "counter",
+    "Where evicted pods' replacements were scheduled, judged with their verification: "
+    "planned (a node whose zone the plan found to fit), elsewhere_aligned (another node, "
+    "and the fix held), elsewhere_misaligned (another node, and it did not).",
+    ("outcome",),
+    "remediator",
+)
 REMEDIATOR_FIX_GAIN = _m(
     "remediator_fix_gain_ratio",
     "histogram",

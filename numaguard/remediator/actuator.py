@@ -24,6 +24,7 @@ from numaguard.remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL
 from numaguard.remediator.core.history import WorkloadHistory
 from numaguard.remediator.core.planner import HISTORY_OWNERS, Action, PodInfo, Refusal
 from numaguard.remediator.core.rejections import RejectedPod
+from numaguard.remediator.core.steering import Steer, Target, configured
 from numaguard.remediator.kube import Answer, Kube
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 COMPONENT = "numaguard-remediator"
+_WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 
 class Writer:
@@ -134,6 +136,54 @@ class Actuator:
             return "gone"
         log.warning("deletion of %s/%s: HTTP %s", pod.namespace, pod.name, answer.status)
         return "failed"
+
+    async def steer(
+        self,
+        target: Target,
+        now: float,
+        add: tuple[Steer, ...] = (),
+        pending: frozenset[str] | None = None,
+    ) -> str:
+        """Bring the steering webhook configuration up to date (core/steering.py
+        ``configured``): ok | not_leader | failed. Asked again once if another write came
+        between its read and its own (409)."""
+        path = f"{_WEBHOOKS}/{target.configuration}"
+        for _ in range(2):
+            if not self.leading() or self.stopping():
+                return "not_leader"
+            got = await self.kube.get(path)
+            if not got.ok:
+                log.warning("webhook configuration %s: HTTP %s", path, got.status)
+                return "failed"
+            changed = configured(got.body, target, now, add, pending)
+            if changed is None:
+                return "ok"
+            answer = await self.writer.put(path, changed)
+            if answer.ok:
+                return "ok"
+            if answer.status != 409:
+                log.warning("webhook configuration not written: HTTP %s", answer.status)
+                return "failed"
+        return "failed"
+
+    async def create_secret(self, namespace: str, name: str, data: dict[str, str]) -> str:
+        """Create the steering webhook's certificate Secret: ok | exists | not_leader |
+        failed (another replica may have made it first: 409 is exists)."""
+        if not self.leading():
+            return "not_leader"
+        answer = await self.writer.post(
+            f"/api/v1/namespaces/{namespace}/secrets",
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {"name": name, "namespace": namespace},
+                "data": data,
+            },
+        )
+        if answer.ok:
+            return "ok"
+        return "exists" if answer.status == 409 else "failed"
 
     async def refused(self, refusal: Refusal, pod: PodInfo | None) -> None:
         if pod is not None:

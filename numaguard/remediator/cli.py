@@ -28,12 +28,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from numaguard.exporter import __version__, logs, webconfig
 from numaguard.exporter.sources.apiserver import KubeconfigError, connect
+from numaguard.remediator import steering
 from numaguard.remediator.controller import Controller, CycleReport
 from numaguard.remediator.core.findings import Detection
 from numaguard.remediator.core.kinds import RESIZED
 from numaguard.remediator.core.policy import MODES, Enforcement, FixGain, Policy
 from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.core.rejections import describe
+from numaguard.remediator.core.steering import Target
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
@@ -260,6 +262,49 @@ def parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="let only scrapers the API server authenticates and allows to get "
                 "/metrics (TokenReview, SubjectAccessReview), as the exporter's",
+            )
+            steer = s.add_argument_group(
+                "steering (deploy/components/steering)",
+                "send each evicted pod's replacement to the nodes whose NUMA zones fit, "
+                "through a mutating webhook this process serves; the API server calls it "
+                "only for pods of workloads awaiting verification",
+            )
+            steer.add_argument(
+                "--steer",
+                action="store_true",
+                help="serve the webhook and keep its configuration (opt-in)",
+            )
+            steer.add_argument(
+                "--webhook-listen",
+                default="0.0.0.0:8443",
+                metavar="HOST:PORT",
+                help="where to serve it (TLS)",
+            )
+            steer.add_argument(
+                "--webhook-configuration",
+                default="numaguard-remediator",
+                metavar="NAME",
+                help="the MutatingWebhookConfiguration it keeps (the only one it may write)",
+            )
+            steer.add_argument(
+                "--webhook-service",
+                default="numaguard-remediator-webhook:443",
+                metavar="NAME:PORT",
+                help="the Service the API server reaches it by, in --lease-namespace",
+            )
+            steer.add_argument(
+                "--webhook-url",
+                type=_url,
+                metavar="URL",
+                help="https://HOST:PORT the API server reaches it at, instead of the Service "
+                "(a remediator outside the cluster)",
+            )
+            steer.add_argument(
+                "--webhook-secret",
+                default="numaguard-remediator-webhook",
+                metavar="NAME",
+                help="the Secret (in --lease-namespace) holding its certificate: made by "
+                "the leader when missing, or yours (kubernetes.io/tls, with ca.crt)",
             )
             s.add_argument(
                 "--lease-namespace",
@@ -553,10 +598,13 @@ async def run_command(args) -> int:
     health = Health(3 * args.interval + 60)
     runner, scrapers = await _serve_metrics(args, metrics, health)
     election = asyncio.create_task(elector.run(release))  # renews whatever the cycle does
+    serving: asyncio.Task | None = None  # the steering webhook, once served
     try:
         async with aiohttp.ClientSession() as session:
             controller = await _controller(args, session, kube, elector, metrics)
             controller.actuator.stopping = stop.is_set
+            if args.steer:
+                serving = asyncio.create_task(_steering(args, kube, controller, stop))
             log.info(
                 "remediator started",
                 extra={
@@ -577,6 +625,10 @@ async def run_command(args) -> int:
                     await asyncio.wait_for(stop.wait(), args.interval)
     finally:
         release.set()
+        if serving is not None:
+            webhook = await serving
+            if webhook is not None:
+                await webhook.cleanup()
         await election  # releases the Lease
         await runner.cleanup()
         await kube.api.close()
@@ -584,6 +636,44 @@ async def run_command(args) -> int:
             await scrapers.close()
     log.info("remediator stopped", extra={"identity": args.identity})
     return 0
+
+
+async def _steering(args, kube: Kube, controller: Controller, stop: asyncio.Event):
+    """Serve the steering webhook once its certificate is there (the leader makes it
+    when missing), then let the controller steer: its runner, or None if stopped first."""
+    namespace, name = args.lease_namespace, args.webhook_secret
+    service, _, port = args.webhook_service.rpartition(":")
+    hosts = [service, f"{service}.{namespace}", f"{service}.{namespace}.svc"]
+    if args.webhook_url:
+        hosts.insert(0, urllib.parse.urlsplit(args.webhook_url).hostname)
+    while not stop.is_set():
+        try:
+            answer = await kube.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+            material = steering.from_secret(answer.body) if answer.ok else None
+            if answer.status == 404:
+                data = steering.secret_data(steering.certificate(hosts))
+                made = await controller.actuator.create_secret(namespace, name, data)
+                if made in ("ok", "exists"):
+                    continue  # read back what was made, by this replica or another
+            elif material is not None:
+                host, _, listen = args.webhook_listen.rpartition(":")
+                runner = await steering.serve(material, host or "0.0.0.0", int(listen))
+                reached = {"namespace": namespace, "name": service, "port": int(port)}
+                controller.steering = Target(
+                    args.webhook_configuration,
+                    material["ca.crt"],
+                    None if args.webhook_url else reached,
+                    args.webhook_url or "",
+                )
+                log.info("steering webhook served", extra={"listen": args.webhook_listen})
+                return runner
+            else:
+                log.warning("webhook certificate %s/%s: HTTP %s", namespace, name, answer.status)
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            log.warning("webhook certificate not read: %r", err)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), args.retry_period)
+    return None
 
 
 async def _answering_kube(kubeconfig: str | None, stop: asyncio.Event) -> Kube | None:

@@ -62,10 +62,14 @@ async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> Po
     namespace = meta["namespace"]
     owner = _controller(meta)
     workload, workload_annotations, mismatch, history = "", {}, "", None
-    placement = None
+    placement, selector = None, {}
     if owner is not None:
         workload, top, mismatch, maker = await _workload(kube, namespace, owner, owners)
-        template = (((maker or {}).get("spec") or {}).get("template") or {}).get("spec")
+        made_by = (maker or {}).get("spec") or {}
+        template = (made_by.get("template") or {}).get("spec")
+        by = made_by.get("selector") or {}
+        if not by.get("matchExpressions"):
+            selector = dict(by.get("matchLabels") or {})
         if template is not None:
             try:  # where a replacement may run is its template's to say, not this pod's
                 placement = placement_of(template)
@@ -102,6 +106,7 @@ async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> Po
         resources=_extended_resources(spec),
         placement=placement,
         requests=requests_of(spec),
+        selector=selector,
     )
 
 

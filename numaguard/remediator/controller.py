@@ -35,6 +35,7 @@ from numaguard.remediator.core.history import (
     WorkloadHistory,
     after_action,
     after_verification,
+    landing,
     measured_uid,
 )
 from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR, RESIZED
@@ -51,6 +52,7 @@ from numaguard.remediator.core.planner import Action, Plan, PodInfo, nodes_to_ch
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.rejections import Storm, describe, storms
 from numaguard.remediator.core.rounds import Round, Sizing, rounds
+from numaguard.remediator.core.steering import MODE_ANNOTATION, Steer, Target, steerable
 from numaguard.remediator.kube import Kube
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
@@ -71,6 +73,7 @@ class Verification:
     outcome: str  # held | no_gain | did_not_hold | unverified | gave_up
     gain: Gain | None  # None: judged without evidence (unverified)
     detail: str  # what was measured, as the Event says it
+    landing: str = ""  # an eviction's: where its replacement went (history.landing)
 
 
 @dataclass
@@ -110,6 +113,9 @@ class Controller:
         self.verify_refused: dict[str, str] = {}
         self.storms_said: dict[tuple, str] = {}  # a storm -> the Event last written on it
         self.sizing = Sizing()  # the slices to size, carried between looks for them
+        # where the steering webhook is served (run --steer); None: replacements go
+        # wherever the scheduler sends them
+        self.steering: Target | None = None
 
     async def cycle(self, write: bool = True) -> CycleReport:
         """One cycle. ``write`` False: plan only (the ``plan`` command)."""
@@ -237,6 +243,8 @@ class Controller:
             intent = (
                 None if action.dry_run else after_action(before, action, "evicted", now, activity)
             )
+            if intent is not None and action.kind == "evict":
+                await self._steer(action, now)
             try:
                 result = await self.actuator.act(action, intent)
             except _TRANSPORT as err:
@@ -252,6 +260,37 @@ class Controller:
             report.results.append((action, result))
             self.metrics.actions.labels(action.kind, result).inc()
             _log_decision(result, action.finding, action.pod, action.kind, action.detail)
+
+    async def _steer(self, action: Action, now: float) -> None:
+        """Before an eviction: its replacement is steered to the nodes the plan found,
+        when steering is on (the API server then calls the webhook for it)."""
+        if self.steering is None or not action.nodes:
+            return
+        pod = action.pod
+        steer = Steer(
+            pod.workload,
+            pod.selector,
+            action.nodes,
+            pod.workload_annotations.get(MODE_ANNOTATION) == "required",
+            now + self.policy.verify_deadline_seconds,
+        )
+        why = steerable(steer)
+        if why is None:
+            with contextlib.suppress(*_TRANSPORT):
+                why = await self.actuator.steer(self.steering, now, add=(steer,))
+        log.info(
+            "steering %s to %s: %s",
+            pod.workload,
+            ",".join(action.nodes),
+            why or "ok",
+            extra={
+                "decision": "steer",
+                "workload": pod.workload,
+                "nodes": list(action.nodes),
+                "required": steer.required,
+                "result": why or "ok",
+            },
+        )
 
     async def _before(self, actions: list[Action], now: float) -> dict[str, Activity]:
         """What the pods that will judge these actions did over the verification period
@@ -349,7 +388,11 @@ class Controller:
         that held with a measured gain under the policy's minimum: no_gain, alike."""
         now = self.clock()
         refused: dict[str, str] = {}
-        for workload, (history, obj) in (await pending_workloads(self.kube)).items():
+        pending = await pending_workloads(self.kube)
+        if self.steering is not None:  # steering ends with the wait for verification
+            with contextlib.suppress(*_TRANSPORT):
+                await self.actuator.steer(self.steering, now, pending=frozenset(pending))
+        for workload, (history, obj) in pending.items():
             # each workload inside its own boundary: whatever is wrong with one (its
             # history unreadable, anything unexpected in judging it) is that workload's
             # refusal, and the others are still verified
@@ -387,12 +430,15 @@ class Controller:
         pods = await workload_pods(self.kube, workload, obj)
         changed = history
         for pending in due:
-            outcome, after = await self._outcome(pending, pods, now)
+            outcome, after, landed = await self._outcome(pending, pods, now)
             if outcome is None:
                 continue  # not yet: the evidence is not in
             g = gain(pending.before, after) if outcome != "unverified" else None
             least = p.min_fix_gain.of(pending.kind)
             outcome = judged(outcome, g, least) if g else outcome
+            where = landing(pending, landed, outcome)
+            if where is not None:
+                self.metrics.landings.labels(where).inc()
             changed = after_verification(changed, pending, outcome)
             if outcome != "held" and changed.failures >= p.give_up_after:
                 outcome = "gave_up"
@@ -400,7 +446,9 @@ class Controller:
             if g and g.ratio is not None:
                 self.metrics.fix_gain.labels(pending.kind).observe(g.ratio)
             self.metrics.verifications.labels(outcome).inc()
-            report.verified.append(Verification(workload, pending.kind, outcome, g, detail))
+            report.verified.append(
+                Verification(workload, pending.kind, outcome, g, detail, where or "")
+            )
             log.info(
                 "verification of %s: %s (%s)",
                 workload,
@@ -412,6 +460,9 @@ class Controller:
                     "finding": pending.kind,
                     "gain": g.ratio if g else None,
                     "min_gain": least,
+                    "landing": where,
+                    "planned_nodes": list(pending.nodes),
+                    "nodes": sorted(landed),
                     # every signal measured on either side, host-side ones too
                     "before": asdict(pending.before) if pending.before else None,
                     "after": asdict(after) if after else None,
@@ -439,9 +490,10 @@ class Controller:
 
     async def _outcome(
         self, pending: Pending, pods: list[PodInfo] | None, now: float
-    ) -> tuple[str | None, Activity | None]:
+    ) -> tuple[str | None, Activity | None, set[str]]:
         """held | did_not_hold | unverified, or None: wait; and, once the replacements'
-        verdicts decided it, what the pod that judges the fix did over the period."""
+        verdicts decided it, what the pod that judges the fix did over the period, and
+        the nodes the replacements run on."""
         late = now - pending.at >= self.policy.verify_deadline_seconds
         replacements = [
             q
@@ -451,7 +503,8 @@ class Controller:
             and q.phase == "Running"
         ]
         if not replacements:
-            return ("unverified" if late else None), None
+            return ("unverified" if late else None), None, set()
+        landed = {r.node for r in replacements}
         period = self.policy.verify_after_seconds
         queries = q.verification_expressions(
             pending.kind, [r.uid for r in replacements], f"{int(period)}s", self.prometheus.selector
@@ -481,7 +534,7 @@ class Controller:
         elif all(v == "held" for v in verdicts):
             outcome = "held"
         else:
-            return ("unverified" if late else None), None
+            return ("unverified" if late else None), None, landed
         # activity is read only of nodes whose exporter is up and whose collectors are fresh
         instances = {
             node: evidence.instance(node)[0]
@@ -489,7 +542,7 @@ class Controller:
             if not evidence.node_stale(node, KINDS[pending.kind].depends_on)
         }
         measured = activities(signals, judges, instances)
-        return outcome, mean([measured[uid] for _, uid in judges])
+        return outcome, mean([measured[uid] for _, uid in judges]), landed
 
     def _verdict(self, pending: Pending, pod: PodInfo, signals, evidence: Evidence) -> str | None:
         """One replacement: held | did_not_hold | None (no fresh, whole-period evidence)."""

@@ -61,6 +61,14 @@ ENFORCE_API_USE = {
     ("apps", "deployments", "patch"),
     ("apps", "statefulsets", "patch"),
 }
+# the steering component's (run --steer): its own webhook configuration and the webhook's
+# certificate Secret, each by name (deploy/components/steering)
+STEERING_API_USE = {
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get"),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "update"),
+    ("", "secrets", "get"),
+    ("", "secrets", "create"),
+}
 API_USE = DRY_RUN_API_USE | ENFORCE_API_USE
 
 

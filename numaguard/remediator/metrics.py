@@ -13,6 +13,7 @@ from prometheus_client import (
 
 from numaguard.exporter import catalogue as c
 from numaguard.exporter.process import ProcessCollector
+from numaguard.remediator.core.history import LANDINGS
 from numaguard.remediator.core.kinds import KINDS
 from numaguard.remediator.core.planner import GUARDS
 
@@ -38,6 +39,7 @@ class Metrics:
         self.actions = make(c.REMEDIATOR_ACTIONS)
         self.refusals = make(c.REMEDIATOR_REFUSALS)
         self.verifications = make(c.REMEDIATOR_VERIFICATIONS)
+        self.landings = make(c.REMEDIATOR_LANDINGS)
         self.fix_gain = make(c.REMEDIATOR_FIX_GAIN)
         self.errors = make(c.REMEDIATOR_ERRORS)
         self.dropped_rows = make(c.REMEDIATOR_DROPPED_ROWS)
@@ -50,6 +52,8 @@ class Metrics:
             self.refusals.labels(guard)
         for outcome in ("held", "no_gain", "did_not_hold", "unverified", "gave_up"):
             self.verifications.labels(outcome)
+        for outcome in LANDINGS:
+            self.landings.labels(outcome)
         for kind in KINDS:
             self.fix_gain.labels(kind)
         for reason in ("missing_label", "bad_value", "bad_label", "duplicate"):

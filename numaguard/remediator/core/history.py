@@ -14,6 +14,7 @@ from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.kinds import KINDS
 from numaguard.remediator.core.outcome import Activity
+from numaguard.remediator.core.reach import NODES_PER_FINDING
 from numaguard.remediator.core.validation import FORBID_EXTRA, Count, Seconds
 
 if TYPE_CHECKING:
@@ -26,6 +27,11 @@ if TYPE_CHECKING:
 MAX_PENDING = 8
 MAX_HISTORY_BYTES = 8192
 Name = Annotated[str, StringConstraints(max_length=253, strict=True)]
+NodeName = Annotated[
+    str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", strict=True)
+]
+# where a replacement was scheduled, against where the plan said (landing())
+LANDINGS = ("planned", "elsewhere_aligned", "elsewhere_misaligned")
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,8 @@ class Pending:
     # noisy neighbour crowded out), and what it did before the action
     measured_uid: Name = ""
     before: Activity | None = None
+    # an eviction's: the nodes whose zones the plan found to fit, roomiest first
+    nodes: Annotated[tuple[NodeName, ...], Field(max_length=NODES_PER_FINDING)] = ()
 
     def __post_init__(self) -> None:
         if self.reason not in KINDS[self.kind].reasons:
@@ -116,7 +124,14 @@ def after_action(
     f = action.finding
     if result in ("evicted", "resized"):
         pending = Pending(
-            f.kind, f.reason, now, action.pod.uid, f.recommended, measured_uid(f), before
+            f.kind,
+            f.reason,
+            now,
+            action.pod.uid,
+            f.recommended,
+            measured_uid(f),
+            before,
+            action.nodes,
         )
         return replace(h, last_action=now, pending=(*h.pending, pending), pdb_refusals=0)
     if result == "pdb_blocked":
@@ -129,6 +144,18 @@ def after_verification(h: WorkloadHistory, pending: Pending, outcome: str) -> Wo
     that did not hold, or could not be verified, adds one (longer cooldown, then give up)."""
     rest = tuple(p for p in h.pending if p != pending)
     return replace(h, pending=rest, failures=0 if outcome == "held" else h.failures + 1)
+
+
+def landing(pending: Pending, nodes: set[str], outcome: str) -> str | None:
+    """Where an eviction's replacements (on ``nodes``) landed against the plan, judged
+    with the verification's ``outcome``; None for actions that planned no node."""
+    if not pending.nodes or not nodes:
+        return None
+    if nodes & set(pending.nodes):
+        return "planned"
+    if outcome in ("held", "no_gain"):
+        return "elsewhere_aligned"
+    return "elsewhere_misaligned" if outcome == "did_not_hold" else None
 
 
 def measured_uid(f: Finding) -> str:

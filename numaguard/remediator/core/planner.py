@@ -19,7 +19,7 @@ from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import WorkloadHistory
 from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR
 from numaguard.remediator.core.policy import Policy
-from numaguard.remediator.core.reach import NodeFacts, Placement, excluded
+from numaguard.remediator.core.reach import NODES_PER_FINDING, NodeFacts, Placement, excluded
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 GUARDS = (
@@ -71,9 +71,6 @@ HISTORY_OWNERS = {
 
 
 DRA = "resource.k8s.io"  # in PodInfo.resources: the pod has ResourceClaims
-# Nodes with a fitting zone looked up per finding, roomiest first: the API requests
-# follow the findings, not the size of the cluster
-NODES_PER_FINDING = 8
 
 
 @dataclass(frozen=True)
@@ -104,6 +101,9 @@ class PodInfo:
     # where its replacement may be scheduled (its owner's template); None: unknown
     placement: Placement | None = None
     requests: dict[str, float] = field(default_factory=dict)  # its own, given back once gone
+    # the matchLabels of the controller that makes its replacements (steering finds them
+    # by it); empty when its selector has expressions
+    selector: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

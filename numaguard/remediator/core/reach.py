@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Nodes with a fitting zone looked up per finding, roomiest first, and the most a
+# replacement is steered to: the API requests follow the findings, not the cluster
+NODES_PER_FINDING = 8
 # taints the scheduler filters on; PreferNoSchedule only scores
 _FILTERING_EFFECTS = ("NoSchedule", "NoExecute")
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"

@@ -1,0 +1,198 @@
+"""Steering (pure): the mutating webhook configuration that sends an evicted pod's
+replacement to the nodes whose zones fit, and the mutation itself.
+
+The API server calls the webhook only for pods created in the namespace of a workload
+awaiting verification that carry its selector's labels (namespaceSelector and
+objectSelector: no other pod creation waits on it), with failurePolicy Ignore and a short
+timeout. Each webhook's path names its nodes, so any replica answers from the request
+alone; the configuration is the remediator's own object, written by the leader only, and
+is the whole of the steering state: an entry leaves it when its workload no longer awaits
+verification or its deadline passed."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
+from numaguard.remediator.core.reach import NODES_PER_FINDING
+
+PATH = "/steer"
+# on the workload: "required" makes the node affinity required, not preferred
+MODE_ANNOTATION = "numaguard.io/steer"
+# on the webhook configuration: webhook name -> {"workload": ..., "until": ...}
+STATE_ANNOTATION = "numaguard.io/steering"
+MODES = ("preferred", "required")
+TIMEOUT_SECONDS = 2  # pod creation never waits longer on it (failurePolicy Ignore)
+# what may go into a path, a label selector and a CEL-free configuration unquoted
+_NODE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,314}[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Steer:
+    """Send the replacements of ``workload`` (pods in its namespace with its selector's
+    labels) to ``nodes`` until ``until``."""
+
+    workload: str  # kind/namespace/name
+    labels: dict[str, str]  # the selector of the controller that makes its pods
+    nodes: tuple[str, ...]
+    required: bool
+    until: float
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the API server reaches the webhook: a Service of the remediator's (in the
+    cluster) or a URL (a remediator outside it), and the CA it checks it with."""
+
+    configuration: str  # the MutatingWebhookConfiguration's name
+    ca_bundle: str  # PEM
+    service: dict | None = None  # {namespace, name, port}
+    url: str = ""  # https://host:port, without a path
+
+
+def steerable(s: Steer) -> str | None:
+    """Why ``s`` cannot be written into a configuration, or None."""
+    if not s.nodes or len(s.nodes) > NODES_PER_FINDING:
+        return f"{len(s.nodes)} nodes (1 to {NODES_PER_FINDING} can be steered to)"
+    if not all(_NODE.match(n) for n in s.nodes):
+        return "a node name that is no DNS subdomain"
+    if not s.labels:
+        return "its controller's selector has no matchLabels"
+    if not all(_LABEL.match(k) and (not v or _LABEL.match(v)) for k, v in s.labels.items()):
+        return "a selector label no API server would store"
+    return None
+
+
+def webhook_name(workload: str) -> str:
+    return f"{hashlib.sha256(workload.encode()).hexdigest()[:20]}.steer.numaguard.io"
+
+
+def webhook(s: Steer, target: Target) -> dict:
+    namespace = s.workload.split("/")[1]
+    path = f"{PATH}/{MODES[s.required]}/{','.join(s.nodes)}"
+    if target.service is not None:
+        client = {"service": {**target.service, "path": path}}
+    else:
+        client = {"url": target.url.rstrip("/") + path}
+    client["caBundle"] = base64.b64encode(target.ca_bundle.encode()).decode()
+    return {
+        "name": webhook_name(s.workload),
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": client,
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ],
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "objectSelector": {"matchLabels": dict(s.labels)},
+        "matchConditions": [
+            {
+                "name": "made-by-a-controller",
+                "expression": "object.metadata.?ownerReferences.orValue([])"
+                ".exists(o, o.?controller.orValue(false))",
+            }
+        ],
+        "failurePolicy": "Ignore",
+        "sideEffects": "None",
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "reinvocationPolicy": "Never",
+    }
+
+
+def configured(
+    config: dict,
+    target: Target,
+    now: float,
+    add: tuple[Steer, ...] = (),
+    pending: frozenset[str] | None = None,
+) -> dict | None:
+    """The configuration with ``add`` in it, and without the entries whose deadline
+    passed or (``pending`` given) whose workload no longer awaits verification; None
+    when that changes nothing. Entries it did not write are dropped: the object is
+    numaguard's alone."""
+    meta = config.get("metadata") or {}
+    try:
+        state = json.loads((meta.get("annotations") or {}).get(STATE_ANNOTATION) or "{}")
+        entries = {
+            w["name"]: (w, state[w["name"]])
+            for w in config.get("webhooks") or []
+            if w["name"] in state
+        }
+    except (ValueError, KeyError, TypeError):
+        entries = {}  # unreadable: what it said is rewritten from what is added now
+    kept = {}
+    for name, (w, s) in entries.items():
+        if not isinstance(s, dict) or not isinstance(s.get("until"), (int, float)):
+            continue
+        if s["until"] <= now or (pending is not None and s.get("workload") not in pending):
+            continue
+        kept[name] = (w, s)
+    for s in add:
+        kept[webhook_name(s.workload)] = (
+            webhook(s, target),
+            {"workload": s.workload, "until": s.until},
+        )
+    webhooks = [w for w, _ in kept.values()]
+    state = {name: s for name, (_, s) in kept.items()}
+    names = [w.get("name") for w in config.get("webhooks") or []]
+    if not add and names == list(kept) and state == _state(config):
+        return None  # entries kept are kept as the API server defaulted them
+    out = copy.deepcopy(config)
+    out.setdefault("metadata", {}).setdefault("annotations", {})[STATE_ANNOTATION] = json.dumps(
+        state, sort_keys=True, separators=(",", ":")
+    )
+    out["webhooks"] = webhooks
+    return out
+
+
+def _state(config: dict) -> dict | None:
+    text = ((config.get("metadata") or {}).get("annotations") or {}).get(STATE_ANNOTATION)
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return None
+
+
+def steered_to(path: str) -> tuple[bool, tuple[str, ...]] | None:
+    """(required, nodes) a webhook path names, or None for a path no entry has."""
+    parts = path.removeprefix(PATH + "/").split("/")
+    if len(parts) != 2 or parts[0] not in MODES:
+        return None
+    nodes = tuple(parts[1].split(","))
+    if not 0 < len(nodes) <= NODES_PER_FINDING or not all(_NODE.match(n) for n in nodes):
+        return None
+    return parts[0] == "required", nodes
+
+
+def mutation(pod: dict, nodes: tuple[str, ...], required: bool) -> list[dict]:
+    """The JSON patch that asks the scheduler for one of ``nodes``: a preferred node
+    affinity term per node (weight 100), or, required, each of the pod's own required
+    terms narrowed to each node (matchFields on metadata.name takes one value per term)."""
+    affinity = copy.deepcopy((pod.get("spec") or {}).get("affinity") or {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+
+    def field(node: str) -> list[dict]:
+        return [{"key": "metadata.name", "operator": "In", "values": [node]}]
+
+    if required:
+        req = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        own = req.get("nodeSelectorTerms") or [{}]
+        req["nodeSelectorTerms"] = [
+            {**t, "matchFields": [*(t.get("matchFields") or []), *field(n)]}
+            for t in own
+            for n in nodes
+        ]
+    else:
+        preferred = node_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+        preferred.extend({"weight": 100, "preference": {"matchFields": field(n)}} for n in nodes)
+    return [{"op": "add", "path": "/spec/affinity", "value": affinity}]
