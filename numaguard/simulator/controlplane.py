@@ -77,6 +77,11 @@ KINDS = {
     "ServiceMonitor": ("/apis/monitoring.coreos.com/v1", "servicemonitors", True),
     "PrometheusRule": ("/apis/monitoring.coreos.com/v1", "prometheusrules", True),
     "RuntimeClass": ("/apis/node.k8s.io/v1", "runtimeclasses", False),
+    "MutatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "mutatingwebhookconfigurations",
+        False,
+    ),
     "ValidatingAdmissionPolicy": (
         "/apis/admissionregistration.k8s.io/v1",
         "validatingadmissionpolicies",
@@ -311,13 +316,16 @@ class ControlPlane:
         return str(path)
 
     async def install_numaguard(
-        self, session: aiohttp.ClientSession, components: tuple[str, ...] = ("no-dry-run",)
+        self,
+        session: aiohttp.ClientSession,
+        components: tuple[str, ...] = ("no-dry-run", "steering"),
     ) -> None:
         """Apply deploy/'s namespace, ServiceAccounts and RBAC as kustomize renders them
-        with ``components`` (no-dry-run: tests act), and get a token for each of our
-        ServiceAccounts (``self.tokens``): our components run as those."""
+        with ``components`` (no-dry-run: tests act; steering: its webhook configuration
+        too), and get a token for each of our ServiceAccounts (``self.tokens``): our
+        components run as those."""
         for obj in rendered(*components):
-            if obj["kind"] in RBAC_KINDS:
+            if obj["kind"] in (*RBAC_KINDS, "MutatingWebhookConfiguration"):
                 await self.create(session, obj)
         for account in ACCOUNTS:
             self.tokens[account] = await self.service_account_token(session, "numaguard", account)
