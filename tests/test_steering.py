@@ -16,10 +16,16 @@ from aiohttp import web
 
 from numaguard.remediator import steering
 from numaguard.remediator.actuator import Actuator
+from numaguard.remediator.cluster import nodes_of, pods_of
+from numaguard.remediator.core.findings import FindingState, update
+from numaguard.remediator.core.planner import nodes_to_check, plan
+from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.steering import Steer, Target
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator.controlplane import ApiError, path_of
 from numaguard.simulator.processes import free_port, until
+from numaguard.simulator.prometheus import as_signals
+from tests.test_planner import healthy, instance, merge, zone
 
 pytestmark = pytest.mark.cluster
 
@@ -298,3 +304,98 @@ async def test_the_remediator_may_write_no_other_webhook_configuration(stack):
         assert kept.get("webhooks", []) == []
     finally:
         await stack._delete(path_of("MutatingWebhookConfiguration", None, "someone-elses"))
+
+
+def statefulset(name: str, namespace: str) -> dict:
+    """A StatefulSet whose pods are replaced from its template only when deleted."""
+    template = deployment(name, namespace)["spec"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {**template, "serviceName": name, "updateStrategy": {"type": "OnDelete"}},
+    }
+
+
+def cross_numa_rows(pod: dict, node: str) -> dict:
+    """The exporter's word on a pod whose exclusive CPUs span both NUMA nodes."""
+    meta = pod["metadata"]
+    ids = {"node": node, "namespace": meta["namespace"], "pod": meta["name"]}
+    ids["pod_uid"] = meta["uid"]
+    verdict = {**ids, "reason": "cpu_span", "value": 1.0}
+    return {
+        "cross_numa_sustained": [verdict],
+        "cross_numa_seen": [verdict],
+        "cross_numa_age": [{**verdict, "value": 1.0}],
+        "pod_exclusive_cpus": [{**ids, "numa_node": n, "value": 1.0} for n in ("0", "1")],
+        "pod_memory": [{**ids, "numa_node": "0", "value": float(1 << 30)}],
+    }
+
+
+async def test_only_zones_the_replacement_can_reach_fit(stack):
+    """Every pod runs on steer-a, whose zones are full; zones fit on steer-b (tainted)
+    and steer-c (cordoned). A pod pinned by nodeSelector, one that does not tolerate the
+    taint, and one whose StatefulSet template changed since it started get no_fit naming
+    what excluded each node; the pod that tolerates the taint is planned to steer-b."""
+    cp, session, ns = stack.cp, stack.session, stack.namespace
+    for name in ("steer-b", "steer-c"):  # until every pod runs on steer-a
+        await cp.patch(session, "Node", None, name, {"spec": {"unschedulable": True}})
+    objects = {name: deployment(name, ns) for name in ("pinned", "untolerating", "tolerating")}
+    spec = lambda name: objects[name]["spec"]["template"]["spec"]  # noqa: E731
+    spec("pinned")["nodeSelector"] = {"kubernetes.io/hostname": "steer-a"}
+    spec("tolerating")["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    objects["templated"] = statefulset("templated", ns)
+    for obj in objects.values():
+        await cp.create(session, obj)
+    pods = {name: await stack.bound(name) for name in objects}
+    assert {p["spec"]["nodeName"] for p in pods.values()} == {"steer-a"}
+    taint = {"key": "dedicated", "value": "infer", "effect": "NoSchedule"}
+    await cp.patch(
+        session, "Node", None, "steer-b", {"spec": {"unschedulable": False, "taints": [taint]}}
+    )
+    # its replacement will be made from the template as it is now, not as the pod was
+    await cp.patch(
+        session,
+        "StatefulSet",
+        ns,
+        "templated",
+        {"spec": {"template": {"spec": {"nodeSelector": {"pool": "b"}}}}},
+    )
+    for pod in pods.values():
+        name = pod["metadata"]["name"]
+        await cp.patch(session, "Pod", ns, name, {"status": {"phase": "Running"}}, sub="status")
+    frames = merge(
+        healthy("steer-a", "steer-b", "steer-c"),
+        zone("steer-a", "0", 0, 0),
+        zone("steer-a", "1", 0, 0),
+        zone("steer-b", "0", 16, 64),
+        zone("steer-c", "0", 16, 64),
+        *(cross_numa_rows(p, "steer-a") for p in pods.values()),
+    )
+    now = time.time()
+    sig = as_signals(now, frames, {n: instance(n) for n in NODES})
+    findings = list(update(FindingState(), sig).open.values())
+    assert len(findings) == 4
+    kube = Kube(stack.client)  # the remediator's token: deploy/'s RBAC reads the nodes
+    policy = Policy(dry_run=False, min_pod_age_seconds=0, max_per_node=4)
+    infos = await pods_of(kube, findings)
+
+    async def planned(names: set[str]):
+        mine = [f for f in findings if f.pod.split("-")[0] in names]
+        wanted = nodes_to_check(mine, infos, sig, policy)
+        assert sorted(wanted) == ["steer-a", "steer-b", "steer-c"]
+        return plan(mine, infos, sig, policy, {}, now, await nodes_of(kube, wanted))
+
+    result = await planned({"pinned", "untolerating", "templated"})
+    refused = {r.finding.pod.split("-")[0]: r for r in result.refusals}
+    assert {name: r.guard for name, r in refused.items()} == dict.fromkeys(
+        ("pinned", "untolerating", "templated"), "no_fit"
+    )
+    said = {name: r.detail.split("(")[-1] for name, r in refused.items()}
+    assert said == {
+        "pinned": "cordoned: steer-c; nodeSelector kubernetes.io/hostname=steer-a: steer-b)",
+        "untolerating": "cordoned: steer-c; taint dedicated=infer:NoSchedule: steer-b)",
+        "templated": "cordoned: steer-c; nodeSelector pool=b: steer-b)",
+    }
+    (action,) = (await planned({"tolerating"})).actions
+    assert action.pod.name.startswith("tolerating") and action.nodes == ("steer-b",)

@@ -227,7 +227,7 @@ def nodes_to_check(
     findings: list[Finding], pods: dict[str, PodInfo], signals: Signals, policy: Policy
 ) -> list[str]:
     """The nodes whose reachability ``plan`` needs: for each finding it may evict for,
-    the NODES_PER_FINDING roomiest nodes with a zone that fits it."""
+    the NODES_PER_FINDING roomiest nodes with a zone that fits it, and its own."""
     evicting = [
         f for f in findings if f.pod_uid in pods and intent_of(f) == "evict" and not policy.paused
     ]
@@ -237,12 +237,13 @@ def nodes_to_check(
     capacity = Capacity.from_signals(
         signals, uids, Evidence(signals, policy.stale_after_seconds, uids)
     )
-    wanted: dict[str, None] = {}
+    # its own node too: room others' evictions free there this cycle may fit it
+    wanted = dict.fromkeys(pods[f.pod_uid].node for f in evicting)
     for f in evicting:
         zones = capacity.fitting(capacity.need(f), f.pod_uid)
         names = dict.fromkeys(capacity.name(z)[0] for z in zones)
         wanted.update(dict.fromkeys(list(names)[:NODES_PER_FINDING]))
-    return list(wanted)
+    return [n for n in wanted if n]
 
 
 class _Reach:
