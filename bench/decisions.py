@@ -7,32 +7,46 @@ cross-socket GPU pods (some of them protected: kube-system, opted
 out, bare), pods whose memory sits on the other socket and pods whose CPUs span both.
 Each cycle the exporter's view is computed from the simulation (placement verdicts and
 free capacity per NUMA zone, as the exporters would report them, fresh, from each
-node's own target), the real findings code and planner decide, and evictions go through
-the real Eviction API. Measured: the share of remediable findings (an aligned zone existed)
-fixed within three cycles, evictions per fix, and guard violations (actions on protected
-pods), which must be zero.
+node's own target), the real findings code and planner decide (with the nodes as the
+real API server describes them), and evictions go through the real Eviction API.
+Measured: the share of remediable findings (an aligned zone existed) fixed within three
+cycles, evictions per fix, guard violations (actions on protected pods), which must be
+zero, and the share of replacements the scheduler placed on a node the plan found to fit
+— each scenario run twice, with the remediator's steering webhook (served over TLS, its
+configuration written by the actuator, called by the real API server) and without.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import tempfile
 import time
+from pathlib import Path
+
+import aiohttp
 
 from numaguard.exporter.readers import parse_id_list
+from numaguard.remediator import steering
+from numaguard.remediator.actuator import Actuator
+from numaguard.remediator.cluster import nodes_of, placement_of
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.findings import FindingState, update
 from numaguard.remediator.core.history import WorkloadHistory, after_action, after_verification
-from numaguard.remediator.core.planner import PodInfo, plan
+from numaguard.remediator.core.planner import PodInfo, nodes_to_check, plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import REQUIRED_LABELS
+from numaguard.remediator.core.steering import Steer, Target
+from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.host import FakeContainer, FakePod
+from numaguard.simulator.manifests import PRESET_HASH, pod_template
 from numaguard.simulator.node import free_cpus
 from numaguard.simulator.nvml import FakeGpu
+from numaguard.simulator.processes import free_port
 from numaguard.simulator.prometheus import as_signals
 
 
@@ -163,6 +177,8 @@ def observe(
                 rows["pod_memory"].append({**ids, "numa_node": i, "value": size})
             kind = protected.get(pod.uid, "")
             stem = sim.workload[pod.uid]
+            template = pod_template(pod, stem)
+            placement = placement_of(template["spec"])
             infos[pod.uid] = PodInfo(
                 namespace=pod.namespace,
                 name=pod.name,
@@ -174,30 +190,82 @@ def observe(
                 workload="" if kind == "bare" else f"Deployment/{pod.namespace}/{stem}",
                 annotations={"numaguard.io/remediate": "false"} if kind == "opted-out" else {},
                 resources=frozenset(ctr.devices),
+                placement=placement,
+                requests=placement.requests,
+                selector={**template["metadata"]["labels"], "pod-template-hash": PRESET_HASH},
             )
     instances = {n: f"{n}:9847" for n in sim.nodes}
     return as_signals(now, rows, instances), infos
 
 
 async def run_scenario(
-    cp: ControlPlane, seed: int, nodes: int, policies: tuple[str, ...], cycles: int = 6
+    cp: ControlPlane,
+    seed: int,
+    nodes: int,
+    policies: tuple[str, ...],
+    cycles: int = 6,
+    steer: bool = False,
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="ng", dir="/tmp") as tmp:
         sim, protecting = scenario(cp, tmp, seed, nodes, policies)
         await sim.start()
         try:
             protected = {pod.uid: kind for pod, kind in protecting}
-            return await run_cycles(sim, protected, cycles)
+            async with Remediator(cp, Path(tmp), steer) as remediator:
+                return await run_cycles(sim, protected, cycles, remediator)
         finally:
             await sim.stop()
 
 
-async def evict(sim: SimulatedCluster, pod: PodInfo) -> None:
+class Remediator:
+    """The remediator's API client (admin: the decisions, not the RBAC, are measured
+    here) and, steering, its webhook served on 127.0.0.1 with its configuration kept
+    by the actuator as ``run --steer`` keeps it."""
+
+    def __init__(self, cp: ControlPlane, directory: Path, steer: bool) -> None:
+        self.cp, self.directory, self.steering = cp, directory, steer
+        self.target: Target | None = None
+
+    async def __aenter__(self) -> Remediator:
+        self.stack = contextlib.AsyncExitStack()
+        kubeconfig = self.cp.kubeconfig(self.directory / "admin.kubeconfig", self.cp.admin_token)
+        client = await api_client(kubeconfig)
+        self.stack.push_async_callback(client.close)
+        self.kube = Kube(client)
+        self.actuator = Actuator(self.kube, None)
+        if self.steering:
+            material = steering.certificate(["127.0.0.1"])
+            port = free_port()
+            runner = await steering.serve(material, "127.0.0.1", port)
+            self.stack.push_async_callback(runner.cleanup)
+            self.target = Target(
+                "numaguard-remediator", material["ca.crt"], url=f"https://127.0.0.1:{port}"
+            )
+            # nothing left steered for the next scenario
+            self.stack.push_async_callback(
+                self.actuator.steer, self.target, time.time(), (), frozenset()
+            )
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stack.aclose()
+
+    async def steer(self, pod: PodInfo, nodes: tuple[str, ...]) -> None:
+        if self.target is None:
+            return
+        entry = Steer(pod.workload, pod.selector, nodes, False, time.time() + 3600)
+        result = await self.actuator.steer(self.target, time.time(), (entry,))
+        assert result == "ok", result
+
+
+async def evict(sim: SimulatedCluster, pod: PodInfo) -> str:
     """Evict through the Eviction API; return once the replacement was admitted or
-    refused by its node, or the scheduler found no node for it."""
+    refused by its node, or the scheduler found no node for it: the node it was bound
+    to ("" for none)."""
     status = await sim.cp.evict(sim.session, pod.namespace, pod.name, pod.uid)
     assert status == 201, f"eviction of {pod.namespace}/{pod.name}: HTTP {status}"
     app = pod.workload.split("/")[-1]
+    landed: list[str] = []
 
     async def replaced(session) -> bool:
         pods = await sim.cp.items(session, "Pod", pod.namespace, labelSelector=f"app={app}")
@@ -209,13 +277,17 @@ async def evict(sim: SimulatedCluster, pod: PodInfo) -> None:
             if status.get("phase") in ("Running", "Failed") or (
                 scheduled and scheduled.get("reason") == "Unschedulable"
             ):
+                landed.append(p["spec"].get("nodeName", ""))
                 return True
         return False
 
     await sim.wait_for_api(replaced, f"{pod.name} replaced")
+    return landed[0]
 
 
-async def run_cycles(sim: SimulatedCluster, protected: dict[str, str], cycles: int) -> dict:
+async def run_cycles(
+    sim: SimulatedCluster, protected: dict[str, str], cycles: int, remediator: Remediator
+) -> dict:
     # as the controller runs it: a cooldown of two cycles after each eviction, growing
     # when the fix did not hold, and given up after two that did not
     policy = Policy(
@@ -232,7 +304,7 @@ async def run_cycles(sim: SimulatedCluster, protected: dict[str, str], cycles: i
     now = time.time()
     first_seen: dict[str, int] = {}  # workload -> cycle its finding was first open
     fixed_at: dict[str, int] = {}
-    evictions = violations = 0
+    evictions = violations = planned = first = 0
     remediable: set[str] = set()
     for cycle in range(cycles):
         at = now + cycle * 60
@@ -248,7 +320,9 @@ async def run_cycles(sim: SimulatedCluster, protected: dict[str, str], cycles: i
             for pending in h.pending:
                 outcome = "did_not_hold" if w in open_workloads else "held"
                 history[w] = h = after_verification(h, pending, outcome)
-        result = plan(findings, infos, signals, policy, history, at)
+        wanted = nodes_to_check(findings, infos, signals, policy)
+        nodes = await nodes_of(remediator.kube, wanted)
+        result = plan(findings, infos, signals, policy, history, at, nodes)
         no_fit = {r.finding.pod_uid for r in result.refusals if r.guard == "no_fit"}
         for f in findings:
             if f.pod_uid not in protected and f.pod_uid not in no_fit:
@@ -259,7 +333,10 @@ async def run_cycles(sim: SimulatedCluster, protected: dict[str, str], cycles: i
             if action.pod.uid in protected:
                 violations += 1
                 continue
-            await evict(sim, action.pod)
+            await remediator.steer(action.pod, action.nodes)
+            landed = await evict(sim, action.pod)
+            planned += landed in action.nodes
+            first += landed == action.nodes[0]
             evictions += 1
             w = action.pod.workload
             history[w] = after_action(history.get(w), action, "evicted", at)
@@ -269,16 +346,26 @@ async def run_cycles(sim: SimulatedCluster, protected: dict[str, str], cycles: i
         "fixed_in_3": fixed_in_3,
         "evictions": evictions,
         "violations": violations,
+        "landed_planned": planned,
+        "landed_first": first,  # on the node of the zone the plan counted as taken
     }
 
 
-async def measure(suite) -> dict[str, int]:
-    totals = {"remediable": 0, "fixed_in_3": 0, "evictions": 0, "violations": 0}
+async def measure(suite) -> dict[bool, dict[str, int]]:
+    """Totals over the suite without steering (False) and with it (True)."""
+    totals = {steer: dict.fromkeys(KEYS, 0) for steer in (False, True)}
     async with ControlPlane() as cp:
+        async with aiohttp.ClientSession() as session:  # the steering configuration
+            await cp.install_numaguard(session)
         for seed, nodes, policies in suite:
-            for k, v in (await run_scenario(cp, seed, nodes, policies)).items():
-                totals[k] += v
+            for steer in (False, True):
+                result = await run_scenario(cp, seed, nodes, policies, steer=steer)
+                for k, v in result.items():
+                    totals[steer][k] += v
     return totals
+
+
+KEYS = ("remediable", "fixed_in_3", "evictions", "violations", "landed_planned", "landed_first")
 
 
 def rows() -> list[tuple]:
@@ -289,24 +376,52 @@ def rows() -> list[tuple]:
         (4, 5, ("single-numa-node", "none")),
     ]
     totals = asyncio.run(measure(suite))
-    share = totals["fixed_in_3"] / totals["remediable"] if totals["remediable"] else 1.0
-    per_fix = totals["evictions"] / totals["fixed_in_3"] if totals["fixed_in_3"] else 0.0
+
+    def share(t: dict, part: str, whole: str) -> float:
+        return t[part] / t[whole] if t[whole] else 1.0
+
+    off, on = totals[False], totals[True]
+    landed = share(on, "landed_planned", "evictions")
+    violations = off["violations"] + on["violations"]
     return [
-        (f"remediable findings fixed within 3 cycles ({len(suite)} scenarios)", share, None),
-        ("evictions per fix", per_fix, None),
+        (
+            f"remediable findings fixed within 3 cycles ({len(suite)} scenarios)",
+            share(on, "fixed_in_3", "remediable"),
+            share(off, "fixed_in_3", "remediable"),
+            None,
+        ),
+        (
+            "evictions per fix",
+            share(on, "evictions", "fixed_in_3"),
+            share(off, "evictions", "fixed_in_3"),
+            None,
+        ),
+        (
+            "replacements on a planned node",
+            landed,
+            share(off, "landed_planned", "evictions"),
+            (">= 0.95", landed >= 0.95),
+        ),
+        (
+            "replacements on the plan's first node",
+            share(on, "landed_first", "evictions"),
+            share(off, "landed_first", "evictions"),
+            None,
+        ),
         (
             "guard violations (actions on protected pods)",
-            totals["violations"],
-            ("== 0", totals["violations"] == 0),
+            on["violations"],
+            off["violations"],
+            ("== 0", violations == 0),
         ),
     ]
 
 
 def main() -> None:
-    print(f"{'measure':<44}{'numaguard':>12}{'peer':>12}{'ratio':>8}  target")
-    for name, value, target in rows():
+    print(f"{'measure':<46}{'steered':>10}{'unsteered':>11}  target")
+    for name, steered, unsteered, target in rows():
         verdict = f"{target[0]}: {'met' if target[1] else 'NOT met'}" if target else ""
-        print(f"{name:<44}{value:>12.2f}{'':>12}{'':>8}  {verdict}")
+        print(f"{name:<46}{steered:>10.2f}{unsteered:>11.2f}  {verdict}")
 
 
 if __name__ == "__main__":

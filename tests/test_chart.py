@@ -93,6 +93,7 @@ def test_helm_lint_is_clean():
         (("exporter.resctrlManage=true",), ("resctrl-manage",)),
         (("webConfig.kubernetesAuth=true",), ("kubernetes-auth",)),
         (("exporter.nrt=true",), ("nrt",)),
+        (("remediator.steering.enabled=true",), ("steering",)),
         (
             ("networkPolicy.enabled=true", "networkPolicy.prometheusNamespace=monitoring"),
             ("network-policy",),
@@ -110,6 +111,7 @@ def test_the_chart_renders_what_kustomize_does(sets, components):
 # every switch on
 EVERY_SWITCH = (
     "remediator.dryRun=false",
+    "remediator.steering.enabled=true",
     "exporter.resctrlManage=true",
     "exporter.nrt=true",
     "webConfig.secretName=numaguard-web",

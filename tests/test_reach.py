@@ -40,14 +40,14 @@ def test_the_mutation_and_the_paths_it_answers():
                 "nodeAffinity": {
                     "preferredDuringSchedulingIgnoredDuringExecution": [
                         {
-                            "weight": 100,
+                            "weight": weight,
                             "preference": {
                                 "matchFields": [
                                     {"key": "metadata.name", "operator": "In", "values": [n]}
                                 ]
                             },
                         }
-                        for n in ("a", "b")
+                        for n, weight in (("a", 100), ("b", 50))
                     ]
                 }
             },

@@ -175,9 +175,10 @@ def steered_to(path: str) -> tuple[bool, tuple[str, ...]] | None:
 
 
 def mutation(pod: dict, nodes: tuple[str, ...], required: bool) -> list[dict]:
-    """The JSON patch that asks the scheduler for one of ``nodes``: a preferred node
-    affinity term per node (weight 100), or, required, each of the pod's own required
-    terms narrowed to each node (matchFields on metadata.name takes one value per term)."""
+    """The JSON patch that asks the scheduler for one of ``nodes`` (the plan's own
+    first): a preferred node affinity term per node (weight 100 for the first, 50 for
+    the others), or, required, each of the pod's own required terms narrowed to each
+    node (matchFields on metadata.name takes one value per term)."""
     affinity = copy.deepcopy((pod.get("spec") or {}).get("affinity") or {})
     node_affinity = affinity.setdefault("nodeAffinity", {})
 
@@ -194,5 +195,8 @@ def mutation(pod: dict, nodes: tuple[str, ...], required: bool) -> list[dict]:
         ]
     else:
         preferred = node_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
-        preferred.extend({"weight": 100, "preference": {"matchFields": field(n)}} for n in nodes)
+        preferred.extend(
+            {"weight": 100 if i == 0 else 50, "preference": {"matchFields": field(n)}}
+            for i, n in enumerate(nodes)
+        )
     return [{"op": "add", "path": "/spec/affinity", "value": affinity}]
