@@ -10,12 +10,14 @@ from dataclasses import replace
 import pytest
 
 from numaguard.remediator.cluster import node_facts, placement_of, requests_of
+from numaguard.remediator.controller import Controller
 from numaguard.remediator.core.findings import FindingState, update
 from numaguard.remediator.core.history import Pending, WorkloadHistory, landing
-from numaguard.remediator.core.planner import plan
+from numaguard.remediator.core.planner import Action, plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.reach import UNSCHEDULABLE_TAINT, NodeFacts, Placement, excluded
 from numaguard.remediator.core.steering import (
+    MODE_ANNOTATION,
     STATE_ANNOTATION,
     Steer,
     Target,
@@ -273,3 +275,27 @@ def test_a_node_an_eviction_this_cycle_filled_is_no_longer_reachable():
     assert refused["b"].endswith("(requests cpu 6, 2 of allocatable left: n2)")
     assert refused["c"] == "where its replacement may run is unknown: its owner's template is"
     assert {r.guard for r in result.refusals} == {"no_fit"}
+
+
+async def test_an_eviction_is_steered_before_it_is_made_and_only_where_it_can_be():
+    calls = []
+
+    class Actuator:  # the controller's writes, recorded
+        async def steer(self, target, now, add=(), pending=None):
+            calls.append(add)
+            return "ok"
+
+    controller = Controller(None, None, Policy(dry_run=False, verify_deadline_seconds=3600))
+    controller.actuator = Actuator()
+    controller.steering = Target("numaguard-remediator", "PEM", url="https://127.0.0.1:8443")
+    labels = {"app": "a", "pod-template-hash": "h"}
+    pod = pod_info("a", selector=labels, workload_annotations={MODE_ANNOTATION: "required"})
+    await controller._steer(Action("evict", None, pod, "evict", False, ("n2", "n3")), 100.0)
+    assert calls == [(Steer("Deployment/ml/a", labels, ("n2", "n3"), True, 3700.0),)]
+    # a selector with expressions (none read), or steering off: nothing written
+    await controller._steer(
+        Action("evict", None, replace(pod, selector={}), "", False, ("n2",)), 1.0
+    )
+    controller.steering = None
+    await controller._steer(Action("evict", None, pod, "", False, ("n2",)), 1.0)
+    assert len(calls) == 1

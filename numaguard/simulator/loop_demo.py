@@ -23,10 +23,12 @@ import aiohttp
 
 from alerts import rules
 from numaguard.exporter import logs
+from numaguard.remediator import steering
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.core.planner import LASTING_GUARDS
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows
+from numaguard.remediator.core.steering import Target
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.signals import Prometheus
@@ -260,8 +262,17 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
                 pdb_backoff_max_seconds=6,
             ),
         )
+        # steering on: the webhook served here, its configuration deploy/'s
+        material = steering.certificate(["127.0.0.1"])
+        port = free_port()
+        webhook = await steering.serve(material, "127.0.0.1", port)
+        stack.push_async_callback(webhook.cleanup)
+        controller.steering = Target(
+            "numaguard-remediator", material["ca.crt"], url=f"https://127.0.0.1:{port}"
+        )
         refusals: Counter[str] = Counter()
         outcomes: Counter[str] = Counter()
+        landings: Counter[str] = Counter()
         fixes: list[str] = []  # each verification, with what the fix gained
         evictions = 0
         t0 = time.monotonic()
@@ -269,6 +280,7 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
             report = await controller.cycle()
             refusals.update(r.guard for r in (report.plan.refusals if report.plan else ()))
             outcomes.update(v.outcome for v in report.verified)
+            landings.update(v.landing for v in report.verified if v.landing)
             fixes += [f"    {v.workload}: {v.outcome}, {v.detail}" for v in report.verified]
             print(live_line(time.monotonic() - t0, report), flush=True)
             evictions += sum(result == "evicted" for _, result in report.results)
@@ -285,6 +297,10 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
     lines.append(f"  {'replacements refused by the kubelet':<40}{len(sim.rejected):>4}")
     lines.append(
         "  verifications: " + (", ".join(f"{o} {n}" for o, n in outcomes.items()) or "none")
+    )
+    lines.append(
+        "  replacements landed (steered): "
+        + (", ".join(f"{o} {n}" for o, n in sorted(landings.items())) or "none verified")
     )
     lines.append("  fixes and what they gained:")
     lines += fixes or ["    none verified"]
