@@ -1,5 +1,6 @@
 """The decision-quality suite (bench/decisions.py) as a regression check: no action on a
-protected pod ever, and most remediable findings fixed within three cycles."""
+protected pod ever, most remediable findings fixed within three cycles, and, steered,
+the replacements on the nodes the plan found to fit."""
 
 from __future__ import annotations
 
@@ -20,3 +21,9 @@ async def test_decisions_on_simulated_clusters(control_plane):
     assert mixed["violations"] == 0
     # where a kubelet misplaces the replacement, the remediator stops after two tries
     assert mixed["evictions"] <= 2 * mixed["remediable"]
+    # steered: every replacement on a node whose zone the plan found to fit, the `none`
+    # nodes included
+    steered = await run_scenario(control_plane, 4, 5, ("single-numa-node", "none"), steer=True)
+    assert steered["violations"] == 0
+    assert steered["evictions"] and steered["landed_planned"] == steered["evictions"]
+    assert steered["fixed_in_3"] >= mixed["fixed_in_3"]
