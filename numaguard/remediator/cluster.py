@@ -92,7 +92,6 @@ async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> Po
         created=_timestamp(meta.get("creationTimestamp")),
         owner_kind=owner["kind"] if owner else "",
         owner_name=owner["name"] if owner else "",
-        owner_uid=owner.get("uid", "") if owner else "",
         workload=workload,
         workload_annotations=dict(workload_annotations),
         annotations=dict(annotations),

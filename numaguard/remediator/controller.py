@@ -274,21 +274,23 @@ class Controller:
             pod.workload_annotations.get(MODE_ANNOTATION) == "required",
             now + self.policy.verify_deadline_seconds,
         )
-        why = steerable(steer)
-        if why is None:
-            with contextlib.suppress(*_TRANSPORT):
-                why = await self.actuator.steer(self.steering, now, add=(steer,))
+        result = steerable(steer)
+        if result is None:
+            try:
+                result = await self.actuator.steer(self.steering, now, add=(steer,))
+            except _TRANSPORT as err:  # evicted unsteered: as with steering off
+                result = f"failed: {err!r}"
         log.info(
             "steering %s to %s: %s",
             pod.workload,
             ",".join(action.nodes),
-            why or "ok",
+            result,
             extra={
                 "decision": "steer",
                 "workload": pod.workload,
                 "nodes": list(action.nodes),
                 "required": steer.required,
-                "result": why or "ok",
+                "result": result,
             },
         )
 

@@ -84,7 +84,6 @@ class PodInfo:
     created: float  # seconds since the epoch
     owner_kind: str = ""  # of the controller owner reference; "" for a bare pod
     owner_name: str = ""
-    owner_uid: str = ""  # the controller's, which makes its replacements
     workload: str = ""  # kind/namespace/name of the top owner (Deployment, StatefulSet...)
     workload_annotations: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
