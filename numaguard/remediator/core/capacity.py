@@ -79,6 +79,11 @@ class Capacity:
     ) -> None:
         self.zones = zones
         self.index = {z: i for i, z in enumerate(zones)}
+        # each zone's node, as a number (node_names[n]): nodes are picked per finding
+        # among thousands of zones, in arrays
+        self.node_names = list(dict.fromkeys(node for node, _ in zones))
+        number = {n: i for i, n in enumerate(self.node_names)}
+        self.node_of = np.array([number[node] for node, _ in zones], dtype=np.int64)
         self.cpus = cpus
         self.memory = memory
         self.devices = devices  # resource -> free count per zone
@@ -137,7 +142,7 @@ class Capacity:
                 if resource in self.devices:
                     self.devices[resource][i] += sign * count
 
-    def fitting(self, need: Need, uid: str) -> list[int]:
+    def fitting(self, need: Need, uid: str) -> np.ndarray:
         """The zones that can take the pod (``uid``) aligned, counting what it gives back
         itself; roomiest first, so that fixes spread."""
         self._give_back(uid, +1)
@@ -146,14 +151,20 @@ class Capacity:
             for resource, count in need.devices.items():
                 free = self.devices.get(resource)
                 if free is None:
-                    return []
+                    return np.array([], dtype=np.int64)
                 ok &= free >= count
             candidates = np.flatnonzero(ok)
             # most free CPUs, then most free memory (bytes stay far below 1e12 per zone)
             score = self.cpus[candidates] * 1e12 + self.memory[candidates]
-            return [int(z) for z in candidates[np.argsort(-score, kind="stable")]]
+            return candidates[np.argsort(-score, kind="stable")]
         finally:
             self._give_back(uid, -1)
+
+    def nodes(self, zones: np.ndarray) -> list[str]:
+        """The distinct nodes of ``zones``, in their order."""
+        numbers = self.node_of[zones]
+        _, first = np.unique(numbers, return_index=True)
+        return [self.node_names[n] for n in numbers[np.sort(first)]]
 
     def move(self, uid: str, zone: int, need: Need) -> None:
         """The pod leaves its zones and takes ``zone``'s room, for the rest of the cycle."""

@@ -12,6 +12,8 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
 from numaguard.remediator.core.evidence import Evidence
@@ -240,9 +242,12 @@ def nodes_to_check(
     wanted = dict.fromkeys(pods[f.pod_uid].node for f in evicting)
     for f in evicting:
         zones = capacity.fitting(capacity.need(f), f.pod_uid)
-        names = dict.fromkeys(capacity.name(z)[0] for z in zones)
-        wanted.update(dict.fromkeys(list(names)[:NODES_PER_FINDING]))
+        wanted.update(dict.fromkeys(capacity.nodes(zones)[:NODES_PER_FINDING]))
     return [n for n in wanted if n]
+
+
+# nodes with a fitting zone judged per finding before it is no_fit
+_JUDGED_PER_FINDING = 4 * NODES_PER_FINDING
 
 
 class _Reach:
@@ -252,11 +257,17 @@ class _Reach:
     def __init__(self, nodes: Mapping[str, NodeFacts]) -> None:
         self.nodes = nodes
         self.change: dict[str, Counter] = defaultdict(Counter)  # node -> requests freed
+        self._numbers: np.ndarray | None = None
+
+    def numbers(self, capacity: Capacity) -> np.ndarray:
+        """The nodes looked up, as ``capacity`` numbers its nodes."""
+        if self._numbers is None:
+            known = [i for i, n in enumerate(capacity.node_names) if n in self.nodes]
+            self._numbers = np.array(known, dtype=np.int64)
+        return self._numbers
 
     def why_not(self, pod: PodInfo, node: str) -> str | None:
-        facts = self.nodes.get(node)
-        if facts is None:
-            return "not looked up" if node else "unknown"
+        facts = self.nodes[node]
         back = self.change[node].copy()
         if node == pod.node:
             back.update(pod.requests)  # its own, once it is gone
@@ -273,29 +284,38 @@ def _fit(
     """The zone to plan the pod's replacement on (the roomiest that fits on a node it
     may reach), the nodes to steer it to, or why there is none."""
     zones = capacity.fitting(need, pod.uid)
-    if not zones:
+    if not len(zones):
         return None, (), f"no NUMA zone anywhere has {need.describe()}"
     if pod.placement is None:
         return None, (), "where its replacement may run is unknown: its owner's template is"
+    # only zones of the nodes looked up can be reachable; of those, the roomiest are
+    # judged until enough are found to steer to
+    looked_up = np.isin(capacity.node_of[zones], reach.numbers(capacity))
     why: dict[str, str | None] = {}
-    reachable = []
-    for zone in zones:
-        node = capacity.name(zone)[0]
-        if node not in why:
-            why[node] = reach.why_not(pod, node)
+    reachable: dict[str, int] = {}  # node -> its roomiest fitting zone
+    for zone in zones[looked_up]:
+        node = capacity.name(int(zone))[0]
+        if node in why:
+            continue
+        if len(why) >= _JUDGED_PER_FINDING or len(reachable) >= NODES_PER_FINDING:
+            break
+        why[node] = reach.why_not(pod, node)
         if why[node] is None:
-            reachable.append(zone)
+            reachable[node] = int(zone)
     if reachable:
-        steer = dict.fromkeys(capacity.name(z)[0] for z in reachable)
-        return reachable[0], tuple(steer)[:NODES_PER_FINDING], ""
+        return next(iter(reachable.values())), tuple(reachable), ""
+    unjudged = len(np.unique(capacity.node_of[zones])) - len(why)
     by_reason: dict[str, list[str]] = defaultdict(list)
     for node, reason in why.items():
         by_reason[reason].append(node)
-    said = "; ".join(
+    said = [
         f"{reason}: {', '.join(names[:5])}{f' and {len(names) - 5} more' if len(names) > 5 else ''}"
         for reason, names in sorted(by_reason.items())
-    )
-    return None, (), f"{need.describe()} fits only where its replacement cannot run ({said})"
+    ]
+    if unjudged:
+        said.append(f"{unjudged} more not looked up")
+    text = "; ".join(said)
+    return None, (), f"{need.describe()} fits only where its replacement cannot run ({text})"
 
 
 def _priority(f: Finding) -> tuple:

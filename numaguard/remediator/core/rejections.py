@@ -93,8 +93,8 @@ def storms(rejected: list[RejectedPod], capacity: Capacity | None, policy: Polic
         delete = () if guard else tuple(surplus[:budget])
         budget -= len(delete)
         # a refused pod holds nothing anywhere: no uid gives anything back
-        zones = capacity.fitting(pods[0].need, "") if capacity is not None else []
-        fit = capacity.name(zones[0]) if zones else None
+        zones = capacity.fitting(pods[0].need, "") if capacity is not None else ()
+        fit = capacity.name(int(zones[0])) if len(zones) else None
         out.append(Storm(workload, node, reason, tuple(pods), delete, guard, fit, policy.dry_run))
     return out
 
