@@ -6,8 +6,14 @@ ReplicaSet controller makes the replacements and the real scheduler places them.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import secrets
+import signal
+import ssl
+import subprocess
+import sys
 import time
 
 import aiohttp
@@ -399,3 +405,69 @@ async def test_only_zones_the_replacement_can_reach_fit(stack):
     }
     (action,) = (await planned({"tolerating"})).actions
     assert action.pod.name.startswith("tolerating") and action.nodes == ("steer-b",)
+
+
+async def test_run_steer_makes_its_certificate_and_every_replica_serves_it(tmp_path, control_plane):
+    """Two `remediator run --steer` processes as deploy/'s ServiceAccount: the leader
+    makes the certificate Secret, and both replicas answer AdmissionReviews over TLS
+    that the Secret's CA verifies — whichever one the API server reaches."""
+    cp = control_plane
+    account = "numaguard-remediator"
+    kubeconfig = cp.kubeconfig(tmp_path / "kubeconfig", cp.tokens[account], account)
+    ports = [free_port(), free_port()]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                *("-m", "numaguard.remediator", "run", "--kubeconfig", kubeconfig),
+                *("--prometheus", f"http://127.0.0.1:{free_port()}"),  # none: no findings
+                *("--listen", f"127.0.0.1:{free_port()}", "--identity", f"replica-{i}"),
+                *("--lease-namespace", "numaguard", "--lease-name", "steer-test"),
+                *("--retry-period", "0.5", "--interval", "1", "--log-level", "error"),
+                "--steer",
+                *("--webhook-listen", f"127.0.0.1:{port}"),
+                *("--webhook-url", f"https://127.0.0.1:{port}"),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        for i, port in enumerate(ports)
+    ]
+    secret = path_of("Secret", "numaguard", "numaguard-remediator-webhook")
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u1", "operation": "CREATE", "object": {"spec": {}}},
+    }
+    try:
+        async with aiohttp.ClientSession() as session:
+            made = await until(
+                lambda: cp.get(session, "Secret", "numaguard", "numaguard-remediator-webhook"),
+                "the certificate Secret",
+            )
+            ca = steering.from_secret(made)["ca.crt"]
+            context = ssl.create_default_context(cadata=ca)
+
+            async def answers(port: int) -> dict | None:
+                try:
+                    url = f"https://127.0.0.1:{port}/steer/preferred/steer-a"
+                    async with session.post(url, json=review, ssl=context) as r:
+                        return await r.json()
+                except aiohttp.ClientError:
+                    return None
+
+            for port in ports:
+                answer = (await until(lambda p=port: answers(p), "the webhook served"))["response"]
+                assert answer["uid"] == "u1" and answer["allowed"] is True
+                patch = json.loads(base64.b64decode(answer["patch"]))
+                assert patch[0]["path"] == "/spec/affinity"
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        assert [proc.wait(timeout=30) for proc in procs] == [0, 0]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        async with aiohttp.ClientSession() as session:
+            await cp.request(session, "DELETE", secret)
+            await cp.request(session, "DELETE", path_of("Lease", "numaguard", "steer-test"))
