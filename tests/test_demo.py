@@ -104,6 +104,9 @@ def test_the_whole_loop_demo():
     assert "Deployment/team-gpu-a/trainer-remote: held, GPU activity" in gained
     assert "Deployment/team-gpu-b/loader: no_gain, GPU activity" in gained
     assert "protected_namespace" in summary  # the kube-system pod, never touched
+    # steered, every replacement on a node whose zone the plan found to fit (gpu-c's
+    # pinned trainer too: its `none` kubelet misplaces it there, and it gives up)
+    assert re.search(r"replacements landed \(steered\): planned \d+\n", summary), summary
     before, after = (
         int(x) for x in summary.split("pods placed across NUMA nodes")[1].split()[0:3:2]
     )
