@@ -10,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-fast bench lint docs proto image push image-check system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd clean FORCE
+.PHONY: demo test test-fast bench lint docs proto image push image-check system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd node-vm clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -34,12 +34,19 @@ $(VENV)/.installed: pyproject.toml
 
 system-deps:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
-	    || ! command -v prometheus-alertmanager >/dev/null; then \
-	  echo "installing Debian packages prometheus and prometheus-alertmanager (used by the tests)"; \
+	    || ! command -v prometheus-alertmanager >/dev/null \
+	    || ! command -v qemu-system-x86_64 >/dev/null; then \
+	  echo "installing Debian packages prometheus, prometheus-alertmanager and qemu-system-x86 (used by the tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager \
-	    >/dev/null; \
+	    qemu-system-x86 >/dev/null; \
 	fi
+
+# The node VM's parts (numaguard/simulator/vm.py): Debian's kernel and static busybox,
+# downloaded with apt and made into an initramfs once, into the cache keyed by the
+# kernel's version.
+node-vm: $(VENV)/.installed system-deps
+	@$(PY) -m numaguard.simulator.vm build >/dev/null
 
 demo: $(VENV)/.installed system-deps $(PARTS)/.built
 	$(PY) -m numaguard.simulator.loop_demo
@@ -134,7 +141,7 @@ $(NRT)/crd.yaml: | $(VENV)/.installed
 nrt-crd: $(NRT)/crd.yaml
 
 test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.built \
-  $(OPERATOR)/.built $(NRT)/crd.yaml
+  $(OPERATOR)/.built $(NRT)/crd.yaml node-vm
 	$(PY) -m pytest --durations=30 --junitxml=$(JUNIT)
 	$(VENV)/bin/ruff check .
 

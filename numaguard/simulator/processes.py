@@ -50,8 +50,9 @@ def routable_address() -> str:
     )
 
 
-async def wait_ok(url: str, timeout: float = 30.0, died: Callable[[], str | None] = lambda: None):
-    """Poll ``url`` until it answers 200. ``died`` returns why the process is gone, if it is."""
+async def wait_ok(url: str, timeout: float = 120.0, died: Callable[[], str | None] = lambda: None):
+    """Poll ``url`` until it answers 200. ``died`` returns why the process is gone, if it is.
+    ``timeout`` only ends a hang: an emulated guest takes tens of seconds to start one."""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
