@@ -18,7 +18,6 @@ for n in /sys/devices/system/node/node[0-9]*; do
   echo "$(basename $n) $(cat $n/cpulist) $(cat $n/distance)"
 done > nodes.txt
 cd {root}
-export PYTHONDONTWRITEBYTECODE=1 HOME=/tmp  # the host's root is read-only in the guest
 .venv/bin/python -m pytest -p no:cacheprovider -q tests/test_this_machine.py
 """
 

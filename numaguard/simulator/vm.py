@@ -38,9 +38,10 @@ MODULES = (
     "fs/9p/9p",
 )
 _9P = "trans=virtio,version=9p2000.L,msize=262144"
-# The guest's /init: the host's root over 9p, the guest's own /proc, /sys, /dev, cgroup
-# v2 and /tmp over it, the job folder at /mnt; then /mnt/run.sh, its exit status in
-# /mnt/rc; then power off. "probe" on the command line: power off at once.
+# The guest's /init: the host's root over 9p, the guest's own /proc, /sys, /dev (with a
+# tmpfs at /dev/shm: the script's TMPDIR and HOME; the host's /tmp stays visible, a
+# checkout may be there) and cgroup v2 over it, the job folder at /mnt; then /mnt/run.sh,
+# its exit status in /mnt/rc; then power off. "probe" on the command line: power off.
 INIT = f"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
@@ -52,9 +53,11 @@ for pass in 1 2 3 4; do
 done
 mount -t 9p -o {_9P},ro hostroot /host || echo "numaguard-vm: no host root"
 mount -t proc proc /host/proc; mount -t sysfs sys /host/sys; mount -t devtmpfs dev /host/dev
-mount -t cgroup2 cgroup2 /host/sys/fs/cgroup; mount -t tmpfs tmp /host/tmp
+mount -t cgroup2 cgroup2 /host/sys/fs/cgroup
+mkdir -p /host/dev/shm; mount -t tmpfs shm /host/dev/shm
 mount -t 9p -o {_9P} job /host/mnt || echo "numaguard-vm: no job folder"
 ifconfig lo 127.0.0.1 up; hostname numaguard-vm
+export TMPDIR=/dev/shm HOME=/dev/shm PYTHONDONTWRITEBYTECODE=1  # the root is read-only
 chroot /host /bin/sh -c 'cd /mnt && sh ./run.sh > out.txt 2>&1; echo $? > rc'
 poweroff -f
 """
@@ -90,15 +93,28 @@ def parts_dir() -> Path:
 def build() -> Path:
     """Download Debian's kernel and static busybox, and make the initramfs: into the
     cache, keyed by the kernel's version; nothing when already built."""
-    package = kernel_package()
+    try:
+        package = kernel_package()
+    except (VmMissing, subprocess.CalledProcessError):  # no lists yet: fetch them once
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        package = kernel_package()
     out = cache() / f"node-vm-{package.removeprefix('linux-image-')}"
     if (out / ".built").exists():
         return out
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        os.chmod(tmp, 0o755)  # apt's download user writes here
         subprocess.run(
-            ["apt-get", "download", "-qq", package, "busybox-static"], cwd=work, check=True
+            [
+                "apt-get",
+                "download",
+                "-qq",
+                "-o",
+                "APT::Sandbox::User=root",
+                package,
+                "busybox-static",
+            ],
+            cwd=work,
+            check=True,
         )
         for deb in work.glob("*.deb"):
             subprocess.run(["dpkg-deb", "-x", str(deb), str(work / "x")], check=True)
