@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from numaguard.simulator import vm
+from tests import vm_pods
+from tests.conftest import samples
 
 pytestmark = pytest.mark.vm
 
@@ -30,3 +32,72 @@ async def test_the_exporter_on_a_two_socket_kernel_matches_its_sysfs(tmp_path):
     assert "1 passed" in ran.output
     # not vacuous: the guest had two NUMA nodes, two CPUs each, at distance 21
     assert (ran.files / "nodes.txt").read_text() == "node0 0-1 10 21\nnode1 2-3 21 10\n"
+
+
+PODS_SCRIPT = """
+cd {root}
+.venv/bin/python tests/vm_pods.py /mnt
+"""
+
+
+def numa_maps_bytes(text: str) -> dict[str, int]:
+    """Pages per NUMA node over a process's mappings (/proc/<pid>/numa_maps), in bytes."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        size = 4096 * (512 if "huge" in line else 1)  # kernelpagesize_kB aside, as numastat -p
+        for field in line.split()[2:]:
+            if field.startswith("N") and "=" in field:
+                node, pages = field[1:].split("=")
+                out[node] = out.get(node, 0) + int(pages) * size
+    return out
+
+
+def numa_stat_bytes(text: str) -> dict[str, int]:
+    """A cgroup's memory per NUMA node (memory.numa_stat, anon + file), in bytes."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        kind, *nodes = line.split()
+        if kind in ("anon", "file"):
+            for field in nodes:
+                node, value = field[1:].split("=")
+                out[node] = out.get(node, 0) + int(value)
+    return out
+
+
+@pytest.mark.timeout(1200)
+async def test_verdicts_from_a_real_kernel_s_numa_accounting(tmp_path):
+    """A container whose CPUs sit on node 0 and whose memory the kernel put on node 1 is
+    memory_remote; one whose exclusive CPUs span both nodes is cpu_span; their memory per
+    NUMA node is what the kernel's memory.numa_stat says, and where /proc/<pid>/numa_maps
+    says the touched pages are."""
+    root = Path(__file__).resolve().parent.parent
+    ran = await vm.run(PODS_SCRIPT.format(root=root), tmp_path / "job", timeout=1100)
+    assert ran.rc == 0, ran.output[-4000:] + ran.console[-2000:]
+    got = samples((ran.files / "metrics.txt").read_bytes())
+
+    def series(name: str, uid: str) -> dict[frozenset, float]:
+        return {
+            labels: v for (n, labels), v in got.items() if n == name and ("pod_uid", uid) in labels
+        }
+
+    def by(name: str, uid: str, label: str) -> dict[str, float]:
+        return {dict(k)[label]: v for k, v in series(name, uid).items()}
+
+    remote, span = (vm_pods.PODS[n][0] for n in ("remote", "span"))
+    assert by("numaguard_pod_cross_numa", remote, "reason") == {
+        "cpu_span": 0,
+        "memory_remote": 1,
+    }
+    assert by("numaguard_pod_cross_numa", span, "reason")["cpu_span"] == 1
+    assert by("numaguard_pod_cpus", remote, "numa_node") == {"0": 1}
+    assert by("numaguard_pod_cpus", span, "numa_node") == {"0": 1, "1": 1}
+    touched = vm_pods.TOUCHED_MIB << 20
+    memory = by("numaguard_pod_memory_bytes", remote, "numa_node")
+    kernel = numa_stat_bytes((ran.files / "remote.numa_stat").read_text())
+    pages = numa_maps_bytes((ran.files / "remote.numa_maps").read_text())
+    # where the kernel put the touched memory: node 1, by both of its accounts
+    assert pages["1"] >= touched and memory["1"] >= touched
+    # and the exporter's figure is the cgroup's, read a moment apart (the process holds
+    # still: it touched its memory and sleeps)
+    for node in ("0", "1"):
+        assert abs(memory.get(node, 0) - kernel.get(node, 0)) <= 0.02 * kernel["1"], node

@@ -1,0 +1,129 @@
+"""Run inside the node VM (tests/test_node_vm.py): two pods' containers laid out in
+cgroup v2 as the kubelet's systemd driver and containerd lay them out — a Guaranteed
+container whose exclusive CPUs sit on NUMA node 0 and whose memory the kernel is told to
+place on node 1 (set_mempolicy MPOL_BIND, as `numactl --membind=1` does), and one whose
+exclusive CPUs span both nodes — then the exporter as it ships, reading this kernel.
+Writes to the folder it is given: the exporter's scrape, and each container's
+memory.numa_stat and /proc/<pid>/numa_maps read just after."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+CG = "/sys/fs/cgroup"
+KUBEPODS = f"{CG}/kubepods.slice"
+CONTROLLERS = "+cpuset +cpu +memory"
+# name: (pod uid, container id, exclusive CPUs, the NUMA node its memory is bound to);
+# node 0 has CPUs 0-1, node 1 CPUs 2-3
+PODS = {
+    "remote": ("11111111-2222-3333-4444-555555555555", "a" * 64, "0", 1),
+    "span": ("66666666-7777-8888-9999-000000000000", "b" * 64, "1-2", None),
+}
+TOUCHED_MIB = 256
+# the child: into its container's cgroup, its memory policy set, its memory touched
+CHILD = """
+import ctypes, os, sys, time
+scope, bind = sys.argv[1], sys.argv[2]
+with open(f"{scope}/cgroup.procs", "w") as f:
+    f.write(str(os.getpid()))
+if bind != "-":
+    libc = ctypes.CDLL(None, use_errno=True)
+    mask = ctypes.c_ulong(1 << int(bind))
+    # set_mempolicy(MPOL_BIND, &mask, maxnode): syscall 238 on x86_64
+    if libc.syscall(238, 2, ctypes.byref(mask), 64) != 0:
+        sys.exit(f"set_mempolicy: errno {ctypes.get_errno()}")
+memory = bytearray(int(sys.argv[3]) << 20)
+memory[::4096] = b"\\x01" * (len(memory) // 4096)  # every page touched
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def cgroup(path: str, cpus: str = "", mems: str = "", children: bool = False) -> None:
+    os.makedirs(path, exist_ok=True)
+    if cpus:
+        write(f"{path}/cpuset.cpus", cpus)
+    if mems:
+        write(f"{path}/cpuset.mems", mems)
+    if children:
+        write(f"{path}/cgroup.subtree_control", CONTROLLERS)
+
+
+def main(out: str) -> None:
+    write(f"{CG}/cgroup.subtree_control", CONTROLLERS)
+    cgroup(KUBEPODS, children=True)
+    # the shared pool: what the static CPU manager leaves when it gave CPUs 0-2 away
+    cgroup(f"{KUBEPODS}/kubepods-burstable.slice", "3", "0-1")
+    children, scopes = {}, {}
+    for name, (uid, container, cpus, bind) in PODS.items():
+        pod = f"{KUBEPODS}/kubepods-pod{uid.replace('-', '_')}.slice"
+        cgroup(pod, children=True)
+        scopes[name] = f"{pod}/cri-containerd-{container}.scope"
+        cgroup(scopes[name], cpus, "0-1")
+        children[name] = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                scopes[name],
+                str(bind) if bind is not None else "-",
+                str(TOUCHED_MIB),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+    for child in children.values():
+        assert child.stdout.readline().strip() == "ready"
+    exporter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "numaguard.exporter",
+            "--listen",
+            "127.0.0.1:9847",
+            "--node-name",
+            "vm",
+            "--interval",
+            "2",
+            "--no-collector.gpu",
+            "--no-collector.resctrl",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 600  # an emulated guest is slow; this ends a hang
+        while True:
+            try:
+                text = urllib.request.urlopen("http://127.0.0.1:9847/metrics").read().decode()
+            except OSError:
+                text = ""
+            verdicts = [
+                ln for ln in text.splitlines() if ln.startswith("numaguard_pod_cross_numa{")
+            ]
+            if all(any(uid in ln for ln in verdicts) for uid, *_ in PODS.values()):
+                break
+            assert time.monotonic() < deadline, "the exporter never reported both pods"
+            time.sleep(1)
+        write(f"{out}/metrics.txt", text)
+        for name, child in children.items():
+            with open(f"{scopes[name]}/memory.numa_stat") as f:
+                write(f"{out}/{name}.numa_stat", f.read())
+            with open(f"/proc/{child.pid}/numa_maps") as f:
+                write(f"{out}/{name}.numa_maps", f.read())
+    finally:
+        exporter.kill()
+        for child in children.values():
+            child.kill()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
