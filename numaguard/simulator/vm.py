@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import hashlib
 import os
 import shutil
 import subprocess
@@ -48,7 +49,7 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 grep -q numaguard.probe /proc/cmdline && poweroff -f
 for pass in 1 2 3 4; do
   for m in $(ls /lib/mod); do
-    grep -q "^${{m%.ko}} " /proc/modules || insmod /lib/mod/$m 2>/dev/null
+    name=${{m%.ko}}; grep -q "^${{name#*-}} " /proc/modules || insmod /lib/mod/$m 2>/dev/null
   done
 done
 mount -t 9p -o {_9P},ro hostroot /host || echo "numaguard-vm: no host root"
@@ -83,7 +84,7 @@ def kernel_package() -> str:
 
 
 def parts_dir() -> Path:
-    """The built parts, newest first; VmMissing when none is built."""
+    """The newest built parts; VmMissing when none is built."""
     built = sorted(cache().glob("node-vm-*/.built"), key=lambda p: p.stat().st_mtime)
     if not built or shutil.which("qemu-system-x86_64") is None:
         raise VmMissing("no node VM parts: run `make node-vm` (qemu-system-x86, Debian's kernel)")
@@ -98,7 +99,9 @@ def build() -> Path:
     except (VmMissing, subprocess.CalledProcessError):  # no lists yet: fetch them once
         subprocess.run(["apt-get", "update", "-qq"], check=True)
         package = kernel_package()
-    out = cache() / f"node-vm-{package.removeprefix('linux-image-')}"
+    # keyed by the kernel and by what goes into the initramfs
+    made = hashlib.sha256((INIT + "".join(MODULES)).encode()).hexdigest()[:8]
+    out = cache() / f"node-vm-{package.removeprefix('linux-image-')}-{made}"
     if (out / ".built").exists():
         return out
     with tempfile.TemporaryDirectory() as tmp:
