@@ -34,7 +34,7 @@ from numaguard.remediator.cluster import nodes_of, placement_of
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.findings import FindingState, update
 from numaguard.remediator.core.history import WorkloadHistory, after_action, after_verification
-from numaguard.remediator.core.planner import PodInfo, nodes_to_check, plan
+from numaguard.remediator.core.planner import PodInfo, nodes_to_check, plan, prepare
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import REQUIRED_LABELS
 from numaguard.remediator.core.steering import Steer, Target
@@ -320,9 +320,10 @@ async def run_cycles(
             for pending in h.pending:
                 outcome = "did_not_hold" if w in open_workloads else "held"
                 history[w] = h = after_verification(h, pending, outcome)
-        wanted = nodes_to_check(findings, infos, signals, policy)
+        prepared = prepare(findings, signals, policy)
+        wanted = nodes_to_check(findings, infos, prepared, policy)
         nodes = await nodes_of(remediator.kube, wanted)
-        result = plan(findings, infos, signals, policy, history, at, nodes)
+        result = plan(findings, infos, signals, policy, history, at, nodes, prepared)
         no_fit = {r.finding.pod_uid for r in result.refusals if r.guard == "no_fit"}
         for f in findings:
             if f.pod_uid not in protected and f.pod_uid not in no_fit:

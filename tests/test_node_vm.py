@@ -98,6 +98,6 @@ async def test_verdicts_from_a_real_kernel_s_numa_accounting(tmp_path):
     # where the kernel put the touched memory: node 1, by both of its accounts
     assert pages["1"] >= touched and memory["1"] >= touched
     # and the exporter's figure is the cgroup's, read a moment apart (the process holds
-    # still: it touched its memory and sleeps)
+    # still: it touched its memory and waits)
     for node in ("0", "1"):
         assert abs(memory.get(node, 0) - kernel.get(node, 0)) <= 0.02 * kernel["1"], node

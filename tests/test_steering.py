@@ -24,7 +24,7 @@ from numaguard.remediator import steering
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.cluster import nodes_of, pods_of
 from numaguard.remediator.core.findings import FindingState, update
-from numaguard.remediator.core.planner import nodes_to_check, plan
+from numaguard.remediator.core.planner import nodes_to_check, plan, prepare
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.steering import Steer, Target
 from numaguard.remediator.kube import Kube, api_client
@@ -388,9 +388,10 @@ async def test_only_zones_the_replacement_can_reach_fit(stack):
 
     async def planned(names: set[str]):
         mine = [f for f in findings if f.pod.split("-")[0] in names]
-        wanted = nodes_to_check(mine, infos, sig, policy)
+        prepared = prepare(mine, sig, policy)
+        wanted = nodes_to_check(mine, infos, prepared, policy)
         assert sorted(wanted) == ["steer-a", "steer-b", "steer-c"]
-        return plan(mine, infos, sig, policy, {}, now, await nodes_of(kube, wanted))
+        return plan(mine, infos, sig, policy, {}, now, await nodes_of(kube, wanted), prepared)
 
     result = await planned({"pinned", "untolerating", "templated"})
     refused = {r.finding.pod.split("-")[0]: r for r in result.refusals}

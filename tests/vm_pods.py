@@ -8,11 +8,12 @@ memory.numa_stat and /proc/<pid>/numa_maps read just after."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
-import time
-import urllib.request
+
+from numaguard.simulator.processes import exporter_process, get, until
 
 CG = "/sys/fs/cgroup"
 KUBEPODS = f"{CG}/kubepods.slice"
@@ -26,7 +27,7 @@ PODS = {
 TOUCHED_MIB = 256
 # the child: into its container's cgroup, its memory policy set, its memory touched
 CHILD = """
-import ctypes, os, sys, time
+import ctypes, os, sys
 scope, bind = sys.argv[1], sys.argv[2]
 with open(f"{scope}/cgroup.procs", "w") as f:
     f.write(str(os.getpid()))
@@ -39,7 +40,7 @@ if bind != "-":
 memory = bytearray(int(sys.argv[3]) << 20)
 memory[::4096] = b"\\x01" * (len(memory) // 4096)  # every page touched
 print("ready", flush=True)
-time.sleep(3600)
+sys.stdin.read()  # held until the test closes its stdin (or kills it)
 """
 
 
@@ -58,7 +59,7 @@ def cgroup(path: str, cpus: str = "", mems: str = "", children: bool = False) ->
         write(f"{path}/cgroup.subtree_control", CONTROLLERS)
 
 
-def main(out: str) -> None:
+async def main(out: str) -> None:
     write(f"{CG}/cgroup.subtree_control", CONTROLLERS)
     cgroup(KUBEPODS, children=True)
     # the shared pool: what the static CPU manager leaves when it gave CPUs 0-2 away
@@ -78,41 +79,27 @@ def main(out: str) -> None:
                 str(bind) if bind is not None else "-",
                 str(TOUCHED_MIB),
             ],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
     for child in children.values():
         assert child.stdout.readline().strip() == "ready"
-    exporter = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "numaguard.exporter",
-            "--listen",
-            "127.0.0.1:9847",
-            "--node-name",
-            "vm",
-            "--interval",
-            "2",
-            "--no-collector.gpu",
-            "--no-collector.resctrl",
-        ],
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        deadline = time.monotonic() + 600  # an emulated guest is slow; this ends a hang
-        while True:
-            try:
-                text = urllib.request.urlopen("http://127.0.0.1:9847/metrics").read().decode()
-            except OSError:
-                text = ""
-            verdicts = [
-                ln for ln in text.splitlines() if ln.startswith("numaguard_pod_cross_numa{")
-            ]
-            if all(any(uid in ln for ln in verdicts) for uid, *_ in PODS.values()):
-                break
-            assert time.monotonic() < deadline, "the exporter never reported both pods"
-            time.sleep(1)
+        args = ("--node-name", "vm", "--interval", "2")
+        args += ("--no-collector.gpu", "--no-collector.resctrl")
+        async with exporter_process(*args) as (url, _):
+
+            async def both_judged() -> str | None:
+                text = (await get(f"{url}/metrics")).decode()
+                verdicts = [
+                    ln for ln in text.splitlines() if ln.startswith("numaguard_pod_cross_numa{")
+                ]
+                judged = all(any(uid in ln for ln in verdicts) for uid, *_ in PODS.values())
+                return text if judged else None
+
+            # an emulated guest is slow: the timeout only ends a hang
+            text = await until(both_judged, "both pods judged", timeout=600)
         write(f"{out}/metrics.txt", text)
         for name, child in children.items():
             with open(f"{scopes[name]}/memory.numa_stat") as f:
@@ -120,10 +107,9 @@ def main(out: str) -> None:
             with open(f"/proc/{child.pid}/numa_maps") as f:
                 write(f"{out}/{name}.numa_maps", f.read())
     finally:
-        exporter.kill()
         for child in children.values():
             child.kill()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    asyncio.run(main(sys.argv[1]))

@@ -668,9 +668,10 @@ async def _steering(args, kube: Kube, controller: Controller, stop: asyncio.Even
                 log.info("steering webhook served", extra={"listen": args.webhook_listen})
                 return runner
             else:
-                log.warning("webhook certificate %s/%s: HTTP %s", namespace, name, answer.status)
+                why = f"HTTP {answer.status}" if not answer.ok else "no tls.crt and tls.key"
+                log.warning("webhook certificate %s/%s: %s", namespace, name, why)
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
-            log.warning("webhook certificate not read: %r", err)
+            log.warning("steering webhook not served yet: %r", err)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), args.retry_period)
     return None

@@ -39,22 +39,31 @@ async def pods_of(kube: Kube, findings: list[Finding]) -> dict[str, PodInfo]:
             namespace, _, name = f.feeder.partition("/")
             wanted[(namespace, name)] = f.feeder_uid
     owners: dict[str, dict | None] = {}
-    limit = asyncio.Semaphore(_CONCURRENCY)
 
     async def one(namespace: str, name: str, uid: str) -> PodInfo | None:
-        async with limit:
-            answer = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
-            if answer.status == 404:
-                return None
-            if not answer.ok:
-                raise ClusterError(f"GET pod {namespace}/{name}: HTTP {answer.status}")
-            pod = answer.body
-            if pod.get("metadata", {}).get("uid") != uid:
-                return None  # another pod of the same name since: not the one found
-            return await _pod_info(kube, pod, owners)
+        answer = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        if answer.status == 404:
+            return None
+        if not answer.ok:
+            raise ClusterError(f"GET pod {namespace}/{name}: HTTP {answer.status}")
+        pod = answer.body
+        if pod.get("metadata", {}).get("uid") != uid:
+            return None  # another pod of the same name since: not the one found
+        return await _pod_info(kube, pod, owners)
 
-    results = await asyncio.gather(*(one(ns, n, uid) for (ns, n), uid in wanted.items()))
+    results = await _bounded(one, [(ns, n, uid) for (ns, n), uid in wanted.items()])
     return {p.uid: p for p in results if p is not None}
+
+
+async def _bounded(call, args: list[tuple]) -> list:
+    """``call(*a)`` for each of ``args``, at most _CONCURRENCY at a time, in order."""
+    limit = asyncio.Semaphore(_CONCURRENCY)
+
+    async def one(a: tuple):
+        async with limit:
+            return await call(*a)
+
+    return await asyncio.gather(*(one(a) for a in args))
 
 
 async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> PodInfo:
@@ -349,22 +358,17 @@ def node_facts(node: dict, pods: list[dict]) -> NodeFacts:
 async def nodes_of(kube: Kube, names: list[str]) -> dict[str, NodeFacts]:
     """The named nodes that exist, each with what its pods request (one GET and one
     list of its pods per node: the requests follow the findings, not the cluster)."""
-    limit = asyncio.Semaphore(_CONCURRENCY)
 
     async def one(name: str) -> NodeFacts | None:
-        async with limit:
-            answer = await kube.get(f"/api/v1/nodes/{name}")
-            if answer.status == 404:
-                return None
-            if not answer.ok:
-                raise ClusterError(f"GET node {name}: HTTP {answer.status}")
-            pods = await kube.get(
-                "/api/v1/pods",
-                fieldSelector=f"spec.nodeName={name},{_NOT_ENDED}",
-            )
-            if not pods.ok:
-                raise ClusterError(f"LIST pods on {name}: HTTP {pods.status}")
-            return node_facts(answer.body, pods.body.get("items") or [])
+        answer = await kube.get(f"/api/v1/nodes/{name}")
+        if answer.status == 404:
+            return None
+        if not answer.ok:
+            raise ClusterError(f"GET node {name}: HTTP {answer.status}")
+        pods = await kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={name},{_NOT_ENDED}")
+        if not pods.ok:
+            raise ClusterError(f"LIST pods on {name}: HTTP {pods.status}")
+        return node_facts(answer.body, pods.body.get("items") or [])
 
-    found = await asyncio.gather(*(one(n) for n in names))
+    found = await _bounded(one, [(n,) for n in names])
     return {f.name: f for f in found if f is not None}

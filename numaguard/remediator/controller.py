@@ -48,7 +48,14 @@ from numaguard.remediator.core.outcome import (
     judged,
     mean,
 )
-from numaguard.remediator.core.planner import Action, Plan, PodInfo, nodes_to_check, plan
+from numaguard.remediator.core.planner import (
+    Action,
+    Plan,
+    PodInfo,
+    nodes_to_check,
+    plan,
+    prepare,
+)
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.rejections import Storm, describe, storms
 from numaguard.remediator.core.rounds import Round, Sizing, rounds
@@ -164,12 +171,13 @@ class Controller:
         if not write:
             policy = replace(policy, dry_run=True)
         history = {p.workload: p.history for p in pods.values() if p.history}
+        prepared = prepare(report.findings, signals, policy)
         try:
-            wanted = nodes_to_check(report.findings, pods, signals, policy)
+            wanted = nodes_to_check(report.findings, pods, prepared, policy)
             nodes = await nodes_of(self.kube, wanted) if self.kube and wanted else {}
         except (ClusterError, *_TRANSPORT) as err:
             return self._failed(report, "api_server", str(err) or type(err).__name__)
-        report.plan = plan(report.findings, pods, signals, policy, history, now, nodes)
+        report.plan = plan(report.findings, pods, signals, policy, history, now, nodes, prepared)
         evidence = Evidence(signals, policy.stale_after_seconds, set())
         report.storms = storms(rejected, Capacity.from_signals(signals, set(), evidence), policy)
         m.rejected.clear()

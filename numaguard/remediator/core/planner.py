@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -145,14 +146,14 @@ def plan(
     history: dict[str, WorkloadHistory],
     now: float,
     nodes: Mapping[str, NodeFacts],
+    prepared: Prepared | None = None,
 ) -> Plan:
     """``pods``: by UID, the pods the findings name that the API server knows;
     ``history``: by workload, as read from the workloads this cycle; ``nodes``: by
     name, the nodes ``nodes_to_check`` named that the API server knows (a zone on any
-    other node is not reachable: nothing is known of it)."""
-    uids = {f.pod_uid for f in findings}
-    evidence = Evidence(signals, policy.stale_after_seconds, uids)
-    capacity = Capacity.from_signals(signals, uids, evidence)
+    other node is not reachable: nothing is known of it); ``prepared``: what
+    ``prepare`` read off these signals for these findings, when the caller has it."""
+    evidence, capacity = prepared or prepare(findings, signals, policy)
     reach = _Reach(nodes)
     taken: Counter[str] = Counter()
     actions: list[Action] = []
@@ -224,20 +225,29 @@ def plan(
     return Plan(tuple(actions), tuple(refusals), tuple(ignored))
 
 
+class Prepared(NamedTuple):
+    """What planning reads off the signals, once a cycle: the evidence about the
+    findings' pods and nodes, and every zone's room with what those pods hold."""
+
+    evidence: Evidence
+    capacity: Capacity
+
+
+def prepare(findings: list[Finding], signals: Signals, policy: Policy) -> Prepared:
+    uids = {f.pod_uid for f in findings}
+    evidence = Evidence(signals, policy.stale_after_seconds, uids)
+    return Prepared(evidence, Capacity.from_signals(signals, uids, evidence))
+
+
 def nodes_to_check(
-    findings: list[Finding], pods: dict[str, PodInfo], signals: Signals, policy: Policy
+    findings: list[Finding], pods: dict[str, PodInfo], prepared: Prepared, policy: Policy
 ) -> list[str]:
     """The nodes whose reachability ``plan`` needs: for each finding it may evict for,
     the NODES_PER_FINDING roomiest nodes with a zone that fits it, and its own."""
     evicting = [
         f for f in findings if f.pod_uid in pods and intent_of(f) == "evict" and not policy.paused
     ]
-    if not evicting:
-        return []
-    uids = {f.pod_uid for f in evicting}
-    capacity = Capacity.from_signals(
-        signals, uids, Evidence(signals, policy.stale_after_seconds, uids)
-    )
+    capacity = prepared.capacity
     # its own node too: room others' evictions free there this cycle may fit it
     wanted = dict.fromkeys(pods[f.pod_uid].node for f in evicting)
     for f in evicting:

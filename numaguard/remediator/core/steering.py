@@ -120,23 +120,14 @@ def configured(
     passed or (``pending`` given) whose workload no longer awaits verification; None
     when that changes nothing. Entries it did not write are dropped: the object is
     numaguard's alone."""
-    meta = config.get("metadata") or {}
-    try:
-        state = json.loads((meta.get("annotations") or {}).get(STATE_ANNOTATION) or "{}")
-        entries = {
-            w["name"]: (w, state[w["name"]])
-            for w in config.get("webhooks") or []
-            if w["name"] in state
-        }
-    except (ValueError, KeyError, TypeError):
-        entries = {}  # unreadable: what it said is rewritten from what is added now
+    before = _state(config)  # unreadable: none is kept, all is rewritten from `add`
     kept = {}
-    for name, (w, s) in entries.items():
+    for w in config.get("webhooks") or []:
+        s = before.get(w.get("name"))
         if not isinstance(s, dict) or not isinstance(s.get("until"), (int, float)):
-            continue
-        if s["until"] <= now or (pending is not None and s.get("workload") not in pending):
-            continue
-        kept[name] = (w, s)
+            continue  # not one it wrote
+        if s["until"] > now and (pending is None or s.get("workload") in pending):
+            kept[w["name"]] = (w, s)
     for s in add:
         kept[webhook_name(s.workload)] = (
             webhook(s, target),
@@ -145,7 +136,7 @@ def configured(
     webhooks = [w for w, _ in kept.values()]
     state = {name: s for name, (_, s) in kept.items()}
     names = [w.get("name") for w in config.get("webhooks") or []]
-    if not add and names == list(kept) and state == _state(config):
+    if not add and names == list(kept) and state == before:
         return None  # entries kept are kept as the API server defaulted them
     out = copy.deepcopy(config)
     out.setdefault("metadata", {}).setdefault("annotations", {})[STATE_ANNOTATION] = json.dumps(
@@ -155,12 +146,14 @@ def configured(
     return out
 
 
-def _state(config: dict) -> dict | None:
+def _state(config: dict) -> dict:
+    """Webhook name -> {workload, until}, as written; {} when unreadable."""
     text = ((config.get("metadata") or {}).get("annotations") or {}).get(STATE_ANNOTATION)
     try:
-        return json.loads(text) if text else {}
+        state = json.loads(text) if text else {}
     except ValueError:
-        return None
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def steered_to(path: str) -> tuple[bool, tuple[str, ...]] | None:
