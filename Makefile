@@ -18,7 +18,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2}' tests/k8s/go.mod)
 ETCD_VERSION := $(shell awk '$$1 == "go.etcd.io/etcd/server/v3" {print $$2}' tests/k8s/go.mod)
 PARTS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numaguard/k8s-$(K8S_VERSION)
-K8S_PARTS := kube-apiserver kube-controller-manager kube-scheduler kubectl etcd
+K8S_PARTS := kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet etcd
 K8S_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
   -X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(K8S_VERSION:v%=%))) \
   -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(K8S_VERSION:v%=%)))
@@ -42,10 +42,25 @@ system-deps:
 	    qemu-system-x86 >/dev/null; \
 	fi
 
-# The node VM's parts (numaguard/simulator/vm.py): Debian's kernel and static busybox,
-# downloaded with apt and made into an initramfs once, into the cache keyed by the
-# kernel's version.
-node-vm: $(VENV)/.installed system-deps
+# The node VM's parts (numaguard/simulator/vm.py): Debian's kernel, static busybox, runc,
+# CNI plugins and numactl, downloaded with apt and made into an initramfs once, into the
+# cache keyed by the kernel's version; and its container runtime, containerd, pinned in
+# tests/node/go.mod and built into the cache keyed by its version. The node's kubelet is
+# built with the control plane.
+CONTAINERD_MODULE := github.com/containerd/containerd/v2
+CONTAINERD_VERSION := $(shell awk '$$1 == "require" && $$2 == "$(CONTAINERD_MODULE)" {print $$3}' tests/node/go.mod)
+CONTAINERD := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numaguard/containerd-$(CONTAINERD_VERSION)
+
+$(CONTAINERD)/.built: | $(VENV)/.installed
+	@$(FIND_GO); \
+	echo "building containerd $(CONTAINERD_VERSION) into $(CONTAINERD) (once: about 2 minutes cold)"; \
+	mkdir -p $(CONTAINERD) && cd tests/node && \
+	CGO_ENABLED=0 $$go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+	  -ldflags "-s -w -X $(CONTAINERD_MODULE)/version.Version=$(CONTAINERD_VERSION)" \
+	  -o $(CONTAINERD)/ $(addprefix $(CONTAINERD_MODULE)/cmd/,containerd containerd-shim-runc-v2 ctr)
+	@touch $@
+
+node-vm: $(VENV)/.installed system-deps $(PARTS)/.built $(CONTAINERD)/.built
 	@$(PY) -m numaguard.simulator.vm build >/dev/null
 
 demo: $(VENV)/.installed system-deps $(PARTS)/.built

@@ -174,6 +174,13 @@ def path_of(kind: str, namespace: str | None = None, name: str | None = None) ->
     return f"{path}/{name}" if name else path
 
 
+NEW_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
+def openssl(*argv) -> None:
+    subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True)
+
+
 class ControlPlane:
     """Start with ``await cp.start()`` (or ``async with``); ``stop()`` kills by PID."""
 
@@ -194,6 +201,10 @@ class ControlPlane:
     def ca_file(self) -> Path:
         """The API server's self-signed serving certificate, with the CA that signed it."""
         return self.directory / "certs" / "apiserver.crt"
+
+    @property
+    def client_ca(self) -> Path:
+        return self.directory / "client-ca.crt"
 
     async def __aenter__(self) -> ControlPlane:
         await self.start()
@@ -222,6 +233,20 @@ class ControlPlane:
         subprocess.run(
             ["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True
         )
+        # the CA of nodes' client certificates (node_kubeconfig)
+        openssl(
+            "req",
+            "-x509",
+            *NEW_KEY,
+            "-keyout",
+            d / "client-ca.key",
+            "-out",
+            self.client_ca,
+            "-subj",
+            "/CN=numaguard-test-client-ca",
+            "-days",
+            "2",
+        )
         users = {
             "admin": (self.admin_token, "system:masters"),
             "system:kube-controller-manager": (secrets.token_hex(16), ""),
@@ -238,7 +263,10 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",  # no kubernetes Service endpoints on loopback
             f"--secure-port={api_port}",
             f"--cert-dir={d / 'certs'}",
-            "--authorization-mode=RBAC",
+            # as clusters run: nodes authorized as nodes, and limited to their own objects
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--client-ca-file={self.client_ca}",
             f"--token-auth-file={d / 'tokens.csv'}",
             f"--service-account-key-file={key}",
             f"--service-account-signing-key-file={key}",
@@ -312,6 +340,67 @@ class ControlPlane:
             "current-context": user,
         }
         Path(path).write_text(json.dumps(config, indent=1))
+        os.chmod(path, 0o600)
+        return str(path)
+
+    def node_kubeconfig(self, path: Path, node: str, server: str) -> str:
+        """A kubeconfig for the kubelet of ``node``: a client certificate this control
+        plane's client CA signed for system:node:<node> in group system:nodes, as the
+        Node authorizer wants; ``server``: how that node reaches the API server (its
+        certificate is checked for the name kubernetes)."""
+        key, csr, crt = (path.with_suffix(s) for s in (".key", ".csr", ".crt"))
+        openssl(
+            "req",
+            "-new",
+            *NEW_KEY,
+            "-keyout",
+            key,
+            "-out",
+            csr,
+            "-subj",
+            f"/O=system:nodes/CN=system:node:{node}",
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            self.client_ca,
+            "-CAkey",
+            self.directory / "client-ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-out",
+            crt,
+        )
+        data = {p: base64.b64encode(p.read_bytes()).decode() for p in (key, crt)}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "numaguard-test",
+                    "cluster": {
+                        "server": server,
+                        "certificate-authority-data": base64.b64encode(
+                            self.ca_file.read_bytes()
+                        ).decode(),
+                        "tls-server-name": "kubernetes",
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": node,
+                    "user": {"client-certificate-data": data[crt], "client-key-data": data[key]},
+                }
+            ],
+            "contexts": [{"name": node, "context": {"cluster": "numaguard-test", "user": node}}],
+            "current-context": node,
+        }
+        path.write_text(json.dumps(config, indent=1))
         os.chmod(path, 0o600)
         return str(path)
 

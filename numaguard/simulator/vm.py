@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KERNEL_PACKAGE = "linux-image-amd64"  # Debian's: its Depends names the current kernel
+# Debian's, for the node's container runtime (containerd is built from its module: make
+# node-vm), the pods' network and numastat; unpacked into the parts' root/
+NODE_PACKAGES = ("runc", "containernetworking-plugins", "numactl")
 # loaded in this order, each pass loading what the one before made possible
 MODULES = (
     "drivers/virtio/virtio_ring",
@@ -37,12 +40,26 @@ MODULES = (
     "net/9p/9pnet",
     "net/9p/9pnet_virtio",
     "fs/9p/9p",
+    "fs/overlayfs/overlay",
+    # user-mode networking (the kubelet's way to the API server), and what pods' CNI
+    # bridge and veth pairs need
+    "net/core/failover",
+    "drivers/net/net_failover",
+    "drivers/net/virtio_net",
+    "net/llc/llc",
+    "net/802/stp",
+    "net/bridge/bridge",
+    "drivers/net/veth",
 )
 _9P = "trans=virtio,version=9p2000.L,msize=262144"
-# The guest's /init: the host's root over 9p, the guest's own /proc, /sys, /dev (with a
-# tmpfs at /dev/shm: the script's TMPDIR and HOME; the host's /tmp stays visible, a
-# checkout may be there) and cgroup v2 over it, the job folder at /mnt; then /mnt/run.sh,
-# its exit status in /mnt/rc; then power off. "probe" on the command line: power off.
+# QEMU's user-mode network: the guest's address, its gateway, and the address at which
+# the guest reaches what the host forwards (Net.to_host)
+GUEST, GATEWAY, HOST = "10.0.2.15", "10.0.2.2", "10.0.2.100"
+# The guest's /init: the host's root read-only over 9p under a tmpfs overlay (the guest
+# writes where it likes, nothing reaches the host), the guest's own /proc, /sys, /dev
+# (with a tmpfs at /dev/shm: the script's TMPDIR and HOME) and cgroup v2 over it, the job
+# folder at /mnt, the network when QEMU gave one; then /mnt/run.sh, its exit status in
+# /mnt/rc; then power off. "probe" on the command line: power off.
 INIT = f"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
@@ -52,12 +69,18 @@ for pass in 1 2 3 4; do
     name=${{m%.ko}}; grep -q "^${{name#*-}} " /proc/modules || insmod /lib/mod/$m 2>/dev/null
   done
 done
-mount -t 9p -o {_9P},ro hostroot /host || echo "numaguard-vm: no host root"
+mount -t 9p -o {_9P},ro hostroot /lower || echo "numaguard-vm: no host root"
+mount -t tmpfs -o mode=755 rw /rw; mkdir /rw/upper /rw/work
+mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work root /host \
+  || echo "numaguard-vm: no overlay root"
 mount -t proc proc /host/proc; mount -t sysfs sys /host/sys; mount -t devtmpfs dev /host/dev
 mount -t cgroup2 cgroup2 /host/sys/fs/cgroup
 mkdir -p /host/dev/shm; mount -t tmpfs shm /host/dev/shm
 mount -t 9p -o {_9P} job /host/mnt || echo "numaguard-vm: no job folder"
 ifconfig lo 127.0.0.1 up; hostname numaguard-vm
+if [ -e /sys/class/net/eth0 ]; then
+  ip addr add {GUEST}/24 dev eth0; ip link set eth0 up; ip route add default via {GATEWAY}
+fi
 export TMPDIR=/dev/shm HOME=/dev/shm PYTHONDONTWRITEBYTECODE=1  # the root is read-only
 chroot /host /bin/sh -c 'cd /mnt && sh ./run.sh > out.txt 2>&1; echo $? > rc'
 poweroff -f
@@ -100,7 +123,7 @@ def build() -> Path:
         subprocess.run(["apt-get", "update", "-qq"], check=True)
         package = kernel_package()
     # keyed by the kernel and by what goes into the initramfs
-    made = hashlib.sha256((INIT + "".join(MODULES)).encode()).hexdigest()[:8]
+    made = hashlib.sha256((INIT + "".join(MODULES + NODE_PACKAGES)).encode()).hexdigest()[:8]
     out = cache() / f"node-vm-{package.removeprefix('linux-image-')}-{made}"
     if (out / ".built").exists():
         return out
@@ -115,16 +138,22 @@ def build() -> Path:
                 "APT::Sandbox::User=root",
                 package,
                 "busybox-static",
+                *NODE_PACKAGES,
             ],
             cwd=work,
             check=True,
         )
+        out.mkdir(parents=True, exist_ok=True)
         for deb in work.glob("*.deb"):
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(work / "x")], check=True)
+            node = deb.name.split("_")[0] in NODE_PACKAGES
+            subprocess.run(
+                ["dpkg-deb", "-x", str(deb), str(out / "root" if node else work / "x")], check=True
+            )
         root = work / "initramfs"
-        for d in ("bin", "lib/mod", "proc", "sys", "dev", "host"):
+        for d in ("bin", "lib/mod", "proc", "sys", "dev", "host", "lower", "rw"):
             (root / d).mkdir(parents=True)
         shutil.copy(work / "x/bin/busybox", root / "bin/busybox")
+        shutil.copy(work / "x/bin/busybox", out / "busybox")  # the host's relay: Net
         (modules,) = (work / "x/lib/modules").iterdir()
         for i, name in enumerate(MODULES):
             shutil.copy(
@@ -142,7 +171,6 @@ def build() -> Path:
             capture_output=True,
             check=True,
         ).stdout
-        out.mkdir(parents=True, exist_ok=True)
         (out / "initrd.gz").write_bytes(gzip.compress(archive, 1))
         (vmlinuz,) = (work / "x/boot").glob("vmlinuz-*")
         shutil.copy(vmlinuz, out / "vmlinuz")
@@ -161,7 +189,28 @@ class Shape:
     distance: int = 21
 
 
-def qemu_args(parts: Path, shape: Shape, accel: str, job: Path | None, probe=False) -> list[str]:
+@dataclass(frozen=True)
+class Net:
+    """The guest's only network, QEMU's user-mode one, restricted: the guest reaches
+    nothing but ``to_host`` (its port at HOST -> a port on the host's loopback, relayed
+    per connection), and the host reaches the guest at ``from_host`` (a port on the host's
+    loopback -> the guest's port)."""
+
+    to_host: tuple[tuple[int, int], ...] = ()
+    from_host: tuple[tuple[int, int], ...] = ()
+
+    def args(self, parts: Path) -> list[str]:
+        netdev = "user,id=n0,restrict=on"
+        for guest, host in self.to_host:
+            netdev += f",guestfwd=tcp:{HOST}:{guest}-cmd:{parts / 'busybox'} nc 127.0.0.1 {host}"
+        for host, guest in self.from_host:
+            netdev += f",hostfwd=tcp:127.0.0.1:{host}-:{guest}"
+        return ["-netdev", netdev, "-device", "virtio-net-pci,netdev=n0"]
+
+
+def qemu_args(
+    parts: Path, shape: Shape, accel: str, job: Path | None, probe=False, net: Net | None = None
+) -> list[str]:
     cpus = shape.sockets * shape.cores
     args = [
         "qemu-system-x86_64",
@@ -184,6 +233,7 @@ def qemu_args(parts: Path, shape: Shape, accel: str, job: Path | None, probe=Fal
         *("-append", line, "-display", "none", "-serial", "stdio", "-no-reboot"),
         *("-fsdev", "local,id=root,path=/,security_model=none,readonly=on,multidevs=remap"),
         *("-device", "virtio-9p-pci,fsdev=root,mount_tag=hostroot"),
+        *(net.args(parts) if net else ["-nic", "none"]),
     ]
     if job is not None:
         args += [
@@ -249,6 +299,28 @@ async def run(script: str, job: Path, shape: Shape = Shape(), timeout: float = 6
     rc = (job / "rc").read_text().strip() if (job / "rc").exists() else ""
     output = (job / "out.txt").read_text() if (job / "out.txt").exists() else ""
     return Ran(int(rc) if rc.isdigit() else None, output, console, job)
+
+
+@contextlib.asynccontextmanager
+async def booted(script: str, job: Path, shape: Shape = Shape(), net: Net | None = None):
+    """Boot the node running ``script`` as ``run`` does, and leave it running: yields
+    QEMU's process (its console in job/console.txt); killed on exit."""
+    parts = parts_dir()
+    job.mkdir(parents=True, exist_ok=True)
+    (job / "run.sh").write_text(script)
+    with open(job / "console.txt", "wb") as console:
+        proc = await asyncio.create_subprocess_exec(
+            *qemu_args(parts, shape, await accel(parts), job, net=net),
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 //go:build tools
 
-// Package parts pins the real Kubernetes control plane and etcd that numaguard's tests
-// run against; no code of ours is built from it.
+// Package parts pins the real Kubernetes control plane, etcd and the node VM's kubelet that
+// numaguard's tests run against; no code of ours is built from it.
 package parts
 
 import (
@@ -10,4 +10,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

@@ -1,0 +1,326 @@
+"""A real Kubernetes node in the node VM (simulator/vm.py): the kubelet built from the
+same pinned ``k8s.io/kubernetes`` module as the control plane, containerd 2.x built from
+its module, Debian's runc and CNI plugins, on the guest's real two-socket kernel, joined
+to a ControlPlane as a Node with its own client certificate.
+
+The guest reaches the API server, and nothing else, through QEMU's user-mode network;
+the host reaches the guest's exporter through a forwarded port. Images are made here from
+Debian's binaries (static busybox, numactl) and imported into containerd from tarballs:
+no registry is reached. The kubelet's policies are the test's (KubeletPolicy) and can be
+changed on a running node, as an operator would: the kubelet restarts with them, the
+pods it admitted keep their CPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from numaguard.simulator import vm
+from numaguard.simulator.controlplane import ControlPlane
+from numaguard.simulator.controlplane import parts_dir as k8s_parts
+from numaguard.simulator.processes import free_port, until
+
+API_PORT = 6443  # where the guest reaches the API server (vm.HOST)
+EXPORTER_PORT = 9400
+PAUSE, WORKLOAD = "numaguard.local/pause:1", "numaguard.local/workload:1"
+ROOT = Path(__file__).resolve().parents[2]  # the checkout the guest runs as it is
+
+
+def containerd_dir() -> Path:
+    """containerd, its runc shim and ctr, as make node-vm builds them."""
+    found = sorted(vm.cache().glob("containerd-v*/.built"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise vm.VmMissing("no containerd built: run `make node-vm`")
+    return found[-1].parent
+
+
+@dataclass(frozen=True)
+class KubeletPolicy:
+    """The kubelet's resource managers: the CPU manager is static throughout (CPU 0 kept
+    for the system), the rest is each test's."""
+
+    topology: str = "none"  # none | best-effort | restricted | single-numa-node
+    scope: str = "container"  # container | pod
+    memory: str = "Static"  # the Memory Manager's policy: Static | None
+
+
+RESERVED_MEMORY_MIB = 256  # kubeReserved, held on NUMA node 0 (the Memory Manager's)
+EVICTION_MIB = 100
+
+
+def kubelet_config(policy: KubeletPolicy) -> dict:
+    config = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cgroupDriver": "cgroupfs",
+        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+        "failSwapOn": False,
+        "resolvConf": "",
+        "readOnlyPort": 0,
+        # nothing reaches the kubelet's own API from outside the guest
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "cpuManagerPolicy": "static",
+        "reservedSystemCPUs": "0",
+        "topologyManagerPolicy": policy.topology,
+        "topologyManagerScope": policy.scope,
+        "memoryManagerPolicy": policy.memory,
+        "kubeReserved": {"memory": f"{RESERVED_MEMORY_MIB}Mi"},
+        "evictionHard": {
+            "memory.available": f"{EVICTION_MIB}Mi",
+            # the guest's disk is a tmpfs: no image GC or evictions over it
+            "nodefs.available": "0%",
+            "imagefs.available": "0%",
+            "nodefs.inodesFree": "0%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "syncFrequency": "5s",
+        "nodeStatusUpdateFrequency": "5s",
+    }
+    if policy.memory == "Static":
+        total = RESERVED_MEMORY_MIB + EVICTION_MIB
+        config["reservedMemory"] = [{"numaNode": 0, "limits": {"memory": f"{total}Mi"}}]
+    return config
+
+
+def containerd_config(parts: Path) -> str:
+    runtime = "plugins.'io.containerd.cri.v1.runtime'"
+    return f"""version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "native"  # the guest's disk is an overlay: no overlay snapshots on it
+[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+  platform = "linux/amd64"
+  snapshotter = "native"
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "{PAUSE}"
+[{runtime}.containerd]
+  default_runtime_name = "runc"
+[{runtime}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{runtime}.containerd.runtimes.runc.options]
+  BinaryName = "{parts / "root/usr/sbin/runc"}"
+  SystemdCgroup = false
+[{runtime}.cni]
+  bin_dirs = ["{parts / "root/usr/lib/cni"}"]
+  conf_dir = "/etc/cni/net.d"
+  use_internal_loopback = true
+"""
+
+
+CNI = {
+    "cniVersion": "1.0.0",
+    "name": "pods",
+    "plugins": [
+        {
+            "type": "bridge",
+            "bridge": "cni0",
+            "isGateway": True,
+            "ipMasq": False,
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16"}]]},
+        }
+    ],
+}
+
+
+def image(name: str, entrypoint: list[str], parts: Path) -> bytes:
+    """A docker-archive image (as `docker save` writes, `ctr images import` reads): one
+    layer of Debian's static busybox and numactl with the libraries it links."""
+    layer = io.BytesIO()
+    numactl = parts / "root/usr/bin/numactl"
+    files = {"bin/busybox": parts / "busybox", "usr/bin/numactl": numactl}
+    ldd = subprocess.run(["ldd", str(numactl)], capture_output=True, text=True, check=True)
+    for line in ldd.stdout.splitlines():
+        path = line.split("=>")[-1].split("(")[0].strip()
+        if path.startswith("/"):
+            files[path.lstrip("/")] = Path(os.path.realpath(path))
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        for inside, source in sorted(files.items()):
+            info = tar.gettarinfo(str(source), inside)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            with open(source, "rb") as f:
+                tar.addfile(info, f)
+        for tool in ("sh", "sleep", "cat", "dd"):
+            link = tarfile.TarInfo(f"bin/{tool}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(link)
+    blob = layer.getvalue()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": entrypoint, "Env": ["PATH=/usr/bin:/bin"]},
+            "rootfs": {
+                "type": "layers",
+                "diff_ids": ["sha256:" + hashlib.sha256(blob).hexdigest()],
+            },
+        }
+    ).encode()
+    manifest = json.dumps(
+        [{"Config": "config.json", "RepoTags": [name], "Layers": ["layer.tar"]}]
+    ).encode()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for inside, data in (
+            ("layer.tar", blob),
+            ("config.json", config),
+            ("manifest.json", manifest),
+        ):
+            info = tarfile.TarInfo(inside)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+# The guest's run.sh: containerd, the images, then the kubelet, restarted with its new
+# configuration whenever the host asks (the file kubelet.restart in the job folder); the
+# exporter beside them when the host asks for one.
+NODE_SCRIPT = """
+J=/mnt
+export PATH={containerd}:{parts}/root/usr/sbin:$PATH
+mkdir -p /etc/cni/net.d && cp $J/cni.conflist /etc/cni/net.d/10-pods.conflist
+containerd --config $J/containerd.toml > $J/containerd.log 2>&1 &
+until [ -S /run/containerd/containerd.sock ]; do sleep 0.2; done
+for image in $J/images/*.tar; do
+  ctr -n k8s.io images import --snapshotter native $image >> $J/containerd.log 2>&1 || exit 1
+done
+if [ -e $J/exporter.args ]; then
+  {python} -m numaguard.exporter $(cat $J/exporter.args) > $J/exporter.log 2>&1 &
+fi
+while :; do
+  {kubelet} --config=$J/kubelet.yaml --kubeconfig=$J/kubelet.kubeconfig \\
+    --hostname-override={name} --node-ip={guest} >> $J/kubelet.log 2>&1 &
+  kubelet=$!
+  until [ -e $J/kubelet.restart ]; do sleep 1; kill -0 $kubelet 2>/dev/null || break; done
+  kill $kubelet; wait $kubelet
+  # a new Memory Manager policy starts from no state, as the kubelet's docs ask
+  [ -e $J/kubelet.restart ] && rm -f /var/lib/kubelet/memory_manager_state $J/kubelet.restart
+  echo "numaguard-node: kubelet restarted" >> $J/kubelet.log
+done
+"""
+
+
+class KubeNode:
+    """``async with KubeNode(cp, job) as node``: the node VM booted, its kubelet
+    registered and the Node Ready. ``exporter``: the exporter's arguments, to run it in
+    the guest (served on ``exporter_url``)."""
+
+    def __init__(
+        self,
+        cp: ControlPlane,
+        job: Path,
+        name: str = "vm-node",
+        policy: KubeletPolicy = KubeletPolicy(),
+        exporter: tuple[str, ...] | None = None,
+        shape: vm.Shape | None = None,
+    ) -> None:
+        self.cp, self.job, self.name, self.shape = cp, job, name, shape or vm.Shape()
+        self.policy = policy
+        self.exporter = exporter
+        self.exporter_url = ""
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> KubeNode:
+        parts, job = vm.parts_dir(), self.job
+        (job / "images").mkdir(parents=True, exist_ok=True)
+        for name, entry in (
+            (PAUSE, ["/bin/busybox", "sleep", "2147483647"]),
+            (WORKLOAD, ["/bin/busybox", "sh", "-c"]),
+        ):
+            (job / "images" / f"{name.split('/')[-1].replace(':', '-')}.tar").write_bytes(
+                image(name, entry, parts)
+            )
+        (job / "containerd.toml").write_text(containerd_config(parts))
+        (job / "cni.conflist").write_text(json.dumps(CNI))
+        (job / "kubelet.yaml").write_text(json.dumps(kubelet_config(self.policy)))
+        self.cp.node_kubeconfig(
+            job / "kubelet.kubeconfig", self.name, f"https://{vm.HOST}:{API_PORT}"
+        )
+        forwarded: tuple[tuple[int, int], ...] = ()
+        if self.exporter is not None:
+            port = free_port()
+            forwarded = ((port, EXPORTER_PORT),)
+            self.exporter_url = f"http://127.0.0.1:{port}"
+            args = ("--listen", f"0.0.0.0:{EXPORTER_PORT}", "--node-name", self.name)
+            (job / "exporter.args").write_text(" ".join((*args, *self.exporter)))
+        script = NODE_SCRIPT.format(
+            containerd=containerd_dir(),
+            parts=parts,
+            python=sys.executable,
+            kubelet=k8s_parts() / "kubelet",
+            name=self.name,
+            guest=vm.GUEST,
+        )
+        api_port = int(self.cp.url.rsplit(":", 1)[1])
+        net = vm.Net(to_host=((API_PORT, api_port),), from_host=forwarded)
+        self.qemu = await self._stack.enter_async_context(
+            vm.booted(f"cd {ROOT}\n{script}", job, self.shape, net)
+        )
+        try:
+            await self.ready()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._stack.aclose()
+
+    def log(self, name: str = "kubelet.log") -> str:
+        path = self.job / name
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    async def ready(self, since: str = "", timeout: float = 600.0) -> dict:
+        """Wait for the Node to be Ready (after ``since``: a heartbeat newer than that
+        time, once a restarted kubelet posts it); returns the Node."""
+
+        async def node_ready():
+            if self.qemu.returncode is not None:
+                raise RuntimeError(f"the node VM ended: {self.log('console.txt')}")
+            async with aiohttp.ClientSession() as session:
+                node = await self.cp.get(session, "Node", None, self.name)
+            for c in (node or {}).get("status", {}).get("conditions", []):
+                if (c["type"], c["status"]) == ("Ready", "True") and c["lastHeartbeatTime"] > since:
+                    return node
+            return None
+
+        try:
+            return await until(node_ready, f"node {self.name} Ready", timeout=timeout, every=1)
+        except AssertionError as e:
+            raise AssertionError(
+                f"{e}\nkubelet: {self.log()}\ncontainerd: {self.log('containerd.log')}"
+            ) from None
+
+    async def restart_kubelet(self, policy: KubeletPolicy) -> dict:
+        """Restart the kubelet with ``policy``, as an operator changing a node's
+        policies would; returns the Node once the new kubelet reports it Ready."""
+        async with aiohttp.ClientSession() as session:
+            node = await self.cp.get(session, "Node", None, self.name)
+        since = max(c["lastHeartbeatTime"] for c in node["status"]["conditions"])
+        (self.job / "kubelet.yaml").write_text(json.dumps(kubelet_config(policy)))
+        (self.job / "kubelet.restart").touch()
+        self.policy = policy
+        await until(
+            lambda: asyncio.sleep(0, not (self.job / "kubelet.restart").exists()),
+            "the kubelet restarted",
+            timeout=120,
+            every=0.5,
+        )
+        return await self.ready(since)
