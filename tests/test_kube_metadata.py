@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import aiohttp
 import pytest
 
 from numaguard.exporter.sources.apiserver import KubeconfigError, connect
@@ -151,12 +152,15 @@ def test_the_exporter_never_loads_the_kubernetes_package_nor_grpcio():
     assert run.stdout.strip() == "[]"
 
 
-def write_kubeconfig(path, cp, user: dict) -> str:
+def write_kubeconfig(path, cp, user: dict, **cluster) -> str:
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
-            {"name": "c", "cluster": {"server": cp.url, "certificate-authority": "ca.crt"}}
+            {
+                "name": "c",
+                "cluster": {"server": cp.url, "certificate-authority": "ca.crt", **cluster},
+            }
         ],
         "users": [{"name": "u", "user": user}],
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
@@ -185,6 +189,29 @@ async def test_a_token_file_beside_the_kubeconfig_is_read_and_reread(tmp_path, c
             assert r.status == 200
     finally:
         await api.close()
+
+
+async def test_tls_server_name_is_the_name_the_certificate_is_checked_for(tmp_path, control_plane):
+    """The API server at an address its certificate does not name (the node VM reaches
+    it through a forwarded port): refused, unless the kubeconfig's tls-server-name names
+    what the certificate does."""
+    cp = control_plane
+    user = {"token": cp.tokens["numaguard-exporter"]}
+    path = "/api/v1/pods?fieldSelector=spec.nodeName%3Dnone&limit=1"
+    at_ip = cp.url.replace("127.0.0.1", "localhost")  # a name its certificate lacks
+    for name, answers in (("", None), ("kubernetes", 200)):
+        extra = {"tls-server-name": name} if name else {}
+        api = connect(write_kubeconfig(tmp_path, cp, user, server=at_ip, **extra))
+        try:
+            if answers is None:
+                with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                    async with api.request("GET", path, 10):
+                        pass
+            else:
+                async with api.request("GET", path, 10) as r:
+                    assert r.status == answers
+        finally:
+            await api.close()
 
 
 @pytest.mark.parametrize(

@@ -54,8 +54,12 @@ class ApiServer:
         context: ssl.SSLContext | None,
         token: str = "",
         token_file: str = "",
+        server_name: str = "",
     ) -> None:
         self.server = server.rstrip("/")
+        # the name its certificate is checked for, where that is not the server's
+        # address (kubeconfig's tls-server-name: a tunnel, a forwarded port)
+        self.server_name = server_name or None
         self._ssl = context if server.startswith("https:") else None
         self._token = token
         self._token_file = token_file
@@ -79,6 +83,7 @@ class ApiServer:
             self.server + path,
             headers=self._headers(),
             ssl=self._ssl if self._ssl is not None else True,
+            server_hostname=self.server_name,
             timeout=aiohttp.ClientTimeout(total=timeout),
             **kwargs,
         )
@@ -148,6 +153,7 @@ def _from_kubeconfig(path: Path) -> ApiServer:
         tls,
         token=user.get("token", ""),
         token_file=str(here / token_file) if token_file else "",
+        server_name=cluster.get("tls-server-name", ""),
     )
 
 
