@@ -7,6 +7,8 @@ a missing or an extra series fails.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import numaguard.exporter.sources as sources
@@ -417,3 +419,27 @@ async def test_sandbox_cgroups_cost_no_read_once_the_pods_are_named(tmp_path):
     assert not [p for p in read[True] if any(c in p for c in pauses)]  # ... and none is read
     assert len(read[True]) == len(read[False])
     assert exposition[True].keys() == exposition[False].keys()
+
+
+async def test_a_pod_known_before_its_containers_ids_has_no_series_yet(tmp_path):
+    """The API server knows a pod a few seconds before the kubelet posts its containers'
+    ids. Until then its cgroups are not read: its sandbox, whose cpuset is every CPU,
+    would be taken for a container and its CPUs counted as the pod's (seen on the real
+    kubelet's node). Once the ids are there, the pod is what it is."""
+    host = presets.two_socket()
+    host.sandboxes = True
+    root = FakeHostRoot(tmp_path, host).write()
+    named = metadata_of(host)
+    early = host.pods[0].uid
+    unnamed = {**named, early: replace(named[early], containers={})}
+    collection = make_collection(root, metadata=unnamed)
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    pods = {dict(k)["pod_uid"] for (n, k) in got if ("pod_uid" in dict(k))}
+    assert early not in pods and pods == {p.uid for p in host.pods[1:]}
+    collection = make_collection(root, metadata=named)
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert {dict(k)["pod_uid"] for (n, k) in got if "pod_uid" in dict(k)} == {
+        p.uid for p in host.pods
+    }

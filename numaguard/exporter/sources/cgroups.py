@@ -64,8 +64,8 @@ class CgroupSource:
 
     def read(self, known: Mapping[str, PodMeta] | None = None) -> PodsReading:
         """Every pod container's placement. ``known``: pod uid -> what the API server
-        says of it; a pod whose containers it names has only those read, so its sandbox
-        (pause) container, which no one names, costs no read (the model would drop it)."""
+        says of it; a pod it knows has only the containers it names read, so its sandbox
+        (pause) container, which no one names, is neither read nor taken for one."""
         issues: list[Issue] = []
         layout = self._layout()
         if layout is None:
@@ -131,9 +131,10 @@ class CgroupSource:
         containers: list[ContainerReading] = []
         issues: list[Issue] = []
         meta = known.get(pod_uid) if known else None
-        named = meta.containers if meta else None
         for runtime, container_id, rel in self._containers(layout, pod_rel, issues):
-            if named and container_id not in named:
+            # a pod the API server knows: only the containers it names (none, until the
+            # kubelet has posted their ids: its sandbox would be taken for one)
+            if meta is not None and container_id not in meta.containers:
                 continue
             reading = self._read_container(layout, rel, issues)
             if reading is not None:
