@@ -190,7 +190,8 @@ NUMA_MEMORY_USED = _m(
 )
 # numastat's counters, a family each as node_exporter splits them: numa_hit + numa_miss
 # and local_node + other_node each add up to the pages allocated on the node, so one
-# family with a kind label would count every page twice when summed
+# family with a kind label would count every page twice when summed. (The kernel counts
+# an allocation: a transparent huge page once, as the real guest kernel shows.)
 NUMASTAT = {
     kind: _m(name, "counter", help, ("numa_node",), "host_numa")
     for kind, name, help in (

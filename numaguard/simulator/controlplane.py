@@ -322,19 +322,21 @@ class ControlPlane:
             self.url, str(self.ca_file), str(certs / "apiserver.crt"), str(certs / "apiserver.key")
         )
 
-    def kubeconfig(self, path: str | Path, token: str, user: str = "admin", server="") -> str:
+    def kubeconfig(
+        self, path: str | Path, token: str, user: str = "admin", server="", server_name=""
+    ) -> str:
         """Write a kubeconfig for ``token`` (trusting the API server's certificate);
-        returns its path. ``server``: another address (the fault proxy) to use."""
+        returns its path. ``server``: another address (the fault proxy, the node VM's way
+        to the API server) to use; ``server_name``: the name to check its certificate
+        for where that address is not in it."""
         ca = base64.b64encode(self.ca_file.read_bytes()).decode()
+        cluster = {"server": server or self.url, "certificate-authority-data": ca}
+        if server_name:
+            cluster["tls-server-name"] = server_name
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [
-                {
-                    "name": "numaguard-test",
-                    "cluster": {"server": server or self.url, "certificate-authority-data": ca},
-                }
-            ],
+            "clusters": [{"name": "numaguard-test", "cluster": cluster}],
             "users": [{"name": user, "user": {"token": token}}],
             "contexts": [{"name": user, "context": {"cluster": "numaguard-test", "user": user}}],
             "current-context": user,

@@ -30,12 +30,17 @@ import aiohttp
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.controlplane import parts_dir as k8s_parts
-from numaguard.simulator.processes import free_port, until
+from numaguard.simulator.processes import free_port, until, wait_ok
 
 API_PORT = 6443  # where the guest reaches the API server (vm.HOST)
 EXPORTER_PORT = 9400
 PAUSE, WORKLOAD = "numaguard.local/pause:1", "numaguard.local/workload:1"
 ROOT = Path(__file__).resolve().parents[2]  # the checkout the guest runs as it is
+
+
+def api_url() -> str:
+    """Where the guest reaches the API server."""
+    return f"https://{vm.HOST}:{API_PORT}"
 
 
 def containerd_dir() -> Path:
@@ -157,7 +162,12 @@ def image(name: str, entrypoint: list[str], parts: Path) -> bytes:
             info.mtime = 0
             with open(source, "rb") as f:
                 tar.addfile(info, f)
-        for tool in ("sh", "sleep", "cat", "dd"):
+        applets = subprocess.run(
+            [str(parts / "busybox"), "--list"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        for tool in applets:
+            if tool == "busybox":
+                continue
             link = tarfile.TarInfo(f"bin/{tool}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"
             tar.addfile(link)
@@ -201,13 +211,25 @@ until [ -S /run/containerd/containerd.sock ]; do sleep 0.2; done
 for image in $J/images/*.tar; do
   ctr -n k8s.io images import --snapshotter native $image >> $J/containerd.log 2>&1 || exit 1
 done
-if [ -e $J/exporter.args ]; then
-  {python} -m numaguard.exporter $(cat $J/exporter.args) > $J/exporter.log 2>&1 &
-fi
+# what the host asks to run here: exec/N.sh -> N.out, N.rc
+mkdir -p $J/exec
+while :; do
+  for f in $J/exec/*.sh; do
+    [ -e "$f" ] || continue
+    sh "$f" > "${{f%.sh}}.out" 2>&1; echo $? > "$f.rc"; mv "$f.rc" "${{f%.sh}}.rc"; rm "$f"
+  done
+  sleep 0.5
+done &
 while :; do
   {kubelet} --config=$J/kubelet.yaml --kubeconfig=$J/kubelet.kubeconfig \\
     --hostname-override={name} --node-ip={guest} >> $J/kubelet.log 2>&1 &
   kubelet=$!
+  # the exporter as its DaemonSet runs it: once the kubelet's PodResources socket is there
+  if [ -e $J/exporter.args ] && [ -z "$exporter" ]; then
+    until [ -S /var/lib/kubelet/pod-resources/kubelet.sock ]; do sleep 0.5; done
+    {python} -m numaguard.exporter $(cat $J/exporter.args) > $J/exporter.log 2>&1 &
+    exporter=$!
+  fi
   until [ -e $J/kubelet.restart ]; do sleep 1; kill -0 $kubelet 2>/dev/null || break; done
   kill $kubelet; wait $kubelet
   # a new Memory Manager policy starts from no state, as the kubelet's docs ask
@@ -236,6 +258,7 @@ class KubeNode:
         self.exporter = exporter
         self.exporter_url = ""
         self._stack = contextlib.AsyncExitStack()
+        self._commands = 0
 
     async def __aenter__(self) -> KubeNode:
         parts, job = vm.parts_dir(), self.job
@@ -250,15 +273,14 @@ class KubeNode:
         (job / "containerd.toml").write_text(containerd_config(parts))
         (job / "cni.conflist").write_text(json.dumps(CNI))
         (job / "kubelet.yaml").write_text(json.dumps(kubelet_config(self.policy)))
-        self.cp.node_kubeconfig(
-            job / "kubelet.kubeconfig", self.name, f"https://{vm.HOST}:{API_PORT}"
-        )
+        self.cp.node_kubeconfig(job / "kubelet.kubeconfig", self.name, api_url())
         forwarded: tuple[tuple[int, int], ...] = ()
         if self.exporter is not None:
             port = free_port()
             forwarded = ((port, EXPORTER_PORT),)
             self.exporter_url = f"http://127.0.0.1:{port}"
             args = ("--listen", f"0.0.0.0:{EXPORTER_PORT}", "--node-name", self.name)
+            args += ("--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock")
             (job / "exporter.args").write_text(" ".join((*args, *self.exporter)))
         script = NODE_SCRIPT.format(
             containerd=containerd_dir(),
@@ -275,10 +297,17 @@ class KubeNode:
         )
         try:
             await self.ready()
+            if self.exporter_url:
+                await wait_ok(f"{self.exporter_url}/readyz", 300, self._ended)
         except BaseException:
             await self._stack.aclose()
             raise
         return self
+
+    def _ended(self) -> str | None:
+        if self.qemu.returncode is None:
+            return None
+        return f"the node VM ended: {self.log('console.txt')}"
 
     async def __aexit__(self, *exc) -> None:
         await self._stack.aclose()
@@ -292,8 +321,8 @@ class KubeNode:
         time, once a restarted kubelet posts it); returns the Node."""
 
         async def node_ready():
-            if self.qemu.returncode is not None:
-                raise RuntimeError(f"the node VM ended: {self.log('console.txt')}")
+            if self._ended():
+                raise RuntimeError(self._ended())
             async with aiohttp.ClientSession() as session:
                 node = await self.cp.get(session, "Node", None, self.name)
             for c in (node or {}).get("status", {}).get("conditions", []):
@@ -307,6 +336,19 @@ class KubeNode:
             raise AssertionError(
                 f"{e}\nkubelet: {self.log()}\ncontainerd: {self.log('containerd.log')}"
             ) from None
+
+    async def sh(self, script: str, timeout: float = 300.0) -> str:
+        """Run ``script`` (sh) on the node as root; its output. AssertionError when it
+        fails."""
+        self._commands += 1
+        at = self.job / "exec" / str(self._commands)
+        at.with_suffix(".tmp").write_text(script)
+        at.with_suffix(".tmp").rename(at.with_suffix(".sh"))  # whole, or not at all
+        rc = at.with_suffix(".rc")
+        await until(lambda: asyncio.sleep(0, rc.exists()), f"the node ran {script!r}", timeout)
+        out = at.with_suffix(".out").read_text(errors="replace")
+        assert rc.read_text().strip() == "0", f"{script!r} on the node failed: {out}"
+        return out
 
     async def restart_kubelet(self, policy: KubeletPolicy) -> dict:
         """Restart the kubelet with ``policy``, as an operator changing a node's

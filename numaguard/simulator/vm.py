@@ -214,7 +214,7 @@ def qemu_args(
     cpus = shape.sockets * shape.cores
     args = [
         "qemu-system-x86_64",
-        *("-machine", "pc", "-accel", accel, "-cpu", "max" if accel == "tcg" else "host"),
+        *("-machine", "pc", "-accel", accel, "-cpu", "max" if accel.startswith("tcg") else "host"),
         *("-m", f"{shape.memory_mib * shape.sockets}M"),
         *("-smp", f"{cpus},sockets={shape.sockets},cores={shape.cores},threads=1"),
     ]

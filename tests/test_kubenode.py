@@ -1,0 +1,274 @@
+"""The exporter on a real node: a real kubelet (static CPU manager) on a real two-socket
+kernel runs real containers through containerd and runc (simulator/kubenode.py), and
+the exporter, in the node as its DaemonSet runs, is judged against what the kernel and
+the kubelet say: cpuset, memory.numa_stat, numa_maps, numastat, and the kubelet's own
+PodResources answers."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from numaguard.simulator import vm
+from numaguard.simulator.controlplane import ControlPlane
+from numaguard.simulator.kubenode import WORKLOAD, KubeletPolicy, KubeNode, api_url
+from numaguard.simulator.processes import get, until
+from tests.conftest import samples
+from tests.test_node_vm import numa_maps_bytes, numa_stat_bytes
+
+pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module")]
+
+# CPUs 0-3 on node 0, 4-7 on node 1; the kubelet keeps CPU 0 for the system. (Three
+# cores a socket hang QEMU 7.2's TCG guest before its kernel prints.)
+SHAPE = vm.Shape(cores=4)
+NS = "vm-test"
+MIB = 1 << 20
+HELD_MIB = 128
+# A container that holds HELD_MIB: dd reads them from /dev/zero into one buffer and blocks
+# writing it to a pipe nobody reads. FAR: bound to the NUMA node its CPUs are not on.
+HOLD = f"dd if=/dev/zero bs={HELD_MIB}M count=1 | sleep 2147483647"
+FAR = (
+    "cpu=$(cut -d, -f1 /sys/fs/cgroup/cpuset.cpus.effective | cut -d- -f1); far=1; "
+    "[ -e /sys/devices/system/cpu/cpu$cpu/node1 ] && far=0; numactl --membind=$far "
+)
+# the guest's own view of its NUMA pages, read together
+NUMASTAT = (
+    "for n in /sys/devices/system/node/node[0-9]*; do echo ${n##*node} $(cat $n/numastat); done"
+)
+
+
+PODRESOURCES = """
+import grpc
+from google.protobuf.json_format import MessageToDict
+from numaguard.exporter.sources.podresources import api_pb2 as api, api_pb2_grpc as rpc
+stub = rpc.PodResourcesListerStub(
+    grpc.insecure_channel("unix:///var/lib/kubelet/pod-resources/kubelet.sock"))
+print(__import__("json").dumps(MessageToDict(
+    stub.GetAllocatableResources(api.AllocatableResourcesRequest()))))
+print(__import__("json").dumps(MessageToDict(stub.List(api.ListPodResourcesRequest()))))
+"""
+
+
+def pod(name: str, cpus: int, command: str) -> dict:
+    """A Guaranteed pod on the VM node: whole CPUs, so the static CPU manager gives it
+    exclusive ones."""
+    limits = {"cpu": str(cpus), "memory": "256Mi"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeName": "vm-node",
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "work",
+                    "image": WORKLOAD,
+                    "imagePullPolicy": "Never",
+                    "args": [command],
+                    "resources": {"limits": limits, "requests": limits},
+                }
+            ],
+        },
+    }
+
+
+def numastat(text: str) -> dict[str, dict[str, int]]:
+    out = {}
+    for line in text.splitlines():
+        node, *fields = line.split()
+        out[node] = {k: int(v) for k, v in zip(fields[::2], fields[1::2], strict=True)}
+    return out
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def node(tmp_path_factory):
+    """The node (topology policy none, no Memory Manager: a container's own memory
+    binding is the kernel's to honour), its exporter, and two pods: ``span`` (5 exclusive
+    CPUs: more than one node has) and ``far`` (1 CPU, its memory bound to the other
+    node), with the node's numastat read before they started."""
+    job = tmp_path_factory.mktemp("kubenode")
+    async with ControlPlane() as cp, aiohttp.ClientSession() as session:
+        await cp.install_numaguard(session)
+        kubeconfig = cp.kubeconfig(
+            job / "exporter.kubeconfig",
+            cp.tokens["numaguard-exporter"],
+            "numaguard-exporter",
+            server=api_url(),
+            server_name="kubernetes",
+        )
+        exporter = ("--kubeconfig", kubeconfig.replace(str(job), "/mnt"), "--interval", "2")
+        exporter += ("--no-collector.gpu", "--no-collector.resctrl")
+        policy = KubeletPolicy(topology="none", memory="None")
+        async with KubeNode(cp, job, policy=policy, exporter=exporter, shape=SHAPE) as n:
+            await cp.create(
+                session, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+            )
+            n.before = numastat(await n.sh(NUMASTAT))
+            n.pods = {}
+            for name, cpus, command in (("span", 5, HOLD), ("far", 1, FAR + HOLD)):
+                await cp.create(session, pod(name, cpus, command))
+
+                async def running(name=name):
+                    p = await cp.get(session, "Pod", NS, name)
+                    return p if p["status"].get("phase") == "Running" else None
+
+                n.pods[name] = await until(running, f"{name} Running", timeout=300, every=1)
+            n.session = session
+            yield n
+
+
+async def container_facts(node: KubeNode, p: dict) -> dict:
+    """What the kernel says about a pod's one container: its cgroup's cpuset and
+    memory.numa_stat (cgroupfs driver: kubepods/pod<uid>/<id> for Guaranteed pods), and
+    numa_maps and `numastat -p` of its process holding the memory (dd)."""
+    cid = p["status"]["containerStatuses"][0]["containerID"].split("://")[1]
+    cg = f"/sys/fs/cgroup/kubepods/pod{p['metadata']['uid']}/{cid}"
+    numastat_bin = vm.parts_dir() / "root/usr/bin/numastat"
+    out = await node.sh(
+        f"cat {cg}/cpuset.cpus.effective; echo ==; cat {cg}/memory.numa_stat; echo ==\n"
+        f"for pid in $(cat {cg}/cgroup.procs); do\n"
+        f'  if [ "$(cat /proc/$pid/comm)" = dd ]; then cat /proc/$pid/numa_maps; echo ==;'
+        f" {numastat_bin} -p $pid; fi\n"
+        "done"
+    )
+    cpus, numa_stat, numa_maps, numastat_p = out.split("==\n")
+    return {
+        "cpus": cpus.strip(),
+        "numa_stat": numa_stat_bytes(numa_stat),
+        "numa_maps": numa_maps_bytes(numa_maps),
+        "numastat_p": numastat_p,
+    }
+
+
+def cpu_nodes(cpulist: str, cores: int = SHAPE.cores) -> dict[str, int]:
+    """CPUs per NUMA node of a cpuset (the VM's CPUs are numbered node by node)."""
+    out: dict[str, int] = {}
+    for part in cpulist.split(","):
+        first, _, last = part.partition("-")
+        for cpu in range(int(first), int(last or first) + 1):
+            out[str(cpu // cores)] = out.get(str(cpu // cores), 0) + 1
+    return out
+
+
+async def scrape(node: KubeNode, ready) -> dict:
+    """The exporter's samples once ``ready(samples)`` holds (it collects every 2 s; the
+    guest is emulated, so the wait only ends a hang)."""
+
+    last = []
+
+    async def judged():
+        last[:] = [await get(f"{node.exporter_url}/metrics")]
+        got = samples(last[0])
+        return got if ready(got) else None
+
+    try:
+        return await until(judged, "the exporter judged the pods", timeout=300, every=1)
+    except AssertionError as e:
+        pods = [ln for ln in last[0].decode().splitlines() if ln.startswith("numaguard_pod_")]
+        raise AssertionError(f"{e}: {pods}") from None
+
+
+def verdict_labels(name: str, uid: str, reason: str) -> dict[str, str]:
+    return {"node": "vm-node", "namespace": NS, "pod": name, "pod_uid": uid, "reason": reason}
+
+
+def by(got: dict, name: str, uid: str, label: str) -> dict[str, float]:
+    return {
+        dict(labels)[label]: v
+        for (n, labels), v in got.items()
+        if n == name and ("pod_uid", uid) in labels
+    }
+
+
+async def test_verdicts_and_memory_match_the_real_kernel(node):
+    uids = {name: p["metadata"]["uid"] for name, p in node.pods.items()}
+    # named (the exporter has the API server's names), judged, and holding what they
+    # hold: a cycle after both dd processes filled their buffers
+    got = await scrape(
+        node,
+        lambda got: all(
+            ("numaguard_pod_cross_numa", labels) in got
+            and sum(by(got, "numaguard_pod_memory_bytes", uid, "numa_node").values())
+            >= HELD_MIB * MIB
+            for name, uid in uids.items()
+            for labels in [frozenset(verdict_labels(name, uid, "cpu_span").items())]
+        ),
+    )
+    after = numastat(await node.sh(NUMASTAT))
+    span = await container_facts(node, node.pods["span"])
+    far = await container_facts(node, node.pods["far"])
+
+    # span: the real kubelet gave it CPUs of both nodes, and the exporter says so
+    assert set(cpu_nodes(span["cpus"])) == {"0", "1"}
+    assert by(got, "numaguard_pod_cpus", uids["span"], "numa_node") == {
+        k: float(v) for k, v in cpu_nodes(span["cpus"]).items()
+    }
+    assert by(got, "numaguard_pod_cross_numa", uids["span"], "reason")["cpu_span"] == 1
+
+    # far: its CPU on one node, its memory where numactl bound it, on the other
+    (cpu_node,) = cpu_nodes(far["cpus"])
+    far_node = "1" if cpu_node == "0" else "0"
+    assert by(got, "numaguard_pod_cpus", uids["far"], "numa_node") == {cpu_node: 1.0}
+    verdicts = by(got, "numaguard_pod_cross_numa", uids["far"], "reason")
+    assert verdicts["cpu_span"] == 0 and verdicts["memory_remote"] == 1
+    assert far["numa_maps"][far_node] >= HELD_MIB * MIB
+    # numastat -p, the kernel's tool, puts the held MiB on the far node too
+    total = next(r for r in far["numastat_p"].splitlines() if r.startswith("Total")).split()
+    assert float(total[1 + int(far_node)]) >= HELD_MIB, far["numastat_p"]
+
+    # the exporter's memory per NUMA node is the cgroup's (the processes hold still)
+    for name, facts in (("span", span), ("far", far)):
+        memory = by(got, "numaguard_pod_memory_bytes", uids[name], "numa_node")
+        kernel = facts["numa_stat"]
+        for n in ("0", "1"):
+            assert abs(memory.get(n, 0) - kernel.get(n, 0)) <= 0.02 * HELD_MIB * MIB, (name, n)
+
+    # the node's numastat: the far pod's memory was allocated on the far node for a
+    # process on the other one (the kernel counts allocations: a transparent huge page,
+    # 2 MiB, once); the exporter's counters are the kernel's, read between the two reads
+    # here
+    assert after[far_node]["other_node"] - node.before[far_node]["other_node"] >= (HELD_MIB // 2)
+    for n in ("0", "1"):
+        exported = got[
+            "numaguard_numa_node_other_pages_total",
+            frozenset({("node", "vm-node"), ("numa_node", n)}),
+        ]
+        assert node.before[n]["other_node"] <= exported <= after[n]["other_node"]
+
+
+async def test_zones_agree_with_the_kubelet_s_podresources(node):
+    """numaguard_zone_* against the real kubelet's GetAllocatableResources and List,
+    asked here with grpc's generated stubs, not the exporter's client."""
+    asked = await node.sh(f"{sys.executable} -c '{PODRESOURCES}'")
+    allocatable, listed = (json.loads(line) for line in asked.splitlines()[-2:])
+    cpus = ",".join(map(str, allocatable["cpuIds"]))
+    held = ",".join(
+        str(cpu)
+        for p in listed["podResources"]
+        for c in p["containers"]
+        for cpu in c.get("cpuIds", [])
+    )
+    # the static CPU manager may give all but the reserved CPU 0; the pods hold 6
+    assert cpu_nodes(cpus) == {"0": 3, "1": 4} and sum(cpu_nodes(held).values()) == 6
+
+    def zone(got, name):
+        return {dict(k)["numa_node"]: v for (n, k), v in got.items() if n == name}
+
+    got = await scrape(node, lambda got: zone(got, "numaguard_zone_cpus_allocated"))
+    assert zone(got, "numaguard_zone_cpus_allocatable") == {
+        k: float(v) for k, v in cpu_nodes(cpus).items()
+    }
+    assert zone(got, "numaguard_zone_cpus_allocated") == {
+        k: float(v) for k, v in cpu_nodes(held).items()
+    }
+    # without the Memory Manager the kubelet gives no memory per NUMA node: none is
+    # made up
+    assert "memory" not in allocatable
+    assert not zone(got, "numaguard_zone_memory_allocatable_bytes")
+    assert not zone(got, "numaguard_zone_memory_free_bytes")
