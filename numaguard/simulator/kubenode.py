@@ -6,9 +6,7 @@ to a ControlPlane as a Node with its own client certificate.
 The guest reaches the API server, and nothing else, through QEMU's user-mode network;
 the host reaches the guest's exporter through a forwarded port. Images are made here from
 Debian's binaries (static busybox, numactl) and imported into containerd from tarballs:
-no registry is reached. The kubelet's policies are the test's (KubeletPolicy) and can be
-changed on a running node, as an operator would: the kubelet restarts with them, the
-pods it admitted keep their CPUs.
+no registry is reached. The kubelet's policies are the test's (KubeletPolicy).
 """
 
 from __future__ import annotations
@@ -199,9 +197,8 @@ def image(name: str, entrypoint: list[str], parts: Path) -> bytes:
     return out.getvalue()
 
 
-# The guest's run.sh: containerd, the images, then the kubelet, restarted with its new
-# configuration whenever the host asks (the file kubelet.restart in the job folder); the
-# exporter beside them when the host asks for one.
+# The guest's run.sh: containerd, the images, the commands the host sends, the kubelet,
+# and the exporter when the host asks for one.
 NODE_SCRIPT = """
 J=/mnt
 export PATH={containerd}:{parts}/root/usr/sbin:$PATH
@@ -212,7 +209,6 @@ for image in $J/images/*.tar; do
   ctr -n k8s.io images import --snapshotter native $image >> $J/containerd.log 2>&1 || exit 1
 done
 # what the host asks to run here: exec/N.sh -> N.out, N.rc
-mkdir -p $J/exec
 while :; do
   for f in $J/exec/*.sh; do
     [ -e "$f" ] || continue
@@ -220,22 +216,19 @@ while :; do
   done
   sleep 0.5
 done &
+# the kubelet, started again should it exit, as its service manager would
 while :; do
   {kubelet} --config=$J/kubelet.yaml --kubeconfig=$J/kubelet.kubeconfig \\
-    --hostname-override={name} --node-ip={guest} >> $J/kubelet.log 2>&1 &
-  kubelet=$!
-  # the exporter as its DaemonSet runs it: once the kubelet's PodResources socket is there
-  if [ -e $J/exporter.args ] && [ -z "$exporter" ]; then
-    until [ -S /var/lib/kubelet/pod-resources/kubelet.sock ]; do sleep 0.5; done
-    {python} -m numaguard.exporter $(cat $J/exporter.args) > $J/exporter.log 2>&1 &
-    exporter=$!
-  fi
-  until [ -e $J/kubelet.restart ]; do sleep 1; kill -0 $kubelet 2>/dev/null || break; done
-  kill $kubelet; wait $kubelet
-  # a new Memory Manager policy starts from no state, as the kubelet's docs ask
-  [ -e $J/kubelet.restart ] && rm -f /var/lib/kubelet/memory_manager_state $J/kubelet.restart
-  echo "numaguard-node: kubelet restarted" >> $J/kubelet.log
-done
+    --hostname-override={name} --node-ip={guest} >> $J/kubelet.log 2>&1
+  echo "numaguard-node: the kubelet exited ($?); starting it again" >> $J/kubelet.log
+  sleep 1
+done &
+# the exporter as its DaemonSet runs it: once the kubelet's PodResources socket is there
+if [ -e $J/exporter.args ]; then
+  until [ -S /var/lib/kubelet/pod-resources/kubelet.sock ]; do sleep 0.5; done
+  {python} -m numaguard.exporter $(cat $J/exporter.args) > $J/exporter.log 2>&1 &
+fi
+wait
 """
 
 
@@ -262,7 +255,8 @@ class KubeNode:
 
     async def __aenter__(self) -> KubeNode:
         parts, job = vm.parts_dir(), self.job
-        (job / "images").mkdir(parents=True, exist_ok=True)
+        for folder in ("images", "exec"):
+            (job / folder).mkdir(parents=True, exist_ok=True)
         for name, entry in (
             (PAUSE, ["/bin/busybox", "sleep", "2147483647"]),
             (WORKLOAD, ["/bin/busybox", "sh", "-c"]),
@@ -316,9 +310,8 @@ class KubeNode:
         path = self.job / name
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
-    async def ready(self, since: str = "", timeout: float = 600.0) -> dict:
-        """Wait for the Node to be Ready (after ``since``: a heartbeat newer than that
-        time, once a restarted kubelet posts it); returns the Node."""
+    async def ready(self, timeout: float = 600.0) -> dict:
+        """Wait for the Node to be Ready; returns it."""
 
         async def node_ready():
             if self._ended():
@@ -326,7 +319,7 @@ class KubeNode:
             async with aiohttp.ClientSession() as session:
                 node = await self.cp.get(session, "Node", None, self.name)
             for c in (node or {}).get("status", {}).get("conditions", []):
-                if (c["type"], c["status"]) == ("Ready", "True") and c["lastHeartbeatTime"] > since:
+                if (c["type"], c["status"]) == ("Ready", "True"):
                     return node
             return None
 
@@ -349,20 +342,3 @@ class KubeNode:
         out = at.with_suffix(".out").read_text(errors="replace")
         assert rc.read_text().strip() == "0", f"{script!r} on the node failed: {out}"
         return out
-
-    async def restart_kubelet(self, policy: KubeletPolicy) -> dict:
-        """Restart the kubelet with ``policy``, as an operator changing a node's
-        policies would; returns the Node once the new kubelet reports it Ready."""
-        async with aiohttp.ClientSession() as session:
-            node = await self.cp.get(session, "Node", None, self.name)
-        since = max(c["lastHeartbeatTime"] for c in node["status"]["conditions"])
-        (self.job / "kubelet.yaml").write_text(json.dumps(kubelet_config(policy)))
-        (self.job / "kubelet.restart").touch()
-        self.policy = policy
-        await until(
-            lambda: asyncio.sleep(0, not (self.job / "kubelet.restart").exists()),
-            "the kubelet restarted",
-            timeout=120,
-            every=0.5,
-        )
-        return await self.ready(since)

@@ -5,7 +5,10 @@ policy (pure over the node's state):
 * ``single-numa-node`` / ``restricted``: CPUs and devices on one NUMA node, or the pod
   is refused (``TopologyAffinityError``);
 * ``best-effort``: aligned when it can, anywhere otherwise (silently misaligned);
-* ``none``: the lowest free CPUs and the first free device, aligned or not.
+* ``none``: CPUs as the CPU manager packs them without a hint, and the first free device,
+  aligned or not.
+
+tests/test_kubelet_agreement.py holds these answers to the real kubelet's.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class SimNode:
     kubelet: FakeKubelet | None = None
     description: str = ""  # the fake NVML description file its exporter follows
     presets: dict[tuple[str, str], FakePod] = field(default_factory=dict)
+    reserved: frozenset[int] = frozenset()  # reservedSystemCPUs: never given exclusively
 
     def write(self) -> None:
         self.root.write()
@@ -72,18 +76,33 @@ def admit(node: SimNode, need: int, resources: list[str]):
     units = [free_unit(node, r, None) for r in resources]
     if any(u is None for u in units) or len(free) < need:
         return None
-    return frozenset(sorted(free)[:need]), units
+    sizes = {i: len(parse_id_list(n.cpus)) for i, n in enumerate(node.host.nodes)}
+    return packed(by_numa, sizes, need), units
+
+
+def packed(free: dict[int, list[int]], sizes: dict[int, int], need: int) -> frozenset[int]:
+    """CPUs as the static policy takes them without a NUMA hint (the kubelet's
+    takeByTopologyNUMAPacked, one thread a core): whole NUMA nodes first, those entirely
+    free while the pod needs a node's worth or more; then the rest from the nodes with
+    the fewest free CPUs first, lowest first."""
+    fewest_first = sorted(free, key=lambda i: (len(free[i]), i))
+    taken: list[int] = []
+    for i in fewest_first:
+        if len(free[i]) == sizes[i] and need - len(taken) >= sizes[i]:
+            taken += free[i]
+    rest = [cpu for i in fewest_first for cpu in free[i] if cpu not in taken]
+    return frozenset(taken + rest[: need - len(taken)])
 
 
 def free_cpus(node: SimNode) -> frozenset[int]:
-    """CPUs the CPU manager can give exclusively: all but those already given (the
-    shared pool shrinks as it does)."""
+    """CPUs the CPU manager can give exclusively: all but the reserved ones and those
+    already given (the shared pool shrinks as it does)."""
     taken: set[int] = set()
     for p in node.host.pods:
         for c in p.containers:
             if c.exclusive_cpus:
                 taken |= parse_id_list(c.cpus)
-    return node.host.all_cpus - taken
+    return node.host.all_cpus - taken - node.reserved
 
 
 def free_unit(node: SimNode, resource: str, numa: int | None):
