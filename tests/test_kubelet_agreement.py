@@ -12,12 +12,17 @@ import pytest_asyncio
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
-from numaguard.simulator.kubenode import WORKLOAD, KubeletPolicy, KubeNode
+from numaguard.simulator.kubenode import KubeletPolicy, KubeNode, guaranteed_pod
 from numaguard.simulator.node import SimNode, admit
 from numaguard.simulator.nvml import FakeNvml
 from numaguard.simulator.processes import until
 
-pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module")]
+# an emulated node: booting it and its kubelet takes minutes on a loaded machine
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.timeout(1200),
+]
 
 SHAPE = vm.Shape(cores=4)  # CPUs 0-3 on NUMA node 0, 4-7 on node 1
 RESERVED = frozenset({0})  # the real kubelet's reservedSystemCPUs
@@ -71,28 +76,9 @@ async def test_the_simulated_kubelet_admits_as_the_real_one(policy, control_plan
             session, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
         )
         for i, need in enumerate(SCENARIO):
-            limits = {"cpu": str(need), "memory": "64Mi"}
             await cp.create(
                 session,
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": f"p{i}", "namespace": ns},
-                    "spec": {
-                        "nodeName": node.name,
-                        "terminationGracePeriodSeconds": 1,
-                        "automountServiceAccountToken": False,
-                        "containers": [
-                            {
-                                "name": "work",
-                                "image": WORKLOAD,
-                                "imagePullPolicy": "Never",
-                                "args": ["sleep 2147483647"],
-                                "resources": {"limits": limits, "requests": limits},
-                            }
-                        ],
-                    },
-                },
+                guaranteed_pod(f"p{i}", ns, node.name, need, "sleep 2147483647", "64Mi"),
             )
 
             async def decided(i=i):

@@ -15,12 +15,17 @@ import pytest_asyncio
 
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane
-from numaguard.simulator.kubenode import WORKLOAD, KubeletPolicy, KubeNode, api_url
+from numaguard.simulator.kubenode import KubeletPolicy, KubeNode, api_url, guaranteed_pod
 from numaguard.simulator.processes import get, until
 from tests.conftest import samples
 from tests.test_node_vm import numa_maps_bytes, numa_stat_bytes
 
-pytestmark = [pytest.mark.vm, pytest.mark.asyncio(loop_scope="module")]
+# an emulated node: booting it and its kubelet takes minutes on a loaded machine
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.timeout(1200),
+]
 
 # CPUs 0-3 on node 0, 4-7 on node 1; the kubelet keeps CPU 0 for the system. (Three
 # cores a socket hang QEMU 7.2's TCG guest before its kernel prints.)
@@ -51,31 +56,6 @@ print(__import__("json").dumps(MessageToDict(
     stub.GetAllocatableResources(api.AllocatableResourcesRequest()))))
 print(__import__("json").dumps(MessageToDict(stub.List(api.ListPodResourcesRequest()))))
 """
-
-
-def pod(name: str, cpus: int, command: str) -> dict:
-    """A Guaranteed pod on the VM node: whole CPUs, so the static CPU manager gives it
-    exclusive ones."""
-    limits = {"cpu": str(cpus), "memory": "256Mi"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "nodeName": "vm-node",
-            "terminationGracePeriodSeconds": 1,
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "work",
-                    "image": WORKLOAD,
-                    "imagePullPolicy": "Never",
-                    "args": [command],
-                    "resources": {"limits": limits, "requests": limits},
-                }
-            ],
-        },
-    }
 
 
 def numastat(text: str) -> dict[str, dict[str, int]]:
@@ -112,7 +92,7 @@ async def node(tmp_path_factory):
             n.before = numastat(await n.sh(NUMASTAT))
             n.pods = {}
             for name, cpus, command in (("span", 5, HOLD), ("far", 1, FAR + HOLD)):
-                await cp.create(session, pod(name, cpus, command))
+                await cp.create(session, guaranteed_pod(name, NS, n.name, cpus, command))
 
                 async def running(name=name):
                     p = await cp.get(session, "Pod", NS, name)

@@ -197,6 +197,33 @@ def image(name: str, entrypoint: list[str], parts: Path) -> bytes:
     return out.getvalue()
 
 
+def guaranteed_pod(
+    name: str, namespace: str, node: str, cpus: int, command: str, memory: str = "256Mi"
+) -> dict:
+    """A Guaranteed pod bound to ``node``, running ``command`` (sh) in the workload
+    image: whole CPUs, so the static CPU manager gives it exclusive ones."""
+    limits = {"cpu": str(cpus), "memory": memory}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "work",
+                    "image": WORKLOAD,
+                    "imagePullPolicy": "Never",
+                    "args": [command],
+                    "resources": {"limits": limits, "requests": limits},
+                }
+            ],
+        },
+    }
+
+
 # The guest's run.sh: containerd, the images, the commands the host sends, the kubelet,
 # and the exporter when the host asks for one.
 NODE_SCRIPT = """
