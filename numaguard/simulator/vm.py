@@ -1,14 +1,16 @@
 """A real node for the tests: Debian's kernel booted by QEMU with two sockets and two NUMA
-nodes (distances 10/21), its root the host's own file system, read-only over 9p, so the
-guest runs this checkout and its virtualenv as they are; a job folder shared read-write
-holds the script the guest runs and what it writes back.
+nodes (distances 10/21), its root the host's own file system, read-only over 9p under a
+tmpfs overlay, so the guest runs this checkout and its virtualenv as they are and writes
+nothing back; a job folder shared read-write holds the script the guest runs and what it
+writes back. simulator/kubenode.py runs a kubelet, containerd and runc in it.
 
-The parts — Debian's ``linux-image-amd64`` kernel and the modules 9p needs, and an
-initramfs around Debian's static busybox — are built once into a cache outside the work
-tree keyed by the kernel's version (``make node-vm``; ``python -m numaguard.simulator.vm
-build``). KVM is used when a probe shows it works; nested KVM hangs on some machines
-after the kernel's decompressor, so the probe has a timeout and TCG is the fallback
-(a 2-socket guest boots in seconds either way)."""
+The parts — Debian's ``linux-image-amd64`` kernel and the modules 9p, the overlay and the
+network need, an initramfs around Debian's static busybox, and Debian's runc, CNI plugins
+and numactl — are built once into a cache outside the work tree keyed by the kernel's
+version and what goes in (``make node-vm``; ``python -m numaguard.simulator.vm build``).
+KVM is used when a probe shows it works; nested KVM hangs on some machines after the
+kernel's decompressor, so the probe has a timeout and TCG is the fallback (a 2-socket
+guest boots in seconds either way)."""
 
 from __future__ import annotations
 
@@ -81,7 +83,7 @@ ifconfig lo 127.0.0.1 up; hostname numaguard-vm
 if [ -e /sys/class/net/eth0 ]; then
   ip addr add {GUEST}/24 dev eth0; ip link set eth0 up; ip route add default via {GATEWAY}
 fi
-export TMPDIR=/dev/shm HOME=/dev/shm PYTHONDONTWRITEBYTECODE=1  # the root is read-only
+export TMPDIR=/dev/shm HOME=/dev/shm PYTHONDONTWRITEBYTECODE=1  # the guest's own
 chroot /host /bin/sh -c 'cd /mnt && sh ./run.sh > out.txt 2>&1; echo $? > rc'
 poweroff -f
 """
@@ -214,7 +216,7 @@ def qemu_args(
     cpus = shape.sockets * shape.cores
     args = [
         "qemu-system-x86_64",
-        *("-machine", "pc", "-accel", accel, "-cpu", "max" if accel.startswith("tcg") else "host"),
+        *("-machine", "pc", "-accel", accel, "-cpu", "max" if accel == "tcg" else "host"),
         *("-m", f"{shape.memory_mib * shape.sockets}M"),
         *("-smp", f"{cpus},sockets={shape.sockets},cores={shape.cores},threads=1"),
     ]
