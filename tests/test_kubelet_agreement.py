@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from numaguard.exporter.readers import parse_id_list
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
@@ -94,13 +95,5 @@ async def test_the_simulated_kubelet_admits_as_the_real_one(policy, control_plan
             cpus = await node.sh(
                 f"cat /sys/fs/cgroup/kubepods/pod{p['metadata']['uid']}/{cid}/cpuset.cpus"
             )
-            real.append(per_node(expand(cpus.strip())))
+            real.append(per_node(parse_id_list(cpus.strip())))
     assert simulated(policy) == real, f"simulated (left) and real (right) under {policy}"
-
-
-def expand(cpulist: str) -> list[int]:
-    out = []
-    for part in cpulist.split(","):
-        first, _, last = part.partition("-")
-        out += range(int(first), int(last or first) + 1)
-    return out

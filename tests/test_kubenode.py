@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from numaguard.exporter.readers import parse_id_list
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.kubenode import KubeletPolicy, KubeNode, api_url, guaranteed_pod
@@ -129,10 +130,8 @@ async def container_facts(node: KubeNode, p: dict) -> dict:
 def cpu_nodes(cpulist: str, cores: int = SHAPE.cores) -> dict[str, int]:
     """CPUs per NUMA node of a cpuset (the VM's CPUs are numbered node by node)."""
     out: dict[str, int] = {}
-    for part in cpulist.split(","):
-        first, _, last = part.partition("-")
-        for cpu in range(int(first), int(last or first) + 1):
-            out[str(cpu // cores)] = out.get(str(cpu // cores), 0) + 1
+    for cpu in parse_id_list(cpulist):
+        out[str(cpu // cores)] = out.get(str(cpu // cores), 0) + 1
     return out
 
 

@@ -230,9 +230,7 @@ class ControlPlane:
             "--unsafe-no-fsync",  # a test cluster: its data dies with it
         )
         key = d / "sa.key"
-        subprocess.run(
-            ["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True
-        )
+        openssl("genrsa", "-out", key, "2048")
         # the CA of nodes' client certificates (node_kubeconfig)
         openssl(
             "req",
@@ -329,21 +327,7 @@ class ControlPlane:
         returns its path. ``server``: another address (the fault proxy, the node VM's way
         to the API server) to use; ``server_name``: the name to check its certificate
         for where that address is not in it."""
-        ca = base64.b64encode(self.ca_file.read_bytes()).decode()
-        cluster = {"server": server or self.url, "certificate-authority-data": ca}
-        if server_name:
-            cluster["tls-server-name"] = server_name
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "numaguard-test", "cluster": cluster}],
-            "users": [{"name": user, "user": {"token": token}}],
-            "contexts": [{"name": user, "context": {"cluster": "numaguard-test", "user": user}}],
-            "current-context": user,
-        }
-        Path(path).write_text(json.dumps(config, indent=1))
-        os.chmod(path, 0o600)
-        return str(path)
+        return self._write_kubeconfig(path, user, {"token": token}, server, server_name)
 
     def node_kubeconfig(self, path: Path, node: str, server: str) -> str:
         """A kubeconfig for the kubelet of ``node``: a client certificate this control
@@ -351,17 +335,9 @@ class ControlPlane:
         Node authorizer wants; ``server``: how that node reaches the API server (its
         certificate is checked for the name kubernetes)."""
         key, csr, crt = (path.with_suffix(s) for s in (".key", ".csr", ".crt"))
-        openssl(
-            "req",
-            "-new",
-            *NEW_KEY,
-            "-keyout",
-            key,
-            "-out",
-            csr,
-            "-subj",
-            f"/O=system:nodes/CN=system:node:{node}",
-        )
+        subject = f"/O=system:nodes/CN=system:node:{node}"
+        openssl("req", "-new", *NEW_KEY, "-keyout", key, "-out", csr, "-subj", subject)
+        ca_key = self.directory / "client-ca.key"
         openssl(
             "x509",
             "-req",
@@ -370,39 +346,35 @@ class ControlPlane:
             "-CA",
             self.client_ca,
             "-CAkey",
-            self.directory / "client-ca.key",
+            ca_key,
             "-CAcreateserial",
             "-days",
             "1",
             "-out",
             crt,
         )
-        data = {p: base64.b64encode(p.read_bytes()).decode() for p in (key, crt)}
+        credentials = {
+            "client-certificate-data": base64.b64encode(crt.read_bytes()).decode(),
+            "client-key-data": base64.b64encode(key.read_bytes()).decode(),
+        }
+        return self._write_kubeconfig(path, node, credentials, server, "kubernetes")
+
+    def _write_kubeconfig(
+        self, path: str | Path, user: str, credentials: dict, server: str, server_name: str
+    ) -> str:
+        ca = base64.b64encode(self.ca_file.read_bytes()).decode()
+        cluster = {"server": server or self.url, "certificate-authority-data": ca}
+        if server_name:
+            cluster["tls-server-name"] = server_name
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [
-                {
-                    "name": "numaguard-test",
-                    "cluster": {
-                        "server": server,
-                        "certificate-authority-data": base64.b64encode(
-                            self.ca_file.read_bytes()
-                        ).decode(),
-                        "tls-server-name": "kubernetes",
-                    },
-                }
-            ],
-            "users": [
-                {
-                    "name": node,
-                    "user": {"client-certificate-data": data[crt], "client-key-data": data[key]},
-                }
-            ],
-            "contexts": [{"name": node, "context": {"cluster": "numaguard-test", "user": node}}],
-            "current-context": node,
+            "clusters": [{"name": "numaguard-test", "cluster": cluster}],
+            "users": [{"name": user, "user": credentials}],
+            "contexts": [{"name": user, "context": {"cluster": "numaguard-test", "user": user}}],
+            "current-context": user,
         }
-        path.write_text(json.dumps(config, indent=1))
+        Path(path).write_text(json.dumps(config, indent=1))
         os.chmod(path, 0o600)
         return str(path)
 
