@@ -666,7 +666,16 @@ def test_rows_missing_a_label_or_with_bad_values_are_dropped_not_the_cycle():
     assert [r.guard for r in result.refusals] == ["no_fit"]
 
 
-def test_the_pod_s_own_capacity_counts_on_its_own_node():
+@pytest.mark.parametrize(
+    ("workload", "planned"),
+    [
+        # its replacement, of the same name, is made only once the pod is gone
+        ("StatefulSet/ml/p", ["evict: fits aligned on n1 NUMA node 0"]),
+        # its replacement is admitted while the pod still terminates on its CPUs
+        ("Deployment/ml/p", []),
+    ],
+)
+def test_the_pod_s_own_capacity_counts_only_when_freed_before_its_replacement(workload, planned):
     # 8 CPUs on each NUMA node of n1 (cpu_span); n1's node 0 has 8 more free: with the 8
     # the pod gives back there, 16 fit on node 0 of its own node, and nowhere else
     spread = needs("p", 8, 4)
@@ -681,8 +690,12 @@ def test_the_pod_s_own_capacity_counts_on_its_own_node():
             zone("n1", "1", 0, 64),
         )
     )
-    result = run(sig, [pod_info("p")])
-    assert [a.detail for a in result.actions] == ["evict: fits aligned on n1 NUMA node 0"]
+    result = run(sig, [pod_info("p", workload=workload)])
+    assert [a.detail for a in result.actions] == planned
+    if not planned:
+        assert [(r.guard, r.detail) for r in result.refusals] == [
+            ("no_fit", "no NUMA zone anywhere has 16 exclusive CPUs, 4.0 GiB")
+        ]
 
 
 def test_a_pdb_that_keeps_refusing_backs_off_then_is_reported():

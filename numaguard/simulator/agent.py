@@ -24,6 +24,22 @@ from numaguard.simulator.nvml import FakeGpu, FakeSlice, Process
 STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand
 
 
+# How long an evicted pod of a ReplicaSet keeps its exclusive CPUs, memory and devices
+# when no replacement is admitted on its node first. A real kubelet admits the
+# replacement (which the ReplicaSet makes at once) while the evicted container still
+# terminates: the replacement never gets what the evicted pod held. A StatefulSet's
+# replacement comes only once the pod is gone, which is what stopping it at once models.
+TERMINATION_SECONDS = 3.0
+
+
+def _replica_set(pod: dict) -> str:
+    """The uid of the ReplicaSet that controls the pod; "" for any other owner."""
+    for ref in pod["metadata"].get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("kind") == "ReplicaSet":
+            return ref.get("uid", "")
+    return ""
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -149,8 +165,17 @@ class NodeAgent:
         if node is None:
             return
         if type_ == "DELETED" or meta.get("deletionTimestamp"):
+            owner = _replica_set(pod)
+            if type_ != "DELETED" and owner and uid in self._running:
+                node_, preset = self._running.pop(uid)
+                self._terminating[uid] = (node_, preset, owner, pod)
+                loop = asyncio.get_running_loop()
+                self._timers.append(loop.call_later(TERMINATION_SECONDS, self._release_soon, uid))
+                return
             if uid in self._running:
                 self._stop_pod(*self._running.pop(uid))
+            if uid in self._terminating:
+                self._stop_pod(*self._terminating.pop(uid)[:2])
             if type_ != "DELETED":
                 await self._force_delete(pod)  # the kubelet confirms the containers are gone
             self._changed.set()
@@ -172,6 +197,7 @@ class NodeAgent:
                 }
                 await self._patch_status(pod, status)
                 self.rejected.append(meta["name"])
+                await self._release_replaced(pod)
                 self._changed.set()
                 return
             preset = placed
@@ -179,6 +205,29 @@ class NodeAgent:
         self.workload[uid] = (meta.get("labels") or {}).get("app", "")
         await self._patch_status(pod, self._running_status(node, preset))
         self.admitted.append(meta["name"])
+        await self._release_replaced(pod)
+        self._changed.set()
+
+    async def _release_replaced(self, replacement: dict) -> None:
+        """The evicted pods the ``replacement`` was made for let go of what they hold, now
+        that it has been admitted or refused."""
+        owner = _replica_set(replacement)
+        for uid, (*_, of, _pod) in list(self._terminating.items()):
+            if owner and of == owner:
+                await self._release(uid)
+
+    def _release_soon(self, uid: str) -> None:
+        task = asyncio.ensure_future(self._release(uid))
+        self._tasks.append(task)
+
+    async def _release(self, uid: str) -> None:
+        """An evicted pod's containers are gone: what it held is free, its object deleted."""
+        if uid not in self._terminating:
+            return
+        node, preset, _, pod = self._terminating.pop(uid)
+        self._stop_pod(node, preset)
+        with contextlib.suppress(aiohttp.ClientError, ApiError, OSError, TimeoutError):
+            await self._force_delete(pod)
         self._changed.set()
 
     async def _patch_status(self, pod: dict, status: dict) -> None:

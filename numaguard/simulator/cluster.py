@@ -78,10 +78,13 @@ class SimulatedCluster(NodeAgent):
         self.node_pools: dict[str, str] = {}
         self.session: aiohttp.ClientSession | None = None
         self._running: dict[str, tuple[SimNode, FakePod]] = {}  # uid -> where it runs
+        # uid -> (where it runs, its ReplicaSet's uid, the object): evicted, still holding
+        self._terminating: dict[str, tuple[SimNode, FakePod, str, dict]] = {}
         self.workload: dict[str, str] = {}  # uid -> its workload (app label) once admitted
         # (namespace, pod) -> the address its process really serves on, for its status
         self.addresses: dict[tuple[str, str], str] = {}
         self._tasks: list[asyncio.Task] = []
+        self._timers: list[asyncio.TimerHandle] = []  # evicted pods' terminations
         self._changed = asyncio.Event()
 
     def add_node(self, name: str, host: FakeHost, nvml: FakeNvml, policy: str) -> SimNode:
@@ -221,6 +224,8 @@ class SimulatedCluster(NodeAgent):
         one. The namespaces stay, empty: deleting one takes the namespace controller
         seconds, and the next cluster likely wants it again."""
         _LIVE.get(id(self.cp), set()).difference_update(self.nodes)
+        for timer in self._timers:
+            timer.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

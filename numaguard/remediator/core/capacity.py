@@ -143,8 +143,9 @@ class Capacity:
                     self.devices[resource][i] += sign * count
 
     def fitting(self, need: Need, uid: str) -> np.ndarray:
-        """The zones that can take the pod (``uid``) aligned, counting what it gives back
-        itself; roomiest first, so that fixes spread."""
+        """The zones that can take the pod aligned, counting what ``uid`` (the pod's,
+        when it is gone before its replacement comes; else "") holds as free; roomiest
+        first, so that fixes spread."""
         self._give_back(uid, +1)
         try:
             ok = (self.cpus >= need.cpus) & (self.memory >= need.memory)

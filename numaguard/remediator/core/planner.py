@@ -204,7 +204,7 @@ def plan(
             refusals.append(Refusal(finding, guard, detail))
             return
         if intent == "evict":
-            capacity.move(finding.pod_uid, target, need)
+            capacity.move(freed_in_time(pod), target, need)
             node, numa = capacity.name(target)
             reach.move(pod, node)
             detail = f"evict: fits aligned on {node} NUMA node {numa}"
@@ -239,6 +239,16 @@ def prepare(findings: list[Finding], signals: Signals, policy: Policy) -> Prepar
     return Prepared(evidence, Capacity.from_signals(signals, uids, evidence))
 
 
+def freed_in_time(pod: PodInfo) -> str:
+    """The pod's uid when what it holds is free before its replacement is admitted
+    (counted as given back), else "". A StatefulSet makes the replacement, of the same
+    name, only once the pod is gone. A ReplicaSet makes it at once: the scheduler and the
+    kubelet place it while the evicted pod still terminates, holding its exclusive CPUs,
+    memory and devices (a real kubelet admitted a replacement onto other CPUs 23 s before
+    the evicted container's were released)."""
+    return pod.uid if pod.workload.split("/")[0] == "StatefulSet" else ""
+
+
 def nodes_to_check(
     findings: list[Finding], pods: dict[str, PodInfo], prepared: Prepared, policy: Policy
 ) -> list[str]:
@@ -251,7 +261,7 @@ def nodes_to_check(
     # its own node too: room others' evictions free there this cycle may fit it
     wanted = dict.fromkeys(pods[f.pod_uid].node for f in evicting)
     for f in evicting:
-        zones = capacity.fitting(capacity.need(f), f.pod_uid)
+        zones = capacity.fitting(capacity.need(f), freed_in_time(pods[f.pod_uid]))
         wanted.update(dict.fromkeys(capacity.nodes(zones)[:NODES_PER_FINDING]))
     return [n for n in wanted if n]
 
@@ -279,12 +289,13 @@ class _Reach:
     def why_not(self, pod: PodInfo, node: str) -> str | None:
         facts = self.nodes[node]
         back = self.change[node].copy()
-        if node == pod.node:
+        if node == pod.node and freed_in_time(pod):
             back.update(pod.requests)  # its own, once it is gone
         return excluded(pod.placement, facts, back)
 
     def move(self, pod: PodInfo, node: str) -> None:
-        self.change[pod.node].update(pod.requests)
+        if freed_in_time(pod):
+            self.change[pod.node].update(pod.requests)
         self.change[node].subtract(pod.placement.requests)
 
 
@@ -293,7 +304,7 @@ def _fit(
 ) -> tuple[int | None, tuple[str, ...], str]:
     """The zone to plan the pod's replacement on (the roomiest that fits on a node it
     may reach), the nodes to steer it to, or why there is none."""
-    zones = capacity.fitting(need, pod.uid)
+    zones = capacity.fitting(need, freed_in_time(pod))
     if not len(zones):
         return None, (), f"no NUMA zone anywhere has {need.describe()}"
     if pod.placement is None:
