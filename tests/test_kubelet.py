@@ -319,20 +319,23 @@ async def test_answers_are_read_again_only_when_they_change(node):
     assert {p.name for p in changed.pods} == {p.name for p in first.pods} - {gone}
 
 
-def test_generated_grpc_modules_are_current(tmp_path):
+@pytest.mark.parametrize(
+    "folder",
+    ["numaguard/exporter/sources/podresources", "numaguard/simulator/deviceplugin"],
+)
+def test_generated_grpc_modules_are_current(tmp_path, folder):
     """The committed api_pb2*.py are what protoc makes of api.proto (run: make proto)."""
     from numaguard.exporter.sources.podresources.__main__ import (
-        HERE,
         MODULES,
-        PACKAGE_DIR,
+        ROOT,
         generate,
     )
 
-    generate(str(tmp_path))
+    generate(str(tmp_path), ROOT / folder)
     for name in MODULES:
-        fresh = (tmp_path / PACKAGE_DIR / name).read_text()
-        committed = (HERE / name).read_text()
-        assert fresh == committed, f"{name} is stale: run make proto"
+        fresh = (tmp_path / folder / name).read_text()
+        committed = (ROOT / folder / name).read_text()
+        assert fresh == committed, f"{folder}/{name} is stale: run make proto"
 
 
 def starved(got: dict) -> dict[tuple[str, str], float]:

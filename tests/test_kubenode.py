@@ -13,10 +13,16 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from numaguard.exporter.readers import parse_id_list
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane
-from numaguard.simulator.kubenode import KubeletPolicy, KubeNode, api_url, guaranteed_pod
+from numaguard.simulator.kubenode import (
+    KubeletPolicy,
+    KubeNode,
+    exporter_kubeconfig,
+    guaranteed_pod,
+)
+from numaguard.simulator.node_loop import SHAPE, cpu_nodes, exclusive_cpus
+from numaguard.simulator.nvml import FakeNvml
 from numaguard.simulator.processes import get, until
 from tests.conftest import samples
 from tests.test_node_vm import numa_maps_bytes, numa_stat_bytes
@@ -28,15 +34,13 @@ pytestmark = [
     pytest.mark.timeout(1200),
 ]
 
-# CPUs 0-3 on node 0, 4-7 on node 1; the kubelet keeps CPU 0 for the system. (Three
-# cores a socket hang QEMU 7.2's TCG guest before its kernel prints.)
-SHAPE = vm.Shape(cores=4)
 NS = "vm-test"
 MIB = 1 << 20
 HELD_MIB = 128
 # A container that holds HELD_MIB: dd reads them from /dev/zero into one buffer and blocks
 # writing it to a pipe nobody reads. FAR: bound to the NUMA node its CPUs are not on.
-HOLD = f"dd if=/dev/zero bs={HELD_MIB}M count=1 | sleep 2147483647"
+SLEEP = "sleep 2147483647"
+HOLD = f"dd if=/dev/zero bs={HELD_MIB}M count=1 | {SLEEP}"
 FAR = (
     "cpu=$(cut -d, -f1 /sys/fs/cgroup/cpuset.cpus.effective | cut -d- -f1); far=1; "
     "[ -e /sys/devices/system/cpu/cpu$cpu/node1 ] && far=0; numactl --membind=$far "
@@ -70,23 +74,21 @@ def numastat(text: str) -> dict[str, dict[str, int]]:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def node(tmp_path_factory):
     """The node (topology policy none, no Memory Manager: a container's own memory
-    binding is the kernel's to honour), its exporter, and two pods: ``span`` (5 exclusive
-    CPUs: more than one node has) and ``far`` (1 CPU, its memory bound to the other
-    node), with the node's numastat read before they started."""
+    binding is the kernel's to honour), its exporter, two GPUs (one on each NUMA node,
+    offered by the device plugin), and pods: ``span`` (5 exclusive CPUs: more than one
+    node has), ``far`` (1 CPU, its memory bound to the other node), ``holder`` (shared
+    CPUs and the first GPU) and ``gpu-far`` (the last CPU, on node 0, and the GPU left,
+    on node 1), with the node's numastat read before they started."""
     job = tmp_path_factory.mktemp("kubenode")
     async with ControlPlane() as cp, aiohttp.ClientSession() as session:
         await cp.install_numaguard(session)
-        kubeconfig = cp.kubeconfig(
-            job / "exporter.kubeconfig",
-            cp.tokens["numaguard-exporter"],
-            "numaguard-exporter",
-            server=api_url(),
-            server_name="kubernetes",
-        )
-        exporter = ("--kubeconfig", kubeconfig.replace(str(job), "/mnt"), "--interval", "2")
-        exporter += ("--no-collector.gpu", "--no-collector.resctrl")
+        exporter = ("--kubeconfig", exporter_kubeconfig(cp, job), "--interval", "2")
+        exporter += ("--no-collector.resctrl",)
         policy = KubeletPolicy(topology="none", memory="None")
-        async with KubeNode(cp, job, policy=policy, exporter=exporter, shape=SHAPE) as n:
+        gpus = FakeNvml()
+        for numa_node in (0, 1):
+            gpus.add_gpu("H100-80GB", numa_node)
+        async with KubeNode(cp, job, policy=policy, exporter=exporter, shape=SHAPE, gpus=gpus) as n:
             await cp.create(
                 session, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
             )
@@ -94,14 +96,30 @@ async def node(tmp_path_factory):
             n.pods = {}
             for name, cpus, command in (("span", 5, HOLD), ("far", 1, FAR + HOLD)):
                 await cp.create(session, guaranteed_pod(name, NS, n.name, cpus, command))
-
-                async def running(name=name):
-                    p = await cp.get(session, "Pod", NS, name)
-                    return p if p["status"].get("phase") == "Running" else None
-
-                n.pods[name] = await until(running, f"{name} Running", timeout=300, every=1)
+                n.pods[name] = await running(cp, session, name)
+            # the first GPU (the plugin prefers them in order), on shared CPUs: no CPU
+            # asked for, all 7 given out
+            holder = guaranteed_pod("holder", NS, n.name, 1, SLEEP, gpus=1)
+            gpu_only = {"nvidia.com/gpu": "1"}
+            holder["spec"]["containers"][0]["resources"] = {
+                "limits": gpu_only,
+                "requests": gpu_only,
+            }
+            await cp.create(session, holder)
+            n.pods["holder"] = await running(cp, session, "holder")
+            await cp.create(session, guaranteed_pod("gpu-far", NS, n.name, 1, SLEEP, gpus=1))
+            n.pods["gpu-far"] = await running(cp, session, "gpu-far")
             n.session = session
             yield n
+
+
+async def running(cp: ControlPlane, session, name: str) -> dict:
+    async def started():
+        p = await cp.get(session, "Pod", NS, name)
+        assert p["status"].get("phase") != "Failed", f"{name}: {p['status']}"
+        return p if p["status"].get("phase") == "Running" else None
+
+    return await until(started, f"{name} Running", timeout=300, every=1)
 
 
 async def container_facts(node: KubeNode, p: dict) -> dict:
@@ -125,14 +143,6 @@ async def container_facts(node: KubeNode, p: dict) -> dict:
         "numa_maps": numa_maps_bytes(numa_maps),
         "numastat_p": numastat_p,
     }
-
-
-def cpu_nodes(cpulist: str, cores: int = SHAPE.cores) -> dict[str, int]:
-    """CPUs per NUMA node of a cpuset (the VM's CPUs are numbered node by node)."""
-    out: dict[str, int] = {}
-    for cpu in parse_id_list(cpulist):
-        out[str(cpu // cores)] = out.get(str(cpu // cores), 0) + 1
-    return out
 
 
 async def scrape(node: KubeNode, ready) -> dict:
@@ -166,7 +176,7 @@ def by(got: dict, name: str, uid: str, label: str) -> dict[str, float]:
 
 
 async def test_verdicts_and_memory_match_the_real_kernel(node):
-    uids = {name: p["metadata"]["uid"] for name, p in node.pods.items()}
+    uids = {name: node.pods[name]["metadata"]["uid"] for name in ("span", "far")}
     # named (the exporter has the API server's names), judged, and holding what they
     # hold: a cycle after both dd processes filled their buffers
     got = await scrape(
@@ -233,8 +243,8 @@ async def test_zones_agree_with_the_kubelet_s_podresources(node):
         for c in p["containers"]
         for cpu in c.get("cpuIds", [])
     )
-    # the static CPU manager may give all but the reserved CPU 0; the pods hold 6
-    assert cpu_nodes(cpus) == {"0": 3, "1": 4} and sum(cpu_nodes(held).values()) == 6
+    # the static CPU manager may give all but the reserved CPU 0; the pods hold 7
+    assert cpu_nodes(cpus) == {"0": 3, "1": 4} and sum(cpu_nodes(held).values()) == 7
 
     def zone(got, name):
         return {dict(k)["numa_node"]: v for (n, k), v in got.items() if n == name}
@@ -246,8 +256,53 @@ async def test_zones_agree_with_the_kubelet_s_podresources(node):
     assert zone(got, "numaguard_zone_cpus_allocated") == {
         k: float(v) for k, v in cpu_nodes(held).items()
     }
+    # the device plugin's GPUs, one a NUMA node, both given out
+    devices = {
+        str(d["topology"]["nodes"][0].get("ID", 0)): 1.0
+        for d in allocatable["devices"]
+        if d["resourceName"] == "nvidia.com/gpu"
+        for _ in d["deviceIds"]
+    }
+    assert devices == {"0": 1.0, "1": 1.0}
+    assert zone(got, "numaguard_zone_devices_allocatable") == devices
+    assert zone(got, "numaguard_zone_devices_free") == {"0": 0.0, "1": 0.0}
     # without the Memory Manager the kubelet gives no memory per NUMA node: none is
     # made up
     assert "memory" not in allocatable
     assert not zone(got, "numaguard_zone_memory_allocatable_bytes")
     assert not zone(got, "numaguard_zone_memory_free_bytes")
+
+
+async def test_a_gpu_the_kubelet_gave_on_the_far_node_is_device_remote(node):
+    """The real device manager's allocation (PodResources) puts gpu-far's GPU on node 1
+    and its CPU on node 0; the exporter's fake NVML shows the same GPUs, and judges it."""
+    asked = await node.sh(f"{sys.executable} -c '{PODRESOURCES}'")
+    listed = json.loads(asked.splitlines()[-1])
+    given = {
+        p["name"]: (d["deviceIds"], d["topology"]["nodes"])
+        for p in listed["podResources"]
+        for c in p["containers"]
+        for d in c.get("devices", [])
+    }
+    (gpu,), topology = given["gpu-far"]
+    assert [int(n.get("ID", 0)) for n in topology] == [1]
+    assert given["holder"][1] == [{}]  # NUMA node 0: protobuf's JSON leaves 0 out
+    uid = node.pods["gpu-far"]["metadata"]["uid"]
+    assert await exclusive_cpus(node, node.pods["gpu-far"]) == {"0": 1}
+
+    def held(got):
+        return [
+            dict(labels)
+            for (name, labels), v in got.items()
+            if name == "numaguard_gpu_holder_info" and ("pod_uid", uid) in labels
+        ]
+
+    got = await scrape(node, held)
+    (holder,) = held(got)
+    assert (holder["gpu_uuid"], holder["numa_node"], holder["source"]) == (gpu, "1", "kubelet")
+    verdicts = by(got, "numaguard_pod_cross_numa", uid, "reason")
+    assert verdicts == {"cpu_span": 0, "memory_remote": 0, "device_remote": 1}
+    # span holds no GPU: no device verdict is made up for it
+    assert "device_remote" not in by(
+        got, "numaguard_pod_cross_numa", node.pods["span"]["metadata"]["uid"], "reason"
+    )

@@ -28,6 +28,8 @@ import aiohttp
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.controlplane import parts_dir as k8s_parts
+from numaguard.simulator.deviceplugin import RESOURCE
+from numaguard.simulator.nvml import FakeNvml
 from numaguard.simulator.processes import free_port, until, wait_ok
 
 API_PORT = 6443  # where the guest reaches the API server (vm.HOST)
@@ -39,6 +41,20 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout the guest runs as it 
 def api_url() -> str:
     """Where the guest reaches the API server."""
     return f"https://{vm.HOST}:{API_PORT}"
+
+
+def exporter_kubeconfig(cp: ControlPlane, job: Path) -> str:
+    """The exporter's kubeconfig (its ServiceAccount's token, the API server as the
+    guest reaches it) written into ``job``; its path inside the guest."""
+    account = "numaguard-exporter"
+    path = cp.kubeconfig(
+        job / "exporter.kubeconfig",
+        cp.tokens[account],
+        account,
+        server=api_url(),
+        server_name="kubernetes",  # a name the API server's certificate has
+    )
+    return path.replace(str(job), "/mnt")  # where the guest mounts the job
 
 
 def containerd_dir() -> Path:
@@ -198,29 +214,62 @@ def image(name: str, entrypoint: list[str], parts: Path) -> bytes:
 
 
 def guaranteed_pod(
-    name: str, namespace: str, node: str, cpus: int, command: str, memory: str = "256Mi"
+    name: str,
+    namespace: str,
+    node: str,
+    cpus: int,
+    command: str,
+    memory: str = "256Mi",
+    gpus: int = 0,
 ) -> dict:
     """A Guaranteed pod bound to ``node``, running ``command`` (sh) in the workload
-    image: whole CPUs, so the static CPU manager gives it exclusive ones."""
-    limits = {"cpu": str(cpus), "memory": memory}
+    image: whole CPUs, so the static CPU manager gives it exclusive ones; ``gpus``
+    nvidia.com/gpu from the node's device plugin."""
+    spec = {"nodeName": node, **guaranteed_spec(cpus, command, memory, gpus)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def guaranteed_deployment(
+    name: str, namespace: str, cpus: int, command: str, memory: str = "64Mi"
+) -> dict:
+    """A Deployment of one such pod, placed by the scheduler."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 1,
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "work",
-                    "image": WORKLOAD,
-                    "imagePullPolicy": "Never",
-                    "args": [command],
-                    "resources": {"limits": limits, "requests": limits},
-                }
-            ],
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": guaranteed_spec(cpus, command, memory),
+            },
         },
+    }
+
+
+def guaranteed_spec(cpus: int, command: str, memory: str, gpus: int = 0) -> dict:
+    limits = {"cpu": str(cpus), "memory": memory}
+    if gpus:
+        limits[RESOURCE] = str(gpus)
+    return {
+        "terminationGracePeriodSeconds": 1,
+        "automountServiceAccountToken": False,
+        "containers": [
+            {
+                "name": "work",
+                "image": WORKLOAD,
+                "imagePullPolicy": "Never",
+                "args": [command],
+                "resources": {"limits": limits, "requests": limits},
+            }
+        ],
     }
 
 
@@ -246,14 +295,22 @@ done &
 # the kubelet, started again should it exit, as its service manager would
 while :; do
   {kubelet} --config=$J/kubelet.yaml --kubeconfig=$J/kubelet.kubeconfig \\
-    --hostname-override={name} --node-ip={guest} >> $J/kubelet.log 2>&1
+    --hostname-override={name} --node-ip={guest} >> $J/kubelet.log 2>&1 &
+  echo $! > /run/kubelet.pid; wait $!
   echo "numaguard-node: the kubelet exited ($?); starting it again" >> $J/kubelet.log
   sleep 1
 done &
+# the GPUs: the fake GPU node's, advertised to the kubelet by the device plugin
+if [ -e $J/gpus.json ]; then
+  {python} -m numaguard.simulator.deviceplugin $J/gpus.json > $J/deviceplugin.log 2>&1 &
+  exporter="numaguard.simulator.exporter $J/gpus.json"  # the fake NVML behind pynvml
+else
+  exporter=numaguard.exporter
+fi
 # the exporter as its DaemonSet runs it: once the kubelet's PodResources socket is there
 if [ -e $J/exporter.args ]; then
   until [ -S /var/lib/kubelet/pod-resources/kubelet.sock ]; do sleep 0.5; done
-  {python} -m numaguard.exporter $(cat $J/exporter.args) > $J/exporter.log 2>&1 &
+  {python} -m $exporter $(cat $J/exporter.args) > $J/exporter.log 2>&1 &
 fi
 wait
 """
@@ -262,7 +319,8 @@ wait
 class KubeNode:
     """``async with KubeNode(cp, job) as node``: the node VM booted, its kubelet
     registered and the Node Ready. ``exporter``: the exporter's arguments, to run it in
-    the guest (served on ``exporter_url``)."""
+    the guest (served on ``exporter_url``). ``gpus``: a fake GPU node whose whole GPUs
+    the device plugin offers the kubelet and the exporter's NVML shows."""
 
     def __init__(
         self,
@@ -272,10 +330,12 @@ class KubeNode:
         policy: KubeletPolicy = KubeletPolicy(),
         exporter: tuple[str, ...] | None = None,
         shape: vm.Shape | None = None,
+        gpus: FakeNvml | None = None,
     ) -> None:
         self.cp, self.job, self.name, self.shape = cp, job, name, shape or vm.Shape()
         self.policy = policy
         self.exporter = exporter
+        self.gpus = gpus
         self.exporter_url = ""
         self._stack = contextlib.AsyncExitStack()
         self._commands = 0
@@ -294,6 +354,8 @@ class KubeNode:
         (job / "containerd.toml").write_text(containerd_config(parts))
         (job / "cni.conflist").write_text(json.dumps(CNI))
         (job / "kubelet.yaml").write_text(json.dumps(kubelet_config(self.policy)))
+        if self.gpus is not None:
+            (job / "gpus.json").write_text(self.gpus.description())
         self.cp.node_kubeconfig(job / "kubelet.kubeconfig", self.name, api_url())
         forwarded: tuple[tuple[int, int], ...] = ()
         if self.exporter is not None:
@@ -318,6 +380,8 @@ class KubeNode:
         )
         try:
             await self.ready()
+            if self.gpus is not None:
+                await self.devices_advertised()
             if self.exporter_url:
                 await wait_ok(f"{self.exporter_url}/readyz", 300, self._ended)
         except BaseException:
@@ -351,11 +415,52 @@ class KubeNode:
             return None
 
         try:
-            return await until(node_ready, f"node {self.name} Ready", timeout=timeout, every=1)
+            node = await until(node_ready, f"node {self.name} Ready", timeout=timeout, every=1)
         except AssertionError as e:
             raise AssertionError(
                 f"{e}\nkubelet: {self.log()}\ncontainerd: {self.log('containerd.log')}"
             ) from None
+        # The kubelet registers its Node tainted not-ready; the node lifecycle controller
+        # lifts the taint once the Node is Ready. The test control plane runs no such
+        # controller (the simulated nodes post no heartbeats), so it is lifted here.
+        taints = node["spec"].get("taints", [])
+        kept = [t for t in taints if t["key"] != "node.kubernetes.io/not-ready"]
+        if kept != taints:
+            async with aiohttp.ClientSession() as session:
+                patch = {"spec": {"taints": kept or None}}
+                node = await self.cp.patch(session, "Node", None, self.name, patch)
+        return node
+
+    async def devices_advertised(self, timeout: float = 300.0) -> None:
+        """Wait until the Node offers the GPUs the device plugin registered."""
+        whole = sum(1 for g in self.gpus.gpus if g.mig is None)
+
+        async def offered():
+            async with aiohttp.ClientSession() as session:
+                node = await self.cp.get(session, "Node", None, self.name)
+            return node["status"].get("allocatable", {}).get(RESOURCE) == str(whole)
+
+        try:
+            await until(offered, f"{whole} {RESOURCE} on {self.name}", timeout=timeout, every=1)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\ndevice plugin: {self.log('deviceplugin.log')}") from None
+
+    async def restart_kubelet(self, policy: KubeletPolicy, timeout: float = 300.0) -> None:
+        """Restart the kubelet under ``policy``, as an administrator changing the node's
+        Topology Manager policy does; returns once the new one is healthy. Its CPU
+        manager state is kept, and it admits its running pods again under the new
+        policy: those it would refuse now fail (TopologyAffinityError)."""
+        self.policy = policy
+        (self.job / "kubelet.yaml").write_text(json.dumps(kubelet_config(policy)))
+        before = (await self.sh("cat /run/kubelet.pid")).strip()
+        await self.sh(f"kill {before}")
+        healthz = f"{vm.parts_dir() / 'busybox'} wget -qO- http://127.0.0.1:10248/healthz"
+
+        async def healthy():
+            pid = (await self.sh("cat /run/kubelet.pid")).strip()
+            return pid != before and (await self.sh(f"{healthz} || true")).strip() == "ok"
+
+        await until(healthy, "the kubelet healthy again", timeout=timeout, every=1)
 
     async def sh(self, script: str, timeout: float = 300.0) -> str:
         """Run ``script`` (sh) on the node as root; its output. AssertionError when it
