@@ -1,20 +1,22 @@
 """The simulated kubelet (simulator/node.py's admit, which the simulated clusters, the
 demo and the decision benchmark run on) against the real one: the same pods, in the same
 order, on nodes of the same shape under the same Topology Manager policy, and the same
-answers — admitted or refused, and how many exclusive CPUs on each NUMA node."""
+answers — admitted or refused, and how many exclusive CPUs on each NUMA node. One real
+node, its kubelet restarted under each policy with no pod left on it."""
 
 from __future__ import annotations
+
+import json
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
-from numaguard.exporter.readers import parse_id_list
-from numaguard.simulator import vm
-from numaguard.simulator.controlplane import ControlPlane
+from numaguard.simulator.controlplane import ControlPlane, path_of
 from numaguard.simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from numaguard.simulator.kubenode import KubeletPolicy, KubeNode, guaranteed_pod
-from numaguard.simulator.node import SimNode, admit
+from numaguard.simulator.node import POLICIES, SimNode, admit
+from numaguard.simulator.node_loop import SHAPE, SLEEP, cpu_nodes
 from numaguard.simulator.nvml import FakeNvml
 from numaguard.simulator.processes import until
 
@@ -25,16 +27,22 @@ pytestmark = [
     pytest.mark.timeout(1200),
 ]
 
-SHAPE = vm.Shape(cores=4)  # CPUs 0-3 on NUMA node 0, 4-7 on node 1
 RESERVED = frozenset({0})  # the real kubelet's reservedSystemCPUs
 NS = "agreement"
-# exclusive CPUs asked for, pod after pod (CPUs 1-3 of node 0 and 4-7 of node 1 free):
-# 1; 5, more than a node has (under none: node 1 whole, then 1 from node 0 — not the
-# lowest 5; under single-numa-node refused); 1
-SCENARIO = (1, 5, 1)
+# exclusive CPUs asked for, pod after pod, on a node whose CPUs 1-3 (NUMA node 0) and
+# 4-7 (node 1) are free
+SCENARIOS = {
+    # 5, more than a node has: under none, node 1 whole and then 1 of node 0 (not the
+    # lowest 5); under restricted, admitted across both (the narrowest hint there is);
+    # under single-numa-node refused
+    "wider than a node": (1, 5, 1),
+    # the last 2 fit no node now, though a node has 4: refused unless best-effort or
+    # none; under none, the 3 come across nodes, packed from the fuller one
+    "no room left aligned": (2, 3, 2),
+}
 
 
-def simulated(policy: str, requests=SCENARIO) -> list[str]:
+def simulated(policy: str, requests) -> list[str]:
     """What the simulated kubelet decides for each request, in order."""
     host = FakeHost(nodes=[FakeNumaNode("0-3", socket=0), FakeNumaNode("4-7", socket=1)], pods=[])
     node = SimNode("sim", host, FakeNvml(), policy, reserved=RESERVED)
@@ -58,42 +66,68 @@ def per_node(cpus) -> str:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def control_plane_for_vm():
-    async with ControlPlane() as cp:
-        yield cp
-
-
-@pytest.mark.parametrize("policy", ["none", "single-numa-node"])
-async def test_the_simulated_kubelet_admits_as_the_real_one(policy, control_plane_for_vm, tmp_path):
-    cp = control_plane_for_vm
-    ns = f"{NS}-{policy}"
-    real = []
+async def node(tmp_path_factory):
+    job = tmp_path_factory.mktemp("agreement")
+    # the Memory Manager off: the simulated kubelet places CPUs and devices only
+    policy = KubeletPolicy(memory="None")
     async with (
-        # a node of its own: the control plane outlives each test's node and its pods
-        KubeNode(cp, tmp_path, f"vm-{policy}", KubeletPolicy(topology=policy), shape=SHAPE) as node,
+        ControlPlane() as cp,
         aiohttp.ClientSession() as session,
+        KubeNode(cp, job, "vm-agreement", policy, shape=SHAPE) as node,
     ):
-        await cp.create(
-            session, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-        )
-        for i, need in enumerate(SCENARIO):
-            await cp.create(
-                session,
-                guaranteed_pod(f"p{i}", ns, node.name, need, "sleep 2147483647", "64Mi"),
-            )
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+        await cp.create(session, namespace)
+        node.session = session
+        yield node
 
-            async def decided(i=i):
-                p = await cp.get(session, "Pod", ns, f"p{i}")
-                return p if p["status"].get("phase") in ("Running", "Failed") else None
 
-            p = await until(decided, f"p{i} admitted or refused", timeout=300, every=1)
-            if p["status"]["phase"] == "Failed":
-                real.append("refused")
-                assert p["status"]["reason"] == "TopologyAffinityError", p["status"]
-                continue
-            cid = p["status"]["containerStatuses"][0]["containerID"].split("://")[1]
-            cpus = await node.sh(
-                f"cat /sys/fs/cgroup/kubepods/pod{p['metadata']['uid']}/{cid}/cpuset.cpus"
-            )
-            real.append(per_node(parse_id_list(cpus.strip())))
-    assert simulated(policy) == real, f"simulated (left) and real (right) under {policy}"
+async def checkpoint(node: KubeNode) -> dict:
+    """The CPU manager's state: the shared pool, and each admitted pod's CPUs."""
+    return json.loads(await node.sh("cat /var/lib/kubelet/cpu_manager_state"))
+
+
+async def empty(node: KubeNode) -> None:
+    """No pod left, and every exclusive CPU back with the CPU manager."""
+    cp, session = node.cp, node.session
+    for p in await cp.items(session, "Pod", NS):
+        path = path_of("Pod", NS, p["metadata"]["name"]) + "?gracePeriodSeconds=0"
+        await cp.request(session, "DELETE", path)
+
+    async def gone():
+        held = (await checkpoint(node)).get("entries")
+        return not held and not await cp.items(session, "Pod", NS)
+
+    await until(gone, "the node empty", timeout=300, every=1)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("policy", POLICIES)  # a kubelet restart each
+async def test_the_simulated_kubelet_admits_as_the_real_one(policy, scenario, node):
+    await empty(node)
+    if node.policy.topology != policy:
+        await node.restart_kubelet(KubeletPolicy(topology=policy, memory="None"))
+    cp, session = node.cp, node.session
+    real = []
+    for i, need in enumerate(SCENARIOS[scenario]):
+        made = await cp.create(session, guaranteed_pod(f"p{i}", NS, node.name, need, SLEEP, "64Mi"))
+        uid = made["metadata"]["uid"]
+
+        async def decided(i=i, uid=uid):
+            """Refused, or given its CPUs: the CPU manager's checkpoint has them from
+            admission on (its containers start later, slowly under emulation)."""
+            p = await cp.get(session, "Pod", NS, f"p{i}")
+            if p["status"].get("phase") == "Failed":
+                return p["status"]
+            given = (await checkpoint(node)).get("entries", {}).get(uid)
+            return given and {"cpus": given["work"]}
+
+        got = await until(decided, f"p{i} admitted or refused", timeout=300, every=1)
+        if "cpus" not in got:
+            real.append("refused")
+            assert got["reason"] == "TopologyAffinityError", got
+            continue
+        cpus = cpu_nodes(got["cpus"])
+        real.append(" ".join(f"node{n}={cpus.get(str(n), 0)}" for n in range(SHAPE.sockets)))
+    assert simulated(policy, SCENARIOS[scenario]) == real, (
+        f"simulated (left) and real (right) under {policy}"
+    )

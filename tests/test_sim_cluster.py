@@ -15,6 +15,7 @@ from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
 from numaguard.simulator.host import FakeContainer, FakePod
+from numaguard.simulator.processes import until
 
 pytestmark = pytest.mark.cluster
 
@@ -138,6 +139,28 @@ async def test_no_aligned_room_is_refused_by_strict_policies_only(sim_cluster, p
         name = sim.rejected[0]
         status = (await sim.cp.get(sim.session, "Pod", "ml", name))["status"]
         assert (status["phase"], status["reason"]) == ("Failed", "TopologyAffinityError")
+
+
+async def test_a_replacement_is_admitted_while_the_evicted_pod_still_holds_its_cpus(
+    sim_cluster,
+):
+    # as on a real kubelet (tests/test_kubenode_loop.py): the ReplicaSet makes the
+    # replacement at once, and it is admitted beside the evicted pod still terminating.
+    # Without a Topology Manager policy it is packed from NUMA node 0, the fuller: from
+    # the evicted pod's CPUs 10-15, were they free
+    sim = await sim_cluster("none")
+    (before,) = sim.running("trainer-remote")
+    held = parse_id_list(before.containers[0].cpus)
+    pod = await replacement(sim, "trainer-remote")
+    assert not parse_id_list(pod.containers[0].cpus) & held
+    # then the evicted pod is gone, from the node and from the API server
+    host = sim.nodes["a"].host
+    await sim.wait_until(lambda: before not in host.pods, "the evicted pod gone")
+
+    async def deleted():
+        return await sim.cp.get(sim.session, "Pod", "ml", before.name) is None
+
+    await until(deleted, "the evicted pod's object deleted")
 
 
 async def test_a_replacement_s_memory_follows_its_new_cpus(sim_cluster):

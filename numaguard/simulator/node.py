@@ -2,8 +2,10 @@
 admits a pod, under the CPU manager's ``static`` policy and the node's Topology Manager
 policy (pure over the node's state):
 
-* ``single-numa-node`` / ``restricted``: CPUs and devices on one NUMA node, or the pod
-  is refused (``TopologyAffinityError``);
+* ``single-numa-node``: CPUs and devices on one NUMA node, or the pod is refused
+  (``TopologyAffinityError``);
+* ``restricted``: the same, but a pod that needs more CPUs than any NUMA node has is
+  admitted across nodes (the narrowest hint there is, so a preferred one);
 * ``best-effort``: aligned when it can, anywhere otherwise (silently misaligned);
 * ``none``: CPUs as the CPU manager packs them without a hint, and the first free device,
   aligned or not.
@@ -71,7 +73,10 @@ def admit(node: SimNode, need: int, resources: list[str]):
     if aligned and node.policy != "none":
         i = aligned[0]
         return frozenset(by_numa[i][:need]), units_by_numa[i]
-    if node.policy in ("restricted", "single-numa-node"):
+    # more CPUs than any NUMA node has at all: the narrowest hint spans nodes and is
+    # still the preferred one, which restricted admits (single-numa-node never)
+    largest = max(len(parse_id_list(n.cpus)) for n in node.host.nodes)
+    if node.policy == "single-numa-node" or (node.policy == "restricted" and need <= largest):
         return None  # TopologyAffinityError
     units = [free_unit(node, r, None) for r in resources]
     if any(u is None for u in units) or len(free) < need:

@@ -204,7 +204,9 @@ class NodeLoop:
 
 
 def show(cpus: dict[str, int]) -> str:
-    return ", ".join(f"{n} CPUs of NUMA node {k}" for k, n in sorted(cpus.items()))
+    return ", ".join(
+        f"{n} CPU{'s' if n > 1 else ''} of NUMA node {k}" for k, n in sorted(cpus.items())
+    )
 
 
 @contextlib.asynccontextmanager
