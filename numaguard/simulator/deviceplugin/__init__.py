@@ -42,7 +42,6 @@ def devices_of(description: str) -> list[Device]:
 class Plugin(rpc.DevicePluginServicer):
     def __init__(self, devices: list[Device]) -> None:
         self.devices = devices
-        self.allocated: list[list[str]] = []  # what the kubelet asked for, in order
 
     async def GetDevicePluginOptions(self, request, context):
         return api.DevicePluginOptions(get_preferred_allocation_available=True)
@@ -79,7 +78,6 @@ class Plugin(rpc.DevicePluginServicer):
     async def Allocate(self, request, context):
         responses = []
         for r in request.container_requests:
-            self.allocated.append(list(r.devices_ids))
             env = {"NVIDIA_VISIBLE_DEVICES": ",".join(r.devices_ids)}
             responses.append(api.ContainerAllocateResponse(envs=env))
         return api.AllocateResponse(container_responses=responses)
