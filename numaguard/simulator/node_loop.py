@@ -171,7 +171,7 @@ class NodeLoop:
                 story.said.append(f"  remediator: {action.detail} -> {result}")
                 if result == "evicted":
                     await self.released(action.pod.uid)
-                    await self.placed(story, action.pod.name.rsplit("-", 2)[0] + "-")
+                    await self.placed(story, action.pod.workload.rsplit("/", 1)[1] + "-")
             for v in report.verified:
                 story.said.append(f"  verified {v.workload}: {v.outcome} ({v.detail})")
             return done(story)
