@@ -14,9 +14,9 @@ import pytest_asyncio
 
 from numaguard.simulator.controlplane import ControlPlane, path_of
 from numaguard.simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
-from numaguard.simulator.kubenode import KubeletPolicy, KubeNode, guaranteed_pod
+from numaguard.simulator.kubenode import SLEEP, KubeletPolicy, KubeNode, guaranteed_pod
 from numaguard.simulator.node import POLICIES, SimNode, admit
-from numaguard.simulator.node_loop import SHAPE, SLEEP, cpu_nodes
+from numaguard.simulator.node_loop import SHAPE, cpu_nodes
 from numaguard.simulator.nvml import FakeNvml
 from numaguard.simulator.processes import until
 

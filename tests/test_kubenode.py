@@ -13,9 +13,14 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.kubenode import (
+    FAR,
+    HELD_MIB,
+    HOLD,
+    SLEEP,
     KubeletPolicy,
     KubeNode,
     exporter_kubeconfig,
@@ -35,16 +40,8 @@ pytestmark = [
 ]
 
 NS = "vm-test"
+SLICE = "1g.10gb"
 MIB = 1 << 20
-HELD_MIB = 128
-# A container that holds HELD_MIB: dd reads them from /dev/zero into one buffer and blocks
-# writing it to a pipe nobody reads. FAR: bound to the NUMA node its CPUs are not on.
-SLEEP = "sleep 2147483647"
-HOLD = f"dd if=/dev/zero bs={HELD_MIB}M count=1 | {SLEEP}"
-FAR = (
-    "cpu=$(cut -d, -f1 /sys/fs/cgroup/cpuset.cpus.effective | cut -d- -f1); far=1; "
-    "[ -e /sys/devices/system/cpu/cpu$cpu/node1 ] && far=0; numactl --membind=$far "
-)
 # the guest's own view of its NUMA pages, read together
 NUMASTAT = (
     "for n in /sys/devices/system/node/node[0-9]*; do echo ${n##*node} $(cat $n/numastat); done"
@@ -74,11 +71,13 @@ def numastat(text: str) -> dict[str, dict[str, int]]:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def node(tmp_path_factory):
     """The node (topology policy none, no Memory Manager: a container's own memory
-    binding is the kernel's to honour), its exporter, two GPUs (one on each NUMA node,
-    offered by the device plugin), and pods: ``span`` (5 exclusive CPUs: more than one
-    node has), ``far`` (1 CPU, its memory bound to the other node), ``holder`` (shared
-    CPUs and the first GPU) and ``gpu-far`` (the last CPU, on node 0, and the GPU left,
-    on node 1), with the node's numastat read before they started."""
+    binding is the kernel's to honour), its exporter, three GPUs offered by the device
+    plugin (whole ones on NUMA nodes 0 and 1, and one on node 1 in two MIG slices), and
+    pods: ``span`` (5 exclusive CPUs: more than one node has), ``far`` (1 CPU, its
+    memory bound to the other node), ``holder`` (shared CPUs and the first GPU),
+    ``gpu-far`` (the last CPU, on node 0, and the whole GPU left, on node 1) and
+    ``sliced`` (shared CPUs and a MIG slice), with the node's numastat read before they
+    started."""
     job = tmp_path_factory.mktemp("kubenode")
     async with ControlPlane() as cp, aiohttp.ClientSession() as session:
         await cp.install_numaguard(session)
@@ -88,6 +87,7 @@ async def node(tmp_path_factory):
         gpus = FakeNvml()
         for numa_node in (0, 1):
             gpus.add_gpu("H100-80GB", numa_node)
+        gpus.add_gpu("H100-80GB", 1, mig=[SLICE, SLICE])
         async with KubeNode(cp, job, policy=policy, exporter=exporter, shape=SHAPE, gpus=gpus) as n:
             await cp.create(
                 session, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
@@ -109,6 +109,16 @@ async def node(tmp_path_factory):
             n.pods["holder"] = await running(cp, session, "holder")
             await cp.create(session, guaranteed_pod("gpu-far", NS, n.name, 1, SLEEP, gpus=1))
             n.pods["gpu-far"] = await running(cp, session, "gpu-far")
+            # a MIG slice of the third GPU, on shared CPUs
+            sliced = guaranteed_pod("sliced", NS, n.name, 1, SLEEP)
+            a_slice = {mig_resource(SLICE): "1"}
+            sliced["spec"]["containers"][0]["resources"] = {
+                "limits": a_slice,
+                "requests": a_slice,
+            }
+            await cp.create(session, sliced)
+            n.pods["sliced"] = await running(cp, session, "sliced")
+            n.gpus = gpus
             n.session = session
             yield n
 
@@ -256,16 +266,30 @@ async def test_zones_agree_with_the_kubelet_s_podresources(node):
     assert zone(got, "numaguard_zone_cpus_allocated") == {
         k: float(v) for k, v in cpu_nodes(held).items()
     }
-    # the device plugin's GPUs, one a NUMA node, both given out
-    devices = {
-        str(d["topology"]["nodes"][0].get("ID", 0)): 1.0
-        for d in allocatable["devices"]
-        if d["resourceName"] == "nvidia.com/gpu"
-        for _ in d["deviceIds"]
-    }
-    assert devices == {"0": 1.0, "1": 1.0}
-    assert zone(got, "numaguard_zone_devices_allocatable") == devices
-    assert zone(got, "numaguard_zone_devices_free") == {"0": 0.0, "1": 0.0}
+
+    # the device plugin's devices per resource and NUMA node: the whole GPUs, one a
+    # node, both given out; the MIG slices, both on node 1, one given out
+    def devices(resource):
+        out: dict[str, float] = {}
+        for d in allocatable["devices"]:
+            if d["resourceName"] == resource:
+                numa_node = str(d["topology"]["nodes"][0].get("ID", 0))
+                out[numa_node] = out.get(numa_node, 0.0) + len(d["deviceIds"])
+        return out
+
+    def zone_of(name, resource):
+        return {
+            dict(k)["numa_node"]: v
+            for (n, k), v in got.items()
+            if n == name and dict(k)["resource"] == resource
+        }
+
+    assert devices("nvidia.com/gpu") == {"0": 1.0, "1": 1.0}
+    assert devices(mig_resource(SLICE)) == {"1": 2.0}
+    given_out = {"nvidia.com/gpu": {"0": 0.0, "1": 0.0}, mig_resource(SLICE): {"1": 1.0}}
+    for resource, free in given_out.items():
+        assert zone_of("numaguard_zone_devices_allocatable", resource) == devices(resource)
+        assert zone_of("numaguard_zone_devices_free", resource) == free
     # without the Memory Manager the kubelet gives no memory per NUMA node: none is
     # made up
     assert "memory" not in allocatable
@@ -306,3 +330,36 @@ async def test_a_gpu_the_kubelet_gave_on_the_far_node_is_device_remote(node):
     assert "device_remote" not in by(
         got, "numaguard_pod_cross_numa", node.pods["span"]["metadata"]["uid"], "reason"
     )
+
+
+async def test_a_mig_slice_the_kubelet_gave_is_the_one_the_exporter_names(node):
+    """The real device manager gives sliced a MIG slice by its MIG UUID (the plugin's
+    first, on NUMA node 1); the exporter, its NVML showing the same slices, names it."""
+    asked = await node.sh(f"{sys.executable} -c '{PODRESOURCES}'")
+    listed = json.loads(asked.splitlines()[-1])
+    ((resource, ids, topology),) = [
+        (d["resourceName"], d["deviceIds"], d["topology"]["nodes"])
+        for p in listed["podResources"]
+        if p["name"] == "sliced"
+        for c in p["containers"]
+        for d in c.get("devices", [])
+    ]
+    gpu = node.gpus.gpus[2]
+    assert (resource, ids, topology) == (mig_resource(SLICE), [gpu.mig[0].uuid], [{"ID": "1"}])
+    uid = node.pods["sliced"]["metadata"]["uid"]
+
+    def held(got):
+        return [
+            dict(labels)
+            for (name, labels), v in got.items()
+            if name == "numaguard_gpu_holder_info" and ("pod_uid", uid) in labels
+        ]
+
+    (holder,) = held(await scrape(node, held))
+    assert {k: holder[k] for k in ("gpu_uuid", "mig_uuid", "resource", "numa_node", "source")} == {
+        "gpu_uuid": gpu.uuid,
+        "mig_uuid": gpu.mig[0].uuid,
+        "resource": mig_resource(SLICE),
+        "numa_node": "1",
+        "source": "kubelet",
+    }

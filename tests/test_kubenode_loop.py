@@ -8,7 +8,16 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from numaguard.simulator.node_loop import KEEP, NS, fixed, misaligned_again, node_loop, refused
+from numaguard.simulator.kubenode import HELD_MIB
+from numaguard.simulator.node_loop import (
+    KEEP,
+    NS,
+    fixed,
+    misaligned_again,
+    moved_home,
+    node_loop,
+    refused,
+)
 
 pytestmark = [
     pytest.mark.vm,
@@ -56,6 +65,38 @@ async def test_under_best_effort_the_fix_holds_once_a_numa_node_has_room(loop):
         f'numaguard_pod_cross_numa{{pod="{replacement["metadata"]["name"]}"}}'
     )
     assert {(r["metric"]["reason"], r["value"][1]) for r in verdicts} >= {("cpu_span", "0")}
+
+
+async def test_under_single_numa_node_remote_memory_is_fixed_and_held(loop):
+    story = await moved_home(loop)
+    ((workload, outcome),) = story.outcomes
+    assert (workload, outcome) == (f"Deployment/{NS}/cache", "held")
+    (first, cpus), (replacement, cpus_after) = story.pods
+    assert story.evicted == [first["metadata"]["name"]]
+    # the kubelet gave the cache CPU 1, on NUMA node 0; with node 0 filled, the kernel
+    # put most of its memory on node 1; its replacement's is beside its CPU, on one
+    # NUMA node, as the pods' cgroups (memory.numa_stat) say
+    assert cpus == {"0": 1} and len(cpus_after) == 1
+    before = story.memory[first["metadata"]["name"]]
+    assert before["1"] > before.get("0", 0), before
+    ((home, _),) = cpus_after.items()
+    after = story.memory[replacement["metadata"]["name"]]
+    assert after.get(home, 0) >= 0.9 * HELD_MIB, after
+    # the verifier judged it from the exporter's reading of the real kernel, with the
+    # gain in local memory in its Event
+    (verified,) = [v for r in story.reports for v in r.verified]
+    assert verified.gain.ratio > 1.5 and "local memory" in verified.detail, verified.detail
+    verdicts = await loop.prom.query(
+        f'numaguard_pod_cross_numa{{pod="{replacement["metadata"]["name"]}"}}'
+    )
+    assert {(r["metric"]["reason"], r["value"][1]) for r in verdicts} >= {("memory_remote", "0")}
+    (event,) = [
+        e
+        for e in await loop.cp.items(loop.session, "Event", NS)
+        if e["reason"] == "RemediationVerified" and e["involvedObject"]["name"] == "cache"
+    ]
+    assert event["message"].startswith("held: "), event["message"]
+    assert f"gain {verified.gain.ratio:.2f}" in event["message"], event["message"]
 
 
 async def test_under_single_numa_node_the_refused_pods_are_cleaned_up(loop):

@@ -28,7 +28,7 @@ import aiohttp
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.controlplane import parts_dir as k8s_parts
-from numaguard.simulator.deviceplugin import RESOURCE
+from numaguard.simulator.deviceplugin import RESOURCE, devices_of
 from numaguard.simulator.nvml import FakeNvml
 from numaguard.simulator.processes import free_port, until, wait_ok
 
@@ -213,6 +213,18 @@ def image(name: str, entrypoint: list[str], parts: Path) -> bytes:
     return out.getvalue()
 
 
+# What the workload image runs. SLEEP: nothing. HOLD: holds HELD_MIB, that dd reads from
+# /dev/zero into one buffer and blocks writing to a pipe nobody reads. FAR (before a
+# command): binds its memory to the NUMA node its first CPU is not on.
+SLEEP = "sleep 2147483647"
+HELD_MIB = 128
+HOLD = f"dd if=/dev/zero bs={HELD_MIB}M count=1 | {SLEEP}"
+FAR = (
+    "cpu=$(cut -d, -f1 /sys/fs/cgroup/cpuset.cpus.effective | cut -d- -f1); far=1; "
+    "[ -e /sys/devices/system/cpu/cpu$cpu/node1 ] && far=0; numactl --membind=$far "
+)
+
+
 def guaranteed_pod(
     name: str,
     namespace: str,
@@ -319,8 +331,8 @@ wait
 class KubeNode:
     """``async with KubeNode(cp, job) as node``: the node VM booted, its kubelet
     registered and the Node Ready. ``exporter``: the exporter's arguments, to run it in
-    the guest (served on ``exporter_url``). ``gpus``: a fake GPU node whose whole GPUs
-    the device plugin offers the kubelet and the exporter's NVML shows."""
+    the guest (served on ``exporter_url``). ``gpus``: a fake GPU node whose GPUs and MIG
+    slices the device plugin offers the kubelet and the exporter's NVML shows."""
 
     def __init__(
         self,
@@ -432,16 +444,17 @@ class KubeNode:
         return node
 
     async def devices_advertised(self, timeout: float = 300.0) -> None:
-        """Wait until the Node offers the GPUs the device plugin registered."""
-        whole = sum(1 for g in self.gpus.gpus if g.mig is None)
+        """Wait until the Node offers the GPUs and MIG slices the device plugin registered."""
+        counts = {r: str(len(d)) for r, d in devices_of(self.gpus.description()).items()}
 
         async def offered():
             async with aiohttp.ClientSession() as session:
                 node = await self.cp.get(session, "Node", None, self.name)
-            return node["status"].get("allocatable", {}).get(RESOURCE) == str(whole)
+            allocatable = node["status"].get("allocatable", {})
+            return all(allocatable.get(r) == n for r, n in counts.items())
 
         try:
-            await until(offered, f"{whole} {RESOURCE} on {self.name}", timeout=timeout, every=1)
+            await until(offered, f"{counts} on {self.name}", timeout=timeout, every=1)
         except AssertionError as e:
             raise AssertionError(f"{e}\ndevice plugin: {self.log('deviceplugin.log')}") from None
 

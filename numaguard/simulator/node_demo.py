@@ -4,10 +4,11 @@ A real control plane (API server, controllers, scheduler) and one node in a QEMU
 Debian's kernel with two sockets and two NUMA nodes, the kubelet built from the pinned
 Kubernetes module (static CPU manager, each story's Topology Manager policy),
 containerd and runc; the exporter in the node reading the real kernel and kubelet; a
-real Prometheus scraping it; the remediator acting live, as its ServiceAccount. Three
-stories (simulator/node_loop.py), each printing what the real kubelet did: a fix that
-holds under best-effort, a replacement that comes back split under none until the
-remediator gives up, and pods the kubelet refuses under single-numa-node cleaned up.
+real Prometheus scraping it; the remediator acting live, as its ServiceAccount. Four
+stories (simulator/node_loop.py), each printing what the real kubelet did: a split pod
+fixed under best-effort, a replacement that comes back split under none until the
+remediator gives up, a pod's remote memory fixed under single-numa-node, and pods the
+kubelet refuses under single-numa-node cleaned up.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import time
 from pathlib import Path
 
 from numaguard.exporter import logs
-from numaguard.simulator.node_loop import fixed, misaligned_again, node_loop, refused
+from numaguard.simulator.node_loop import (
+    fixed,
+    misaligned_again,
+    moved_home,
+    node_loop,
+    refused,
+)
 
 
 async def main() -> None:
@@ -35,7 +42,7 @@ async def main() -> None:
                 f"{loop.prom.url}\n",
                 flush=True,
             )
-            for story in (fixed, misaligned_again, refused):
+            for story in (fixed, misaligned_again, moved_home, refused):
                 began = time.monotonic()
                 told = await story(loop)
                 print("\n".join(told.said))

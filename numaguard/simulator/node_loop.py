@@ -8,9 +8,11 @@ policy decides — or refuses it.
 One node, its kubelet restarted under each story's policy (CPUs 1-3 on NUMA node 0 and
 4-7 on node 1 can be given; 0 is the system's). A kubelet under ``single-numa-node``
 never admits a one-container pod across NUMA nodes, and restarted under it refuses the
-running pods it would not admit now; so the fix that holds is shown under
+running pods it would not admit now; so a split pod's fix is shown under
 ``best-effort``, the policy that admits a pod misaligned when no NUMA node has room and
-aligns its replacement once one has.
+aligns its replacement once one has. Under ``single-numa-node`` the fix that holds is
+of memory: the kernel, not the kubelet, placed it on the far node (without the Memory
+Manager nothing confines it to the CPUs' node).
 
 What the real kubelet showed: the ReplicaSet makes the replacement at once, and the
 kubelet admits it while the evicted pod still terminates on its exclusive CPUs — they
@@ -34,6 +36,9 @@ from numaguard.remediator.signals import Prometheus
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane, path_of
 from numaguard.simulator.kubenode import (
+    HELD_MIB,
+    HOLD,
+    SLEEP,
     KubeletPolicy,
     KubeNode,
     exporter_kubeconfig,
@@ -47,13 +52,23 @@ from numaguard.simulator.prometheus import PrometheusServer
 # guest before its kernel prints.)
 SHAPE = vm.Shape(cores=4)
 NS = "vm-loop"
-SLEEP = "sleep 2147483647"
 WINDOW = "8s"  # the exporter collects every 2 s in an emulated guest
 KEEP = 1  # refused pods kept for diagnosis
 # how long an evicted pod terminates (its sleep, as PID 1, ignores SIGTERM): the real
 # time in which its replacement is admitted
 GRACE_SECONDS = 5
 FULL = (("filler", 2), ("neighbour", 3))  # node 0 left with 1 free CPU, node 1 with 1
+# A tmpfs whose pages the kernel must put on NUMA node 0, filled until LEFT_MIB of the
+# node's memory is free: a little above the node's low watermark (56 MiB in this guest),
+# below which the kernel puts what a process on node 0 asks for on node 1.
+FILLED = "/run/numaguard-filled"
+LEFT_MIB = 80
+FILL_NODE_0 = (
+    f"free=$(awk '/MemFree/ {{print int($4 / 1024)}}' /sys/devices/system/node/node0/meminfo)"
+    f" && mkdir -p {FILLED} && mount -t tmpfs -o mpol=bind:0 filled {FILLED}"
+    f" && dd if=/dev/zero of={FILLED}/pages bs=1M count=$((free - {LEFT_MIB})) 2>/dev/null"
+    f" && echo $((free - {LEFT_MIB}))"
+)
 
 
 def cpu_nodes(cpulist: str, cores: int = SHAPE.cores) -> dict[str, int]:
@@ -64,15 +79,19 @@ def cpu_nodes(cpulist: str, cores: int = SHAPE.cores) -> dict[str, int]:
     return out
 
 
+def container_cgroup(pod: dict) -> str:
+    """The cgroup of a Guaranteed pod's one container, in the guest (cgroupfs driver)."""
+    cid = pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
+    return f"/sys/fs/cgroup/kubepods/pod{pod['metadata']['uid']}/{cid}"
+
+
 async def exclusive_cpus(node: KubeNode, pod: dict) -> dict[str, int]:
     """CPUs per NUMA node of a Guaranteed pod's one container, from its cgroup."""
-    cid = pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
-    cg = f"/sys/fs/cgroup/kubepods/pod{pod['metadata']['uid']}/{cid}"
-    return cpu_nodes((await node.sh(f"cat {cg}/cpuset.cpus")).strip())
+    return cpu_nodes((await node.sh(f"cat {container_cgroup(pod)}/cpuset.cpus")).strip())
 
 
-def deployment(name: str, cpus: int) -> dict:
-    d = guaranteed_deployment(name, NS, cpus, SLEEP)
+def deployment(name: str, cpus: int, command: str = SLEEP, memory: str = "64Mi") -> dict:
+    d = guaranteed_deployment(name, NS, cpus, command, memory)
     d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = GRACE_SECONDS
     return d
 
@@ -86,6 +105,7 @@ class Story:
     pods: list[tuple[dict, dict[str, int]]] = field(default_factory=list)
     reports: list[CycleReport] = field(default_factory=list)
     said: list[str] = field(default_factory=list)
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)  # MiB per node, by pod
 
     @property
     def evicted(self) -> list[str]:
@@ -196,11 +216,33 @@ class NodeLoop:
         await self.cp.create(self.session, guaranteed_pod(name, NS, self.node.name, cpus, SLEEP))
         return await self.running(name)
 
-    async def cpu_span_sustained(self) -> None:
-        """A cpu_span verdict held a whole finding window, as the controller's query sees
-        it: its next cycle opens the finding."""
-        held = expressions(Windows(WINDOW, WINDOW), scope='reason="cpu_span"')
+    async def sustained(self, reason: str) -> None:
+        """A cross-NUMA verdict for ``reason`` held a whole finding window, as the
+        controller's query sees it: its next cycle opens the finding."""
+        held = expressions(Windows(WINDOW, WINDOW), scope=f'reason="{reason}"')
         await self.prom.wait_for(held["cross_numa_sustained"], 300)
+
+    async def memory(self, story: Story, pod: dict) -> dict[str, int]:
+        """MiB of the pod's container's anonymous memory per NUMA node, from its cgroup's
+        memory.numa_stat, once it holds what HOLD takes (recorded in the story)."""
+        cg = container_cgroup(pod)
+
+        async def held():
+            for line in (await self.node.sh(f"cat {cg}/memory.numa_stat")).splitlines():
+                kind, *nodes = line.split()
+                if kind == "anon":
+                    mib = {n[1:].split("=")[0]: int(n.split("=")[1]) >> 20 for n in nodes}
+                    return mib if sum(mib.values()) >= HELD_MIB * 0.9 else None
+            return None
+
+        mib = await until(held, f"{pod['metadata']['name']}'s memory held", timeout=120)
+        story.memory[pod["metadata"]["name"]] = mib
+        story.said.append(f"  its memory: {show_memory(mib)}")
+        return mib
+
+
+def show_memory(mib: dict[str, int]) -> str:
+    return ", ".join(f"{n} MiB on NUMA node {k}" for k, n in sorted(mib.items()) if n)
 
 
 def show(cpus: dict[str, int]) -> str:
@@ -249,7 +291,7 @@ async def misaligned_again(loop: NodeLoop) -> Story:
     await loop.placed(story, "loader-")
     await loop.delete("filler-1")
     story.said.append("  filler-1 (CPU 1) deleted: NUMA node 1 has room for the loader")
-    await loop.cpu_span_sustained()
+    await loop.sustained("cpu_span")
     controller = loop.controller(backoff_factor=2, give_up_after=2)
     await loop.cycles(story, controller, lambda s: [o for _, o in s.outcomes][-1:] == ["gave_up"])
     report = await controller.cycle()  # left alone from then on, saying why
@@ -271,8 +313,30 @@ async def fixed(loop: NodeLoop) -> Story:
     await loop.placed(story, "trainer-")
     await loop.delete("neighbour")
     story.said.append("  the neighbour (CPUs 4-6) deleted: NUMA node 1 has room")
-    await loop.cpu_span_sustained()
+    await loop.sustained("cpu_span")
     await loop.cycles(story, loop.controller(), lambda s: s.outcomes)
+    return story
+
+
+async def moved_home(loop: NodeLoop) -> Story:
+    """Under ``single-numa-node``: something outside Kubernetes (a tmpfs bound to NUMA
+    node 0) holds all but LEFT_MIB of node 0's memory. The kubelet admits the cache on
+    node 0's CPU 1, and the kernel, finding node 0 at its watermark, puts most of the
+    cache's memory on node 1. The tmpfs goes; the remediator evicts, the kubelet admits
+    the replacement on one NUMA node, and its memory is beside its CPU."""
+    story = Story(said=["under single-numa-node:"])
+    await loop.start("single-numa-node")
+    taken = (await loop.node.sh(FILL_NODE_0)).strip()
+    story.said.append(f"  a tmpfs outside Kubernetes takes {taken} MiB of NUMA node 0's memory")
+    await loop.cp.create(loop.session, deployment("cache", 1, HOLD, memory=f"{2 * HELD_MIB}Mi"))
+    await loop.memory(story, await loop.placed(story, "cache-"))
+    await loop.sustained("memory_remote")
+    await loop.node.sh(f"umount {FILLED}")
+    story.said.append("  the tmpfs is removed: NUMA node 0 has room again")
+    controller = loop.controller()
+    await loop.cycles(story, controller, lambda s: len(s.pods) > 1)
+    await loop.memory(story, story.pods[-1][0])
+    await loop.cycles(story, controller, lambda s: s.outcomes)
     return story
 
 
@@ -309,9 +373,26 @@ async def refused(loop: NodeLoop) -> Story:
     await loop.cp.patch(loop.session, "Deployment", NS, "wide", {"spec": {"replicas": 0}})
 
     async def stopped():
+        """Its ReplicaSet has seen the scale-down, and every pod of it has failed and is
+        not being deleted (the ReplicaSet deletes one still pending): none come or go."""
+        sets = [
+            r
+            for r in await loop.cp.items(loop.session, "ReplicaSet", NS)
+            if r["metadata"]["name"].startswith("wide-")
+        ]
+        seen = all(
+            not r["spec"]["replicas"]
+            and r["status"].get("observedGeneration", 0) >= r["metadata"]["generation"]
+            and not r["status"].get("replicas")
+            for r in sets
+        )
         pods = await loop.cp.items(loop.session, "Pod", NS)
         wide = [p for p in pods if p["metadata"]["name"].startswith("wide-")]
-        return all(p["status"].get("phase") == "Failed" for p in wide) and wide
+        settled = all(
+            p["status"].get("phase") == "Failed" and not p["metadata"].get("deletionTimestamp")
+            for p in wide
+        )
+        return seen and settled and wide
 
     rejected = await until(stopped, "no more wide pods coming", timeout=300, every=1)
     story.said.append(f"  wide: {len(rejected)} pods refused, then scaled to 0")

@@ -1,6 +1,8 @@
 """A device plugin on the kubelet's real device plugin API (v1beta1, ``api.proto``), for
-the node VM: it advertises GPUs of a fake GPU node as ``nvidia.com/gpu`` with their NUMA
-nodes, as NVIDIA's device plugin does, so that the real kubelet's device manager and
+the node VM: it advertises the GPUs of a fake GPU node with their NUMA nodes as NVIDIA's
+device plugin does under its ``mixed`` MIG strategy — a GPU with MIG off as
+``nvidia.com/gpu`` (its UUID), each MIG slice as ``nvidia.com/mig-<profile>`` (its MIG
+UUID), one registration per resource — so that the real kubelet's device manager and
 Topology Manager allocate them. ``python -m numaguard.simulator.deviceplugin GPUS.json``
 runs it beside a kubelet; GPUS.json is the fake NVML's description (simulator/nvml.py),
 so the exporter's fake GPUs and the kubelet's devices are the same ones.
@@ -17,26 +19,36 @@ from dataclasses import dataclass
 
 import grpc
 
+from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.simulator.deviceplugin import api_pb2 as api
 from numaguard.simulator.deviceplugin import api_pb2_grpc as rpc
 from numaguard.simulator.nvml import FakeNvml
 
 DIRECTORY = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
-ENDPOINT = "numaguard-gpu.sock"
 RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
 class Device:
-    id: str  # the GPU's UUID, as NVIDIA's plugin names whole GPUs
+    id: str  # the GPU's UUID, or the MIG slice's, as NVIDIA's plugin names them
     numa_node: int
 
 
-def devices_of(description: str) -> list[Device]:
-    """The whole GPUs of a fake NVML description (MIG slices are not offered here)."""
-    nvml = FakeNvml.from_description(description)
-    return [Device(g.uuid, g.numa_node) for g in nvml.gpus if g.mig is None]
+def devices_of(description: str) -> dict[str, list[Device]]:
+    """The devices of a fake NVML description, by the resource they are offered as."""
+    out: dict[str, list[Device]] = {}
+    for g in FakeNvml.from_description(description).gpus:
+        if g.mig is None:
+            out.setdefault(RESOURCE, []).append(Device(g.uuid, g.numa_node))
+        for s in g.mig or []:
+            out.setdefault(mig_resource(s.profile.name), []).append(Device(s.uuid, g.numa_node))
+    return out
+
+
+def endpoint(resource: str) -> str:
+    """The plugin's socket for ``resource``, in the kubelet's device-plugins directory."""
+    return f"numaguard-{resource.split('/')[-1]}.sock"
 
 
 class Plugin(rpc.DevicePluginServicer):
@@ -86,10 +98,15 @@ class Plugin(rpc.DevicePluginServicer):
         return api.PreStartContainerResponse()
 
 
-async def serve(devices: list[Device], directory: str = DIRECTORY) -> None:
+async def serve(devices: dict[str, list[Device]], directory: str = DIRECTORY) -> None:
+    """A plugin for each resource, until cancelled."""
+    await asyncio.gather(*(serve_one(r, d, directory) for r, d in devices.items()))
+
+
+async def serve_one(resource: str, devices: list[Device], directory: str) -> None:
     """Serve and register, and again each time the kubelet comes back; until cancelled."""
     kubelet = os.path.join(directory, KUBELET_SOCKET)
-    mine = os.path.join(directory, ENDPOINT)
+    mine = os.path.join(directory, endpoint(resource))
     plugin = Plugin(devices)
     while True:
         while not os.path.exists(kubelet):
@@ -106,18 +123,18 @@ async def serve(devices: list[Device], directory: str = DIRECTORY) -> None:
                 await rpc.RegistrationStub(channel).Register(
                     api.RegisterRequest(
                         version="v1beta1",
-                        endpoint=ENDPOINT,
-                        resource_name=RESOURCE,
+                        endpoint=endpoint(resource),
+                        resource_name=resource,
                         options=api.DevicePluginOptions(get_preferred_allocation_available=True),
                     ),
                     timeout=30,
                 )
-            print(f"registered {len(devices)} {RESOURCE} with the kubelet", flush=True)
+            print(f"registered {len(devices)} {resource} with the kubelet", flush=True)
             # a new kubelet makes a new socket (and removes ours): register with it
             while _inode(kubelet) == seen and os.path.exists(mine):
                 await asyncio.sleep(0.5)
         except grpc.aio.AioRpcError as err:
-            print(f"registration failed, trying again: {err.details()}", flush=True)
+            print(f"{resource}: registration failed, trying again: {err.details()}", flush=True)
             await asyncio.sleep(1)
         finally:
             await server.stop(None)
@@ -133,5 +150,5 @@ def _inode(path: str) -> int | None:
 def main(path: str) -> None:
     with open(path) as f:
         devices = devices_of(f.read())
-    print(json.dumps([vars(d) for d in devices]), flush=True)
+    print(json.dumps({r: [vars(d) for d in ds] for r, ds in devices.items()}), flush=True)
     asyncio.run(serve(devices))
