@@ -6,6 +6,10 @@
 PYTHON ?= python3
 # every test's outcome and time, kept by CI
 JUNIT ?= test-results/junit.xml
+# make test runs two files at a time: the VM tier's emulated guests mostly wait, and most
+# of the rest waits on the real parts it started. More workers start more control planes
+# and guests at once than a small machine holds.
+TEST_WORKERS ?= 2
 VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -161,7 +165,7 @@ nrt-crd: $(NRT)/crd.yaml
 
 test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.built \
   $(OPERATOR)/.built $(NRT)/crd.yaml node-vm
-	$(PY) -m pytest --durations=30 --junitxml=$(JUNIT)
+	$(PY) -m pytest --durations=30 --junitxml=$(JUNIT) -n $(TEST_WORKERS) --dist loadfile
 	$(VENV)/bin/ruff check .
 
 # The pure tier alone (no real Prometheus, control plane or VM): the inner loop, under a

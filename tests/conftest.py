@@ -130,6 +130,9 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.cluster)
         if not any(item.get_closest_marker(t) for t in TIERS[1:]):
             item.add_marker(pytest.mark.pure)
+    # the VM tier's files are the longest: started first, none is left running alone at
+    # the end of a run that spreads files over workers (make test)
+    items.sort(key=lambda item: item.get_closest_marker("vm") is None)
 
 
 @pytest.fixture(autouse=True)
