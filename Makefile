@@ -6,9 +6,9 @@
 PYTHON ?= python3
 # every test's outcome and time, kept by CI
 JUNIT ?= test-results/junit.xml
-# make test runs two files at a time: the VM tier's emulated guests mostly wait, and most
-# of the rest waits on the real parts it started. More workers start more control planes
-# and guests at once than a small machine holds.
+# make test runs the VM tier (its emulated guest keeps a core busy) beside the rest, whose
+# files are spread over the other workers (tests/conftest.py schedules them). More
+# workers start more control planes at once than a small machine holds.
 TEST_WORKERS ?= 2
 VENV := .venv
 PY := $(VENV)/bin/python

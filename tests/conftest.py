@@ -124,15 +124,42 @@ def make_collection(
 TIERS = ("pure", "prometheus", "cluster", "vm", "scale")
 
 
+# The files of the vm tier. make test runs them one after another on one pytest-xdist
+# worker, as an emulated guest keeps a core busy, and spreads the other files over the
+# rest (a file's tests together: its module fixtures are made once). The scheduler sees
+# test ids only, so the files are named here; collection checks them against the marker.
+VM_FILES = frozenset(
+    f"tests/{name}.py"
+    for name in ("test_node_vm", "test_kubenode", "test_kubenode_loop", "test_kubelet_agreement")
+)
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "control_plane" in item.fixturenames:
             item.add_marker(pytest.mark.cluster)
         if not any(item.get_closest_marker(t) for t in TIERS[1:]):
             item.add_marker(pytest.mark.pure)
-    # the VM tier's files are the longest: started first, none is left running alone at
-    # the end of a run that spreads files over workers (make test)
+        in_vm_file = item.nodeid.split("::")[0] in VM_FILES
+        if (item.get_closest_marker("vm") is not None) != in_vm_file:
+            raise pytest.UsageError(f"{item.nodeid}: vm marker and VM_FILES disagree")
+    # the vm tier is the longest unit: started first, it is not left running alone at
+    # the end
     items.sort(key=lambda item: item.get_closest_marker("vm") is None)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, the vm tier's files one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileVmTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::")[0]
+            return "vm" if file in VM_FILES else file
+
+    return ByFileVmTogether(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,9 @@ by what the kernel (the pods' cgroups) and the API server say."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 import pytest_asyncio
 
@@ -12,12 +15,14 @@ from numaguard.simulator.kubenode import HELD_MIB
 from numaguard.simulator.node_loop import (
     KEEP,
     NS,
+    exclusive_cpus,
     fixed,
     misaligned_again,
     moved_home,
     node_loop,
     refused,
 )
+from tests.test_kubenode import PODRESOURCES, scrape
 
 pytestmark = [
     pytest.mark.vm,
@@ -134,3 +139,36 @@ async def test_under_single_numa_node_the_refused_pods_are_cleaned_up(loop):
         "(TopologyAffinityError): no NUMA zone there has 2 exclusive CPUs"
     ), event["message"]
     assert f"deleting {len(storm) - KEEP}" in event["message"]
+
+
+async def test_under_the_memory_manager_the_zones_memory_is_the_kubelet_s(loop):
+    """The kubelet restarted under the Memory Manager's Static policy: the exporter's
+    numaguard_zone_memory_* are what the real kubelet's GetAllocatableResources and List
+    say, per NUMA node, with a Guaranteed pod's memory taken from its CPUs' node."""
+    await loop.start("single-numa-node", memory="Static")
+    pinned = await loop.bare("pinned", 1)
+    ((home, _),) = (await exclusive_cpus(loop.node, pinned)).items()
+    asked = await loop.node.sh(f"{sys.executable} -c '{PODRESOURCES}'")
+    allocatable, listed = (json.loads(line) for line in asked.splitlines()[-2:])
+
+    def per_node(blocks) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for b in blocks:
+            if b["memoryType"] == "memory":
+                (n,) = b["topology"]["nodes"]
+                out[str(n.get("ID", 0))] = out.get(str(n.get("ID", 0)), 0) + float(b["size"])
+        return out
+
+    total = per_node(allocatable["memory"])
+    (pod,) = [p for p in listed["podResources"] if p["name"] == "pinned"]
+    used = per_node(m for c in pod["containers"] for m in c.get("memory", []))
+    # the pod's 256 MiB, on its CPU's NUMA node
+    assert used == {home: 256 * 2**20}
+    assert set(total) == {"0", "1"} and min(total.values()) > used[home]
+
+    def zone(got, name):
+        return {dict(k)["numa_node"]: v for (n, k), v in got.items() if n == name}
+
+    free = {n: total[n] - used.get(n, 0) for n in total}
+    got = await scrape(loop.node, lambda got: zone(got, "numaguard_zone_memory_free_bytes") == free)
+    assert zone(got, "numaguard_zone_memory_allocatable_bytes") == total

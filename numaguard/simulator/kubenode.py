@@ -285,6 +285,8 @@ def guaranteed_spec(cpus: int, command: str, memory: str, gpus: int = 0) -> dict
     }
 
 
+FRESH_MEMORY_STATE = "/run/numaguard-fresh-memory-state"  # in the guest: see NODE_SCRIPT
+
 # The guest's run.sh: containerd, the images, the commands the host sends, the kubelet,
 # and the exporter when the host asks for one.
 NODE_SCRIPT = """
@@ -304,8 +306,10 @@ while :; do
   done
   sleep 0.5
 done &
-# the kubelet, started again should it exit, as its service manager would
+# the kubelet, started again should it exit, as its service manager would; the Memory
+# Manager's checkpoint removed first when the host changes its policy
 while :; do
+  [ -e {fresh} ] && rm -f /var/lib/kubelet/memory_manager_state {fresh}
   {kubelet} --config=$J/kubelet.yaml --kubeconfig=$J/kubelet.kubeconfig \\
     --hostname-override={name} --node-ip={guest} >> $J/kubelet.log 2>&1 &
   echo $! > /run/kubelet.pid; wait $!
@@ -384,6 +388,7 @@ class KubeNode:
             kubelet=k8s_parts() / "kubelet",
             name=self.name,
             guest=vm.GUEST,
+            fresh=FRESH_MEMORY_STATE,
         )
         api_port = int(self.cp.url.rsplit(":", 1)[1])
         net = vm.Net(to_host=((API_PORT, api_port),), from_host=forwarded)
@@ -462,9 +467,14 @@ class KubeNode:
         """Restart the kubelet under ``policy``, as an administrator changing the node's
         Topology Manager policy does; returns once the new one is healthy. Its CPU
         manager state is kept, and it admits its running pods again under the new
-        policy: those it would refuse now fail (TopologyAffinityError)."""
+        policy: those it would refuse now fail (TopologyAffinityError). A change of
+        Memory Manager policy starts its state afresh, as the kubelet requires of an
+        administrator (it refuses a checkpoint of another policy)."""
+        fresh = policy.memory != self.policy.memory
         self.policy = policy
         (self.job / "kubelet.yaml").write_text(json.dumps(kubelet_config(policy)))
+        if fresh:
+            await self.sh(f"touch {FRESH_MEMORY_STATE}")
         before = (await self.sh("cat /run/kubelet.pid")).strip()
         await self.sh(f"kill {before}")
         healthz = f"{vm.parts_dir() / 'busybox'} wget -qO- http://127.0.0.1:10248/healthz"

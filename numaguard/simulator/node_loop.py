@@ -198,8 +198,9 @@ class NodeLoop:
 
         await until(cycle, "the loop done", timeout=600, every=1)
 
-    async def start(self, policy: str) -> None:
-        """A clean slate: nothing of the last story left, the kubelet under ``policy``."""
+    async def start(self, policy: str, memory: str = "None") -> None:
+        """A clean slate: nothing of the last story left, the kubelet under the Topology
+        Manager's ``policy`` and the Memory Manager's ``memory``."""
         for kind in ("Deployment", "Pod"):
             for obj in await self.cp.items(self.session, kind, NS):
                 path = path_of(kind, NS, obj["metadata"]["name"]) + "?gracePeriodSeconds=0"
@@ -209,8 +210,8 @@ class NodeLoop:
             return not await self.cp.items(self.session, "Pod", NS)
 
         await until(gone, "the last story's pods gone", timeout=300, every=1)
-        if self.node.policy.topology != policy:
-            await self.node.restart_kubelet(KubeletPolicy(policy, memory="None"))
+        if self.node.policy != KubeletPolicy(policy, memory=memory):
+            await self.node.restart_kubelet(KubeletPolicy(policy, memory=memory))
 
     async def bare(self, name: str, cpus: int) -> dict:
         await self.cp.create(self.session, guaranteed_pod(name, NS, self.node.name, cpus, SLEEP))
