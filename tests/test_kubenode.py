@@ -26,7 +26,7 @@ from numaguard.simulator.kubenode import (
     exporter_kubeconfig,
     guaranteed_pod,
 )
-from numaguard.simulator.node_loop import SHAPE, cpu_nodes, exclusive_cpus
+from numaguard.simulator.node_loop import SHAPE, container_cgroup, cpu_nodes, exclusive_cpus
 from numaguard.simulator.nvml import FakeNvml
 from numaguard.simulator.processes import get, until
 from tests.conftest import samples
@@ -136,8 +136,7 @@ async def container_facts(node: KubeNode, p: dict) -> dict:
     """What the kernel says about a pod's one container: its cgroup's cpuset and
     memory.numa_stat (cgroupfs driver: kubepods/pod<uid>/<id> for Guaranteed pods), and
     numa_maps and `numastat -p` of its process holding the memory (dd)."""
-    cid = p["status"]["containerStatuses"][0]["containerID"].split("://")[1]
-    cg = f"/sys/fs/cgroup/kubepods/pod{p['metadata']['uid']}/{cid}"
+    cg = container_cgroup(p)
     numastat_bin = vm.parts_dir() / "root/usr/bin/numastat"
     out = await node.sh(
         f"cat {cg}/cpuset.cpus.effective; echo ==; cat {cg}/memory.numa_stat; echo ==\n"
