@@ -1,14 +1,17 @@
 """Benchmark: the series bill — how many series the exporter writes on the reference GPU
-node (8 NUMA nodes, 224 CPUs, 150 pods, 8 GPUs x 7 MIG slices, resctrl groups per pod;
-the kubelet's PodResources aside), by what they describe: per pod, per GPU, per MIG
-slice, and the node's own. ``python -m bench.series``."""
+node (8 NUMA nodes, 224 CPUs, 150 pods / 300 containers named as the API server names
+them, resctrl groups per pod, 8 GPUs x 7 MIG slices, the kubelet's PodResources served
+by the simulator's kubelet), by default and with --detail, by what they describe: per
+pod, per GPU, per MIG slice, and the node's own. ``python -m bench.series``."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import tempfile
+import time
 from collections import Counter
-from pathlib import Path
 
 import pynvml
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,10 +20,15 @@ from numaguard.exporter.collection import Collection
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource
+from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.exporter.sources.resctrl import ResctrlSource
 from numaguard.simulator import presets
-from numaguard.simulator.host import FakeHostRoot
+from numaguard.simulator.host import FakeHostRoot, pod_metadata
 from numaguard.simulator.resctrl import FakeResctrl
+
+PRESET = ("--preset", "reference_gpu_node")
+TARGET = 3000  # series on the reference node by default
+KIB_PER_SERIES = 4  # Prometheus' memory per active series, roughly
 
 
 def what(labels: dict[str, str]) -> str:
@@ -34,45 +42,105 @@ def what(labels: dict[str, str]) -> str:
     return "node"
 
 
-async def bill() -> tuple[Counter, dict[str, int]]:
-    host, nvml = presets.reference_gpu_node()
-    with tempfile.TemporaryDirectory() as tmp, nvml.installed():
-        root = FakeHostRoot(Path(tmp) / "host", host).write()
-        resctrl = FakeResctrl(root.root, host, snc={0: [0, 1, 2, 3], 1: [4, 5, 6, 7]})
-        resctrl.write()
-        gpus = NvmlSource(pynvml, str(root.root), 5.0)
-        gpus.start()
-        sources = {
-            "host_numa": HostSource(str(root.root)),
-            "pod_placement": CgroupSource(str(root.root), page_size=host.page_size),
-            "resctrl": ResctrlSource(str(root.root), "read-only", resctrl),
+class StepClock:
+    """Monotonic time that a cycle moves on by the exporter's interval: the GPUs'
+    activity (GPM) is measured between cycles, never back to back."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def expositions() -> dict[bool, str]:
+    """The reference node's exposition text, by whether --detail is on."""
+    clock = StepClock()
+    host, nvml = presets.reference_gpu_node(clock)
+    with tempfile.TemporaryDirectory(prefix="ng", dir="/tmp") as tmp, nvml.installed():
+        FakeHostRoot(tmp, host).write()
+        kernel = FakeResctrl(tmp, host, snc={0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}).write()
+        socket = f"{tmp}/kubelet.sock"
+        kubelet = subprocess.Popen(
+            [sys.executable, "-m", "numaguard.simulator.kubelet", socket, *PRESET],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert kubelet.stdout.readline().strip() == b"ready"
+            names = pod_metadata(host)
+            return {
+                detail: asyncio.run(_text(tmp, host, kernel, socket, names, clock, detail))
+                for detail in (False, True)
+            }
+        finally:
+            kubelet.terminate()
+            kubelet.wait()
+
+
+async def _text(tmp, host, kernel, socket, names, clock: StepClock, detail: bool) -> str:
+    gpus = NvmlSource(pynvml, tmp, clock=clock)
+    gpus.start()
+    pod_resources = PodResourcesSource(socket)
+    collection = Collection(
+        "reference",
+        {
+            "host_numa": HostSource(tmp),
+            "pod_placement": CgroupSource(tmp, page_size=host.page_size),
+            "resctrl": ResctrlSource(tmp, "manage", kernel),
             "gpu": gpus,
-        }
-        collection = Collection("reference", sources)
-        for _ in range(2):  # rates and ratios need a cycle before
-            await collection.run_once()
-        gpus.close()
-        text = collection.exposition.text.decode()
-    counts = Counter(
-        what(sample.labels)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
+            "pod_resources": pod_resources,
+        },
+        metadata=lambda: names,
+        detail=detail,
     )
-    sizes = {
-        "pod": len(host.pods),
-        "gpu": len(nvml.gpus),
-        "slice": sum(len(g.mig) for g in nvml.gpus),
-    }
-    return counts, sizes
+    try:
+        for _ in range(2):  # rates and ratios need a cycle before
+            clock.now += 15.0
+            await collection.run_once()
+    finally:
+        pod_resources.close()
+        gpus.close()
+    return collection.exposition.text.decode()
+
+
+def bill(text: str) -> tuple[Counter, Counter]:
+    """Series by what they describe, and by family."""
+    kinds, families = Counter(), Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            kinds[what(sample.labels)] += 1
+            families[sample.name] += 1
+    return kinds, families
+
+
+SIZES = {"pod": 150, "gpu": 8, "slice": 56}  # presets.reference_gpu_node's
+
+
+def totals() -> tuple[int, int]:
+    """Series on the reference node: by default, and with --detail."""
+    texts = expositions()
+    return tuple(sum(bill(texts[detail])[0].values()) for detail in (False, True))
 
 
 def main() -> None:
-    counts, sizes = asyncio.run(bill())
-    print(f"series bill, reference GPU node: {sum(counts.values())} series")
-    for kind in ("pod", "gpu", "slice"):
-        n = sizes[kind]
-        print(f"  per {kind}: {counts[kind] / n:.1f} ({counts[kind]} for {n})")
-    print(f"  the node's own: {counts['node']}")
+    texts = expositions()
+    bills = {detail: bill(text) for detail, text in texts.items()}
+    (default, default_families), (full, full_families) = bills[False], bills[True]
+    total, total_full = sum(default.values()), sum(full.values())
+    print("series bill, reference GPU node (150 pods, 8 GPUs, 56 MIG slices)")
+    print(f"{'':<24}{'default':>10}{'--detail':>10}  target")
+    verdict = "met" if total <= TARGET else "NOT met"
+    print(f"{'series':<24}{total:>10,}{total_full:>10,}  <= {TARGET:,} by default: {verdict}")
+    for kind, n in SIZES.items():
+        print(f"{'per ' + kind:<24}{default[kind] / n:>10.1f}{full[kind] / n:>10.1f}")
+    print(f"{'the node own':<24}{default['node']:>10}{full['node']:>10}")
+    print(
+        f"{'Prometheus memory, MiB':<24}{total * KIB_PER_SERIES / 1024:>10.1f}"
+        f"{total_full * KIB_PER_SERIES / 1024:>10.1f}  (at ~{KIB_PER_SERIES} KiB per series)"
+    )
+    print("by family (default / --detail), the largest:")
+    for name, n in full_families.most_common(25):
+        print(f"  {name:<58}{default_families.get(name, 0):>7}{n:>7}")
 
 
 if __name__ == "__main__":

@@ -121,12 +121,15 @@ DASHBOARDS = (
                 f"{c.POD_MEMORY.name}{{{POD}}}",
                 "bytes",
                 "{{namespace}}/{{pod}} numa{{numa_node}}",
+                description="Of pods holding exclusive CPUs or devices (every pod's with the "
+                "exporter's --detail).",
             ),
             Panel(
-                "CPUs per NUMA node",
-                f"{c.POD_CPUS.name}{{{POD}}}",
+                "Exclusive CPUs per NUMA node",
+                f"{c.POD_EXCLUSIVE_CPUS.name}{{{POD}}}",
                 "short",
                 "{{namespace}}/{{pod}} numa{{numa_node}}",
+                description="The CPU manager's exclusive CPUs; pods in the shared pool have none.",
             ),
             Panel(
                 "Memory on NUMA nodes without its CPUs",
@@ -148,16 +151,19 @@ DASHBOARDS = (
             ),
             Panel(
                 "CPU throttled time per second",
-                f"rate({c.CONTAINER_THROTTLED_SECONDS.name}{{{POD}}}[$__rate_interval])",
+                f"rate({c.POD_THROTTLED_SECONDS.name}{{{POD}}}[$__rate_interval])",
                 "s",
-                "{{namespace}}/{{pod}} {{container}}",
+                "{{namespace}}/{{pod}}",
+                description="Summed over the pod's containers; of pods holding exclusive CPUs "
+                "or devices (every pod's with --detail).",
             ),
             Panel(
                 "CPU stall time per second (PSI some)",
-                f'rate({c.CONTAINER_PRESSURE["cpu"].name}{{{POD}, stall="some"}}'
-                "[$__rate_interval])",
+                f"rate({c.POD_PRESSURE['cpu'].name}{{{POD}}}[$__rate_interval])",
                 "s",
-                "{{namespace}}/{{pod}} {{container}}",
+                "{{namespace}}/{{pod}}",
+                description="Summed over the pod's containers; of pods holding exclusive CPUs "
+                "or devices (every pod's with --detail).",
             ),
         ),
     ),
@@ -346,8 +352,8 @@ _VARIABLES = {
     "cluster": ("cluster", c.BUILD_INFO.name, ""),
     "job": ("job", c.BUILD_INFO.name, 'cluster=~"$cluster"'),
     "node": ("node", c.NUMA_NODE_INFO.name, SCOPE),
-    "namespace": ("namespace", c.POD_CPUS.name, f'{SCOPE}, node=~"$node"'),
-    "pod": ("pod", c.POD_CPUS.name, f'{SCOPE}, node=~"$node", namespace=~"$namespace"'),
+    "namespace": ("namespace", c.POD_REMOTE_MEMORY.name, f'{SCOPE}, node=~"$node"'),
+    "pod": ("pod", c.POD_REMOTE_MEMORY.name, f'{SCOPE}, node=~"$node", namespace=~"$namespace"'),
 }
 
 

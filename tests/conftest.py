@@ -93,6 +93,7 @@ def make_collection(
     clock=None,
     gpus: NvmlSource | None = None,
     kubelet: PodResourcesSource | None = None,
+    detail: bool = True,  # the readers' tests look at every family; the default's own tests not
 ) -> Collection:
     sources = {
         "host_numa": HostSource(str(root.root)),
@@ -111,6 +112,7 @@ def make_collection(
         thresholds=thresholds,
         timeout_seconds=timeout,
         **({"clock": clock} if clock else {}),
+        detail=detail,
     )
 
 

@@ -95,6 +95,7 @@ async def test_a_fifo_or_device_costs_only_its_pod_and_heals(fake_root):
         ("numaguard_container_cpu_periods_total", "web"),
         ("numaguard_container_cpu_throttled_periods_total", "web"),
         ("numaguard_container_cpu_throttled_seconds_total", "web"),
+        ("numaguard_pod_cpu_throttled_seconds_total", "web"),
     }
     for path, content in saved.items():
         path.unlink()

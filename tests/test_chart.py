@@ -93,6 +93,7 @@ def test_helm_lint_is_clean():
         (("exporter.resctrlManage=true",), ("resctrl-manage",)),
         (("webConfig.kubernetesAuth=true",), ("kubernetes-auth",)),
         (("exporter.nrt=true",), ("nrt",)),
+        (("exporter.detail=true",), ("detail",)),
         (("remediator.steering.enabled=true",), ("steering",)),
         (
             ("networkPolicy.enabled=true", "networkPolicy.prometheusNamespace=monitoring"),
@@ -114,6 +115,7 @@ EVERY_SWITCH = (
     "remediator.steering.enabled=true",
     "exporter.resctrlManage=true",
     "exporter.nrt=true",
+    "exporter.detail=true",
     "webConfig.secretName=numaguard-web",
     "webConfig.kubernetesAuth=true",
     "serviceMonitor.scheme=https",

@@ -102,18 +102,27 @@ def container(
     return out
 
 
-def pod(ids, cpus, memory, remote, spanned, cpu_span, memory_remote) -> dict:
+def pod(ids, cpus, memory, remote, spanned, cpu_span, memory_remote, throttled, psi=None) -> dict:
+    """cpu_span None: a pod without exclusive CPUs (no such verdict); else its CPUs are
+    its exclusive ones. throttled and psi (cpu, memory: PSI some): its containers' summed."""
     ns, name, uid = ids
     labels = dict(namespace=ns, pod=name, pod_uid=uid)
     out = {
         series("numaguard_pod_memory_remote_ratio", **labels): remote,
         series("numaguard_pod_numa_nodes_spanned", **labels): spanned,
-        series("numaguard_pod_cross_numa", **labels, reason="cpu_span"): cpu_span,
         series("numaguard_pod_cross_numa", **labels, reason="memory_remote"): memory_remote,
+        series("numaguard_pod_cpu_throttled_seconds_total", **labels): throttled,
     }
+    if cpu_span is not None:
+        out[series("numaguard_pod_cross_numa", **labels, reason="cpu_span")] = cpu_span
+    if psi is not None:
+        for resource, some in zip(("cpu", "memory"), psi, strict=True):
+            out[series(f"numaguard_pod_{resource}_pressure_seconds_total", **labels)] = some
     for n, count in enumerate(cpus):
         if count:
             out[series("numaguard_pod_cpus", **labels, numa_node=str(n))] = count
+            if cpu_span is not None:
+                out[series("numaguard_pod_exclusive_cpus", **labels, numa_node=str(n))] = count
     for n, size in enumerate(memory):
         if size:
             out[series("numaguard_pod_memory_bytes", **labels, numa_node=str(n))] = size
@@ -187,6 +196,8 @@ async def test_two_socket_cgroup_v2_systemd(fake_root):
         1,
         cpu_span=0,
         memory_remote=0,
+        throttled=0.5,
+        psi=(1.5, 0.25),
     )
     want |= container(
         ("ml", "trainer-split", "main", split.uid, cid["trainer-split", "main"]),
@@ -207,6 +218,8 @@ async def test_two_socket_cgroup_v2_systemd(fake_root):
         2,
         cpu_span=1,
         memory_remote=0,
+        throttled=0.0,
+        psi=(0, 0),
     )
     want |= container(
         ("default", "web", "app", web.uid, cid["web", "app"]),
@@ -237,8 +250,10 @@ async def test_two_socket_cgroup_v2_systemd(fake_root):
         [220 * MIB, 100 * MIB],
         0.0,
         2,
-        cpu_span=0,
+        cpu_span=None,
         memory_remote=0,
+        throttled=1.25,
+        psi=(0, 0),
     )
     assert_samples(got, want)
     assert got[series("numaguard_collector_success", collector="pod_placement")] == 1
@@ -291,6 +306,7 @@ async def test_four_node_cgroup_v1_cgroupfs(fake_root):
         1,
         cpu_span=0,
         memory_remote=1,
+        throttled=2.25,
     )
     want |= container(
         ("data", "batch", "worker", batch.uid, cid["batch", "worker"]),
@@ -310,6 +326,7 @@ async def test_four_node_cgroup_v1_cgroupfs(fake_root):
         2,
         cpu_span=1,
         memory_remote=0,
+        throttled=0.0,
     )
     want |= container(
         ("kube-system", "logger", "fluent", logger.uid, cid["logger", "fluent"]),
@@ -327,8 +344,9 @@ async def test_four_node_cgroup_v1_cgroupfs(fake_root):
         [0, 0, 0, 64 * MIB],
         0.0,
         4,
-        cpu_span=0,
+        cpu_span=None,
         memory_remote=0,
+        throttled=0.0,
     )
     assert_samples(got, want)
 
@@ -364,6 +382,8 @@ async def test_pod_memory_mostly_on_far_node(fake_root):
         1,
         cpu_span=0,
         memory_remote=1,
+        throttled=0.0,
+        psi=(0, 0),
     )
     want |= container(
         ("default", "web", "app", web.uid, cid["web", "app"]),
@@ -382,10 +402,46 @@ async def test_pod_memory_mostly_on_far_node(fake_root):
         [100 * MIB, 100 * MIB],
         0.0,
         2,
-        cpu_span=0,
+        cpu_span=None,
         memory_remote=0,
+        throttled=0.0,
+        psi=(0, 0),
     )
     assert_samples(got, want)
+
+
+async def test_by_default_the_detail_is_left_out_and_nothing_else(fake_root):
+    """Without --detail: no detail family at all, and the per-NUMA-node memory, throttling
+    and stalls only of pods holding exclusive CPUs (the trainers; web is in the shared
+    pool); every other series is the same, with the same value, as with --detail."""
+    host = presets.two_socket()
+    got = {}
+    for detail in (False, True):
+        root = fake_root(host)
+        collection = make_collection(root, metadata=metadata_of(host), detail=detail)
+        await collection.run_once()
+        got[detail] = without_health(samples(collection.exposition.text))
+    default, full = got[False], got[True]
+    detail = {name for name, spec in CATALOGUE.items() if spec.detail}
+    assert not {name for name, _ in default} & detail
+    # (this node runs no resctrl or GPU collector: its detail is all pod placement)
+    assert {name for name, _ in full} & detail == {
+        name for name in detail if CATALOGUE[name].group == "pod_placement"
+    }
+    web = host.pod("web").uid
+    per_pod = {
+        "numaguard_pod_memory_bytes",
+        "numaguard_pod_cpu_throttled_seconds_total",
+        "numaguard_pod_cpu_pressure_seconds_total",
+        "numaguard_pod_memory_pressure_seconds_total",
+    }
+    left_out = {k for k in full if k[0] in detail or (k[0] in per_pod and ("pod_uid", web) in k[1])}
+    assert {k[0] for k in left_out} - detail == per_pod
+    assert default == {k: v for k, v in full.items() if k not in left_out}
+    # the trainers keep theirs
+    for name in ("trainer-aligned", "trainer-split"):
+        uid = host.pod(name).uid
+        assert {n for n, labels in default if ("pod_uid", uid) in labels} >= per_pod
 
 
 async def test_sandbox_cgroups_cost_no_read_once_the_pods_are_named(tmp_path):

@@ -55,6 +55,7 @@ class GpuNode:
             },
             metadata=lambda: metadata_of(self.host),
             clock=clock,
+            detail=True,
         )
 
     async def cycle(self, advance: float = INTERVAL) -> dict:

@@ -53,6 +53,7 @@ class Node:
             # GPU 6 is the DRA driver's: its ResourceSlice names what gpu-6 is
             dra=lambda: dra.view("node-0", nvml, [6]),
             clock=clock,
+            detail=True,
         )
 
     async def cycle(self) -> dict:
@@ -195,10 +196,11 @@ async def test_exclusive_cpus_come_from_the_kubelet(node):
     node.root.write()
     got = await node.cycle()
     assert verdicts(got, "cpu_span")["split"] == 1
-    # the kubelet says it holds no exclusive CPUs: measured, not flagged
+    # the kubelet says it holds no exclusive CPUs: measured, no cpu_span verdict at all
     split.containers[0].exclusive_cpus = False
     got = await node.cycle()
-    assert verdicts(got, "cpu_span")["split"] == 0
+    assert "split" not in verdicts(got, "cpu_span")
+    assert verdicts(got, "memory_remote")["split"] == 0
 
 
 async def test_missing_kubelet_falls_back_to_processes(node):

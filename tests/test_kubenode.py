@@ -204,7 +204,7 @@ async def test_verdicts_and_memory_match_the_real_kernel(node):
 
     # span: the real kubelet gave it CPUs of both nodes, and the exporter says so
     assert set(cpu_nodes(span["cpus"])) == {"0", "1"}
-    assert by(got, "numaguard_pod_cpus", uids["span"], "numa_node") == {
+    assert by(got, "numaguard_pod_exclusive_cpus", uids["span"], "numa_node") == {
         k: float(v) for k, v in cpu_nodes(span["cpus"]).items()
     }
     assert by(got, "numaguard_pod_cross_numa", uids["span"], "reason")["cpu_span"] == 1
@@ -212,7 +212,7 @@ async def test_verdicts_and_memory_match_the_real_kernel(node):
     # far: its CPU on one node, its memory where numactl bound it, on the other
     (cpu_node,) = cpu_nodes(far["cpus"])
     far_node = "1" if cpu_node == "0" else "0"
-    assert by(got, "numaguard_pod_cpus", uids["far"], "numa_node") == {cpu_node: 1.0}
+    assert by(got, "numaguard_pod_exclusive_cpus", uids["far"], "numa_node") == {cpu_node: 1.0}
     verdicts = by(got, "numaguard_pod_cross_numa", uids["far"], "reason")
     assert verdicts["cpu_span"] == 0 and verdicts["memory_remote"] == 1
     assert far["numa_maps"][far_node] >= HELD_MIB * MIB

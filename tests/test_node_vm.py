@@ -89,8 +89,8 @@ async def test_verdicts_from_a_real_kernel_s_numa_accounting(tmp_path):
         "memory_remote": 1,
     }
     assert by("numaguard_pod_cross_numa", span, "reason")["cpu_span"] == 1
-    assert by("numaguard_pod_cpus", remote, "numa_node") == {"0": 1}
-    assert by("numaguard_pod_cpus", span, "numa_node") == {"0": 1, "1": 1}
+    assert by("numaguard_pod_exclusive_cpus", remote, "numa_node") == {"0": 1}
+    assert by("numaguard_pod_exclusive_cpus", span, "numa_node") == {"0": 1, "1": 1}
     touched = vm_pods.TOUCHED_MIB << 20
     memory = by("numaguard_pod_memory_bytes", remote, "numa_node")
     kernel = numa_stat_bytes((ran.files / "remote.numa_stat").read_text())

@@ -51,11 +51,10 @@ def series(end: float) -> list[tuple[str, dict, float, float, object]]:
             "source": "kubelet",
         }
         out.append((c.GPU_HOLDER.name, holder, *alive, lambda t: 1))
-        out.append((c.POD_CPUS.name, {**pod, "numa_node": numa}, *alive, lambda t: 4))
+        out.append((c.POD_EXCLUSIVE_CPUS.name, {**pod, "numa_node": numa}, *alive, lambda t: 4))
         out.append((c.POD_REMOTE_MEMORY.name, pod, *alive, lambda t, r=remote: r))
         # a quarter of the time some task stalled on CPU: 0.25 s a second
-        stall = {**ctr, "stall": "some"}
-        out.append((c.CONTAINER_PRESSURE["cpu"].name, stall, *alive, lambda t: (3600 - t) * 0.25))
+        out.append((c.POD_PRESSURE["cpu"].name, pod, *alive, lambda t: (3600 - t) * 0.25))
     return out
 
 

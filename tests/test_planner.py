@@ -662,7 +662,13 @@ def test_rows_missing_a_label_or_with_bad_values_are_dropped_not_the_cycle():
         ("pod_memory", "bad_value"): 1,
     }
     result = run(sig, [pod_info("p")])
-    # n3's zone has no CPU count left, and nothing else has room: no eviction
+    # its only memory row dropped: how much it holds is unknown, not nothing
+    assert [(r.guard, r.detail) for r in result.refusals] == [
+        ("stale_data", "no exporter says how much memory the pod holds")
+    ]
+    # with its memory known: n3's zone has no CPU count left, and nothing else has room
+    sig = signals(**merge(health, healthy("n3"), cross_numa("p"), needs("p", 1, 1), bad_room))
+    result = run(sig, [pod_info("p")])
     assert [r.guard for r in result.refusals] == ["no_fit"]
 
 

@@ -24,6 +24,8 @@ class MetricSpec:
     labels: tuple[str, ...] = ()  # besides "node"
     group: str = ""
     buckets: tuple[float, ...] = ()  # a histogram's upper bounds
+    # a breakdown a fleet need not pay for: exported only with the exporter's --detail
+    detail: bool = False
 
     @property
     def unit(self) -> str:
@@ -48,8 +50,9 @@ def _m(
     labels: tuple[str, ...] = (),
     group: str = "",
     buckets: tuple[float, ...] = (),
+    detail: bool = False,
 ) -> MetricSpec:
-    spec = MetricSpec(PREFIX + name, kind, help, labels, group, buckets)
+    spec = MetricSpec(PREFIX + name, kind, help, labels, group, buckets, detail)
     assert spec.name not in CATALOGUE, spec.name
     CATALOGUE[spec.name] = spec
     return spec
@@ -276,6 +279,7 @@ CONTAINER_INFO = _m(
     "CPUs of its own (CPU manager static policy).",
     (*CONTAINER, "qos_class", "runtime", "exclusive_cpus"),
     "pod_placement",
+    detail=True,
 )
 CONTAINER_CPUS = _m(
     "container_cpus",
@@ -283,6 +287,7 @@ CONTAINER_CPUS = _m(
     "CPUs of the container's cpuset per NUMA node (nodes holding none are left out).",
     (*CONTAINER, "numa_node"),
     "pod_placement",
+    detail=True,
 )
 CONTAINER_MEMORY = _m(
     "container_memory_bytes",
@@ -291,6 +296,7 @@ CONTAINER_MEMORY = _m(
     "none are left out).",
     (*CONTAINER, "numa_node"),
     "pod_placement",
+    detail=True,
 )
 CONTAINER_REMOTE_MEMORY = _m(
     "container_memory_remote_ratio",
@@ -298,6 +304,7 @@ CONTAINER_REMOTE_MEMORY = _m(
     "Share of the container's memory on NUMA nodes that hold none of its CPUs.",
     CONTAINER,
     "pod_placement",
+    detail=True,
 )
 CONTAINER_NODES_SPANNED = _m(
     "container_numa_nodes_spanned",
@@ -305,6 +312,7 @@ CONTAINER_NODES_SPANNED = _m(
     "NUMA nodes the container's CPUs sit on.",
     CONTAINER,
     "pod_placement",
+    detail=True,
 )
 CONTAINER_PERIODS = _m(
     "container_cpu_periods_total",
@@ -312,6 +320,7 @@ CONTAINER_PERIODS = _m(
     "CFS enforcement periods of the container.",
     CONTAINER,
     "pod_placement",
+    detail=True,
 )
 CONTAINER_THROTTLED_PERIODS = _m(
     "container_cpu_throttled_periods_total",
@@ -319,6 +328,7 @@ CONTAINER_THROTTLED_PERIODS = _m(
     "CFS periods in which the container was throttled.",
     CONTAINER,
     "pod_placement",
+    detail=True,
 )
 CONTAINER_THROTTLED_SECONDS = _m(
     "container_cpu_throttled_seconds_total",
@@ -326,6 +336,7 @@ CONTAINER_THROTTLED_SECONDS = _m(
     "Time the container was throttled by its CPU quota.",
     CONTAINER,
     "pod_placement",
+    detail=True,
 )
 CONTAINER_PRESSURE = {
     resource: _m(
@@ -334,6 +345,7 @@ CONTAINER_PRESSURE = {
         f"PSI: time some (or all, stall=full) of the container's tasks stalled on {resource}.",
         (*CONTAINER, "stall"),
         "pod_placement",
+        detail=True,
     )
     for resource in ("cpu", "memory", "io")
 }
@@ -343,11 +355,22 @@ POD_CPUS = _m(
     "CPUs of the pod's containers per NUMA node (nodes holding none are left out).",
     (*POD, "numa_node"),
     "pod_placement",
+    detail=True,
+)
+POD_EXCLUSIVE_CPUS = _m(
+    "pod_exclusive_cpus",
+    "gauge",
+    "Exclusive CPUs of the pod's containers (CPU manager static policy) per NUMA node; "
+    "pods in the shared pool have none.",
+    (*POD, "numa_node"),
+    "pod_placement",
 )
 POD_MEMORY = _m(
     "pod_memory_bytes",
     "gauge",
-    "Memory of the pod's containers per NUMA node (nodes holding none are left out).",
+    "Memory of the pod's containers per NUMA node (nodes holding none are left out). "
+    "Without --detail only of pods holding exclusive CPUs or devices: the pods whose "
+    "placement is decided, and remedied.",
     (*POD, "numa_node"),
     "pod_placement",
 )
@@ -364,12 +387,33 @@ POD_NODES_SPANNED = _m(
     "NUMA nodes the pod's CPUs sit on.",
     POD,
     "pod_placement",
+    detail=True,
 )
+POD_THROTTLED_SECONDS = _m(
+    "pod_cpu_throttled_seconds_total",
+    "counter",
+    "Time the pod's containers were throttled by their CPU quota, summed over them. "
+    "Without --detail only of pods holding exclusive CPUs or devices.",
+    POD,
+    "pod_placement",
+)
+POD_PRESSURE = {
+    resource: _m(
+        f"pod_{resource}_pressure_seconds_total",
+        "counter",
+        f"PSI some: time some of a container's tasks stalled on {resource}, summed over the "
+        "pod's containers. Without --detail only of pods holding exclusive CPUs or devices.",
+        POD,
+        "pod_placement",
+    )
+    for resource in ("cpu", "memory")
+}
 POD_CROSS_NUMA = _m(
     "pod_cross_numa",
     "gauge",
     "1 when the pod is placed across NUMA nodes for the reason given: cpu_span (exclusive "
-    "CPUs on several nodes), memory_remote (remote memory ratio over the threshold), "
+    "CPUs on several nodes; only pods holding exclusive CPUs), memory_remote (remote "
+    "memory ratio over the threshold), "
     "device_remote (a GPU it holds hangs off a NUMA node none of its CPUs is on). "
     "Absent when the data to decide is missing.",
     (*POD, "reason"),
@@ -546,6 +590,7 @@ POD_TRAFFIC = _m(
     "monitoring group is recreated).",
     (*POD, "l3_domain"),
     "resctrl",
+    detail=True,
 )
 POD_TRAFFIC_LOCAL = _m(
     "pod_memory_traffic_local_bytes_total",
@@ -553,6 +598,7 @@ POD_TRAFFIC_LOCAL = _m(
     "Memory traffic of the pod's tasks to local memory, per L3 domain.",
     (*POD, "l3_domain"),
     "resctrl",
+    detail=True,
 )
 POD_BANDWIDTH = _m(
     "pod_memory_bandwidth_bytes_per_second",
@@ -575,6 +621,7 @@ POD_OCCUPANCY = _m(
     "L3 cache held by the pod's tasks, per L3 domain.",
     (*POD, "l3_domain"),
     "resctrl",
+    detail=True,
 )
 POD_LLC_SHARE = _m(
     "pod_llc_share_ratio",
@@ -689,6 +736,7 @@ MIG_PCIE = _m(
     "The slice's PCIe traffic over the last interval (GPM), direction tx or rx.",
     (*SLICE, "direction"),
     "gpu",
+    detail=True,
 )
 MIG_PROCESSES = _m("mig_processes", "gauge", "Compute processes on the slice.", SLICE, "gpu")
 GPU_HOLDER = _m(
@@ -866,5 +914,7 @@ REMEDIATOR_LAST_SUCCESS = _m(
 
 
 def series_names() -> set[str]:
-    """Every name a query may select: each metric's, a histogram's _bucket, _sum, _count."""
-    return {name for spec in CATALOGUE.values() for name in spec.series}
+    """Every name a query (an alert's, a dashboard's, the remediator's) may select: each
+    metric's, a histogram's _bucket, _sum, _count; never a detail metric's, which an
+    exporter exports only with --detail."""
+    return {name for spec in CATALOGUE.values() if not spec.detail for name in spec.series}

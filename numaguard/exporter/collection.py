@@ -94,8 +94,10 @@ class Collection:
         monotonic: Callable[[], float] = time.monotonic,
         nrt_current: Callable[[], bool | None] = lambda: None,
         collectors: Mapping[str, Collector] = COLLECTORS,
+        detail: bool = False,
     ) -> None:
         self.node_name = node_name
+        self.detail = detail  # render the catalogue's detail families too (--detail)
         self.sources = dict(sources)  # by collector name: the collectors turned on
         self.collectors = dict(collectors)  # every one registered (those off say so)
         self.metadata = metadata
@@ -152,6 +154,7 @@ class Collection:
             metadata=metadata,
             dra=dra,
             readings=readings,
+            detail=self.detail,
             **{
                 self.collectors[name].reading: reading
                 for name, reading in readings.items()

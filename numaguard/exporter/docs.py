@@ -31,7 +31,11 @@ def metrics_markdown() -> str:
         "# Metrics",
         "",
         "Generated from `numaguard/exporter/catalogue.py` by `make docs`; do not edit.",
-        f"Every series also carries `{catalogue.NODE_LABEL}`.",
+        f"Every series also carries `{catalogue.NODE_LABEL}`. Metrics marked *detail* are",
+        "exported only with the exporter's `--detail`: breakdowns a fleet need not pay for",
+        "(every container's series, every pod's CPUs per NUMA node, per-L3-domain traffic",
+        "counters, per-slice PCIe). Every alert, dashboard panel and remediator query reads",
+        "the others only.",
         "",
     ]
     for group in dict.fromkeys(spec.group for spec in catalogue.CATALOGUE.values()):
@@ -39,7 +43,8 @@ def metrics_markdown() -> str:
         for spec in catalogue.CATALOGUE.values():
             if spec.group == group:
                 labels = ", ".join(f"`{label}`" for label in spec.labels) or "-"
-                lines.append(f"| `{spec.name}` | {spec.kind} | {labels} | {spec.help} |")
+                detail = " *detail*" if spec.detail else ""
+                lines.append(f"| `{spec.name}`{detail} | {spec.kind} | {labels} | {spec.help} |")
         lines.append("")
     return "\n".join(lines)
 

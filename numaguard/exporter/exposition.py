@@ -74,13 +74,31 @@ class Family:
         self.lines.append(f"{head}{value if type(value) is int else format_value(value)}\n")
 
 
+class Unexported(Family):
+    """A detail family the exporter was not asked for: what is added to it is dropped
+    before any line is rendered."""
+
+    __slots__ = ()
+
+    def __init__(self, spec: MetricSpec, node: str) -> None:
+        self.spec, self.node, self.lines = spec, node, []
+
+    def add(self, value: float, *values: str) -> None:
+        pass
+
+    def add_under(self, prefix: LabelPrefix, value: float, *values: str) -> None:
+        pass
+
+
 class Families(dict):
     """One collector's families for one node, by metric name: every metric of its group
-    in the catalogue."""
+    in the catalogue; the detail ones only when ``detail`` (--detail)."""
 
-    def __init__(self, group: str, node: str) -> None:
+    def __init__(self, group: str, node: str, detail: bool = False) -> None:
         super().__init__(
-            (spec.name, Family(spec, node)) for spec in CATALOGUE.values() if spec.group == group
+            (spec.name, (Family if detail or not spec.detail else Unexported)(spec, node))
+            for spec in CATALOGUE.values()
+            if spec.group == group
         )
 
     def add(self, spec: MetricSpec, value: float | None, *labels: str) -> None:
@@ -88,6 +106,13 @@ class Families(dict):
         number."""
         if value is not None:
             self[spec.name].add(value, *labels)
+
+    def add_under(
+        self, spec: MetricSpec, prefix: LabelPrefix, value: float | None, *labels: str
+    ) -> None:
+        """The same, with the leading label values that ``prefix`` holds."""
+        if value is not None:
+            self[spec.name].add_under(prefix, value, *labels)
 
 
 # (metric, node) -> the heads of its series' lines last cycle, by label values

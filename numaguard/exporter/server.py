@@ -162,6 +162,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         thresholds=settings.thresholds,
         timeout_seconds=settings.collector_timeout_seconds,
         nrt_current=(lambda: publisher.current) if publisher else (lambda: None),
+        detail=settings.detail,
     )
     exporter = Exporter(settings, collection, publisher)
     settle_garbage_collector()

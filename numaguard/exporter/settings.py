@@ -38,6 +38,7 @@ class Settings:
     max_connections: int = 256
     # the cardinality guard: past this many pods on the node, no pod series at all
     max_pods: int = 1000
+    detail: bool = False  # the catalogue's detail families too
     # the collectors to run (--collector.<name>); the rest are not run at all
     collectors: frozenset[str] = frozenset(n for n, c in COLLECTORS.items() if c.default)
     nrt: bool = False  # publish this node's NodeResourceTopology each cycle it changes

@@ -118,18 +118,7 @@ class Fleet:
                     on = int(is_cross and reason == "device_remote")
                     add(c.POD_CROSS_NUMA.name, {**pod, "reason": reason}, verdict, on)
                 cpu_zone = 1 - zone if is_cross else zone
-                add(c.CONTAINER_CPUS.name, {**container, "numa_node": str(cpu_zone)}, short, cpus)
-                add(
-                    c.CONTAINER_INFO.name,
-                    {
-                        **container,
-                        "qos_class": "guaranteed",
-                        "runtime": "containerd",
-                        "exclusive_cpus": "true",
-                    },
-                    short,
-                    1,
-                )
+                add(c.POD_EXCLUSIVE_CPUS.name, {**pod, "numa_node": str(cpu_zone)}, short, cpus)
                 add(
                     c.POD_MEMORY.name,
                     {**pod, "numa_node": str(cpu_zone)},

@@ -13,7 +13,7 @@ from numaguard.exporter.records import READ_FAILURES, Activity, GpuRecord
 def families(snap: NodeSnapshot) -> list[Family]:
     if snap.gpus is None:
         return []
-    f = Families("gpu", snap.node_name)
+    f = Families("gpu", snap.node_name, snap.detail)
     versions = (snap.gpus.driver_version, snap.gpus.nvml_version)
     for gpu in snap.gpus.gpus:
         _gpu(f.add, gpu, versions)

@@ -11,7 +11,7 @@ from numaguard.exporter.model.placement import ContainerState, PodState
 
 
 def families(snap: NodeSnapshot) -> list[Family]:
-    f = Families("pod_placement", snap.node_name)
+    f = Families("pod_placement", snap.node_name, snap.detail)
     info, cpus, memory = (
         f[c.CONTAINER_INFO.name],
         f[c.CONTAINER_CPUS.name],
@@ -23,7 +23,8 @@ def families(snap: NodeSnapshot) -> list[Family]:
     pressure = {r: f[spec.name] for r, spec in c.CONTAINER_PRESSURE.items()}
     pod_cpus, pod_memory = f[c.POD_CPUS.name], f[c.POD_MEMORY.name]
     pod_remote, pod_spanned = f[c.POD_REMOTE_MEMORY.name], f[c.POD_NODES_SPANNED.name]
-    cross = f[c.POD_CROSS_NUMA.name]
+    cross, exclusive = f[c.POD_CROSS_NUMA.name], f[c.POD_EXCLUSIVE_CPUS.name]
+    holding_devices = {use.pod_uid for use in snap.device_uses}
 
     for pod in snap.pods:
         plabels = LabelPrefix(c.POD, (pod.namespace, pod.name, pod.uid))
@@ -43,7 +44,21 @@ def families(snap: NodeSnapshot) -> list[Family]:
                 pressure[resource].add_under(labels, psi.some_seconds, "some")
                 if psi.full_seconds is not None:
                     pressure[resource].add_under(labels, psi.full_seconds, "full")
-        _placement(plabels, pod, pod_cpus, pod_memory, pod_remote, pod_spanned)
+        # the pods whose placement is decided (and remedied) get their breakdowns by
+        # default; a shared-pool pod's CPUs span the node, and its throttling and stalls
+        # are the kubelet's cAdvisor's to export
+        placed = (
+            snap.detail
+            or any(ctr.exclusive_cpus for ctr in pod.containers)
+            or pod.uid in holding_devices
+        )
+        _placement(plabels, pod, pod_cpus, pod_memory if placed else None, pod_remote, pod_spanned)
+        if placed:
+            f.add_under(c.POD_THROTTLED_SECONDS, plabels, pod.throttled_seconds)
+            for resource, seconds in pod.pressure_seconds.items():
+                f.add_under(c.POD_PRESSURE[resource], plabels, seconds)
+        for numa, count in (pod.exclusive_cpus_by_node or {}).items():
+            exclusive.add_under(plabels, count, str(numa))
         for reason, verdict in pod.cross_numa.items():
             cross.add_under(plabels, int(verdict), reason)
     return list(f.values())
@@ -55,8 +70,9 @@ def _placement(labels: LabelPrefix, state: ContainerState | PodState, *families)
     cpus, memory, remote, spanned = families
     for numa, count in (state.cpus_by_node or {}).items():
         cpus.add_under(labels, count, str(numa))
-    for numa, size in (state.memory_by_node or {}).items():
-        memory.add_under(labels, size, str(numa))
+    if memory is not None:
+        for numa, size in (state.memory_by_node or {}).items():
+            memory.add_under(labels, size, str(numa))
     if state.memory_remote_ratio is not None:
         remote.add_under(labels, state.memory_remote_ratio)
     if state.numa_nodes_spanned is not None:

@@ -10,7 +10,7 @@ from numaguard.exporter.model import NodeSnapshot
 
 
 def families(snap: NodeSnapshot) -> list[Family]:
-    f = Families("capacity", snap.node_name)
+    f = Families("capacity", snap.node_name, snap.detail)
     add = f.add
     for zone in snap.zones:
         node = "" if zone.numa_node is None else str(zone.numa_node)

@@ -13,7 +13,7 @@ from numaguard.exporter.traffic import Traffic
 
 def families(snap: NodeSnapshot) -> list[Family]:
     """Turned off (--no-collector.resctrl), it says so."""
-    f = Families("resctrl", snap.node_name)
+    f = Families("resctrl", snap.node_name, snap.detail)
     add = f.add
     running = COLLECTOR.name in snap.readings
     state = snap.resctrl if running else None

@@ -58,6 +58,7 @@ class NodeSnapshot:
     starvation: tuple[Starvation, ...] = ()
     # the readings of the collectors turned on this cycle (None: failed), by name
     readings: Mapping[str, object] = field(default_factory=dict)
+    detail: bool = False  # the families render their detail too (--detail)
 
 
 def build_snapshot(
@@ -74,6 +75,7 @@ def build_snapshot(
     gpus: GpuReading | None = None,
     kubelet: KubeletReading | None = None,
     readings: Mapping[str, object] | None = None,
+    detail: bool = False,
 ) -> NodeSnapshot:
     """Combine this cycle's readings; a reading that failed (None) contributes nothing.
 
@@ -133,6 +135,7 @@ def build_snapshot(
         zones=zones_of(kubelet, topology, dra_devices(find, uses)) if kubelet else (),
         starvation=starvation,
         readings=dict(readings or {}),
+        detail=detail,
     )
 
 

@@ -60,11 +60,15 @@ class PodState:
     name: str
     containers: tuple[ContainerState, ...]
     cpus_by_node: Mapping[int, int] | None
+    exclusive_cpus_by_node: Mapping[int, int] | None  # empty: in the shared pool
     memory_by_node: Mapping[int, int] | None
     memory_remote_ratio: float | None
     numa_nodes_spanned: int | None
     # reason -> verdict, only for reasons that could be decided on this cycle's data
     cross_numa: Mapping[str, bool]
+    # summed over its containers; None when one of them could not be read
+    throttled_seconds: float | None
+    pressure_seconds: Mapping[str, float]  # PSI some, by resource: where all containers say
 
 
 def build_topology(host: HostReading) -> Topology:
@@ -186,6 +190,8 @@ def _pod(
     known_cpus = all(c.cpus is not None for c in containers)
     cpus = frozenset().union(*(c.cpus for c in containers)) if known_cpus else None
     cpus_by_node = placer.by_node(cpus)
+    exclusive = [c.cpus for c in containers if c.exclusive_cpus]
+    exclusive_by_node = placer.by_node(frozenset().union(*exclusive)) if known_cpus else None
     memory = None
     if containers and all(c.memory_by_node is not None for c in containers):
         memory = {}
@@ -198,7 +204,11 @@ def _pod(
     if total and all(c.memory_remote_bytes is not None for c in containers):
         remote_ratio = sum(c.memory_remote_bytes for c in containers) / total
     verdicts: dict[str, bool] = {}
-    if containers and all(c.cpu_span is not None for c in containers):
+    # CPU placement is the CPU manager's only for exclusive CPUs: the shared pool spans
+    # the node by design, so a pod without exclusive CPUs gets no cpu_span verdict
+    if any(c.exclusive_cpus for c in containers) and all(
+        c.cpu_span is not None for c in containers
+    ):
         verdicts["cpu_span"] = any(c.cpu_span for c in containers)
     if remote_ratio is not None:
         verdicts["memory_remote"] = (
@@ -211,11 +221,32 @@ def _pod(
         name=meta.name if meta else "",
         containers=containers,
         cpus_by_node=cpus_by_node,
+        exclusive_cpus_by_node=exclusive_by_node,
         memory_by_node=memory,
         memory_remote_ratio=remote_ratio,
         numa_nodes_spanned=len(cpus_by_node) if cpus_by_node is not None else None,
         cross_numa=verdicts,
+        throttled_seconds=_sum(c.throttling and c.throttling.throttled_seconds for c in containers),
+        pressure_seconds={
+            resource: total
+            for resource in ("cpu", "memory")
+            if (
+                total := _sum(
+                    c.pressure.get(resource) and c.pressure[resource].some_seconds
+                    for c in containers
+                )
+            )
+            is not None
+        },
     )
+
+
+def _sum(values) -> float | None:
+    """The sum of a pod's containers' values; None when one is unknown (or none)."""
+    values = list(values)
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values)
 
 
 class CpuPlacer:

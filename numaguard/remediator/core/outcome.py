@@ -36,11 +36,12 @@ class Activity:
     gpu: Measure = None  # SM activity of its devices, SM-weighted, 0..1
     sms: Measure = None  # the SMs of its devices (a whole GPU counts one)
     node: Text = ""  # where it ran
-    numa_nodes: Text = ""  # the NUMA nodes of its CPUs
+    numa_nodes: Text = ""  # the NUMA nodes of its exclusive CPUs
     devices: Text = ""  # the profiles of its devices ("gpu": a whole GPU)
     remote_memory: Measure = None  # its memory outside its CPUs' NUMA nodes, 0..1
     remote_traffic: Measure = None  # remote share of its memory traffic (resctrl)
-    cpu_pressure: Measure = None  # share of the time some of its tasks stalled on CPU
+    # time some of a container's tasks stalled on CPU per second, its containers' summed
+    cpu_pressure: Measure = None
     memory_pressure: Measure = None  # ... on memory
 
 

@@ -192,8 +192,13 @@ def plan(
                 detail = f"not of lower priority than the starved {finding.feeder}"
         if guard is None and intent == "evict":
             need = capacity.need(finding)
-            target, steer, detail = _fit(capacity, reach, pod, need)
-            guard = "no_fit" if target is None else None
+            # a pod holding exclusive CPUs or devices holds memory too: none known is
+            # unknown, not 0 (a shared-pool pod's memory is bound to no NUMA node)
+            if not need.memory and (need.cpus or need.devices):
+                guard, detail = "stale_data", "no exporter says how much memory the pod holds"
+            else:
+                target, steer, detail = _fit(capacity, reach, pod, need)
+                guard = "no_fit" if target is None else None
         elif guard is None and intent == "resize":
             target = capacity.free_slice(finding.recommended)
             if target is None:

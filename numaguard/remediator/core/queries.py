@@ -83,7 +83,6 @@ def expressions(
 
     cross, starved = m(c.POD_CROSS_NUMA), m(c.GPU_STARVED)
     sm = m(c.MIG_UTILIZATION, 'kind="sm"')
-    exclusive = m(c.CONTAINER_INFO, 'exclusive_cpus="true"')
     return {
         # a verdict that held at every scrape of the window and at the last one before
         # it (a new series is not yet sustained) opens a finding. The sample at the
@@ -114,11 +113,7 @@ def expressions(
         "holders": m(c.GPU_HOLDER),
         "gpu_models": m(c.GPU_INFO),  # a profile's geometry depends on the GPU's model
         # what a pod holds, per NUMA node: its exclusive CPUs and its memory
-        "pod_exclusive_cpus": (
-            f"sum by (node, namespace, pod, pod_uid, numa_node) ({m(c.CONTAINER_CPUS)} "
-            f"* on (node, pod_uid, container_id) group_left "
-            f"{exclusive})"
-        ),
+        "pod_exclusive_cpus": m(c.POD_EXCLUSIVE_CPUS),
         "pod_memory": f"sum by (node, namespace, pod, pod_uid, numa_node) ({m(c.POD_MEMORY)})",
         # what each NUMA zone can still give
         "zone_free_cpus": f"{m(c.ZONE_CPUS_ALLOCATABLE)} - {m(c.ZONE_CPUS_ALLOCATED)}",
@@ -348,7 +343,7 @@ def activity_expressions(
     """What ``pods`` ((node, uid) pairs) did over the last ``period`` seconds (outcome.py
     reads the answers): each device's SM activity at the instants the pod held it (a
     subquery of about 30 steps, so that a device's time before the pod got it does not
-    count), its slices' SMs and profiles, its CPUs' NUMA nodes, its mean remote memory
+    count), its slices' SMs and profiles, its exclusive CPUs' NUMA nodes, its mean remote memory
     ratio and remote traffic ratio, and its CPU and memory stall rates (PSI some). The
     devices' series are asked of the pods' nodes only: the answer follows the pods."""
     pods = sorted(set(pods))
@@ -381,8 +376,7 @@ def _activity(uids: str, nodes: str, period: float, selector: str) -> Queries:
     by_pod = "node, instance, pod_uid"
 
     def stalls(resource: str) -> str:
-        stalled = m(c.CONTAINER_PRESSURE[resource], uids, 'stall="some"')
-        return f"max by ({by_pod}) (rate({stalled}[{window}]))"
+        return f"max by ({by_pod}) (rate({m(c.POD_PRESSURE[resource], uids)}[{window}]))"
 
     return [
         (
@@ -391,7 +385,7 @@ def _activity(uids: str, nodes: str, period: float, selector: str) -> Queries:
             f" or avg_over_time(({gpu_sm} * on ({device}) group_right {gpus}){span})",
         ),
         ("activity_sms", f"{sizes} * on ({device}, mig_uuid) group_right (mig_profile) {slices}"),
-        ("activity_cpus", f"group by ({by_pod}, numa_node) ({m(c.POD_CPUS, uids)})"),
+        ("activity_cpus", f"group by ({by_pod}, numa_node) ({m(c.POD_EXCLUSIVE_CPUS, uids)})"),
         (
             "activity_remote_memory",
             f"max by ({by_pod}) (avg_over_time({m(c.POD_REMOTE_MEMORY, uids)}[{window}]))",
