@@ -14,7 +14,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo demo-node test test-fast bench lint docs proto image push image-check system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd node-vm clean FORCE
+.PHONY: demo demo-node test test-fast bench lint docs proto image push image-check system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd thanos node-vm clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -163,8 +163,26 @@ $(NRT)/crd.yaml: | $(VENV)/.installed
 
 nrt-crd: $(NRT)/crd.yaml
 
+# Thanos (sidecar and query), pinned in tests/thanos/go.mod with Thanos's own replace
+# directives: the fleet tier queries sharded, replicated Prometheus servers through it.
+# Built with the tags its release uses (.promu.yml): its label codec needs slicelabels.
+THANOS_MODULE := github.com/thanos-io/thanos
+THANOS_VERSION := $(shell awk '$$1 == "require" && $$2 == "$(THANOS_MODULE)" {print $$3}' tests/thanos/go.mod)
+THANOS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numaguard/thanos-$(THANOS_VERSION)
+
+$(THANOS)/.built: | $(VENV)/.installed
+	@$(FIND_GO); \
+	echo "building thanos $(THANOS_VERSION) into $(THANOS) (once: about 5 minutes cold)"; \
+	mkdir -p $(THANOS) && cd tests/thanos && \
+	$$go build -trimpath -tags netgo,slicelabels \
+	  -ldflags "-s -w -X github.com/prometheus/common/version.Version=$(THANOS_VERSION:v%=%)" \
+	  -o $(THANOS)/ $(THANOS_MODULE)/cmd/thanos
+	@touch $@
+
+thanos: $(THANOS)/.built
+
 test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.built \
-  $(OPERATOR)/.built $(NRT)/crd.yaml node-vm
+  $(OPERATOR)/.built $(NRT)/crd.yaml $(THANOS)/.built node-vm
 	$(PY) -m pytest --durations=30 --junitxml=$(JUNIT) -n $(TEST_WORKERS) --dist loadfile
 	$(VENV)/bin/ruff check .
 

@@ -9,6 +9,7 @@ import json
 import time
 
 import aiohttp
+import pydantic
 import pytest
 from aiohttp import web
 from hypothesis import given, settings
@@ -69,6 +70,7 @@ class BadPrometheus:
 
     async def handle(self, request: web.Request) -> web.Response:
         self.hits += 1
+        self.form = dict(await request.post())
         if self.mode == "slow":
             await asyncio.sleep(2)
         if self.mode == "500":
@@ -78,6 +80,15 @@ class BadPrometheus:
         if self.mode == "error":
             return web.json_response(
                 {"status": "error", "errorType": "bad_data", "error": "parse error"}, status=400
+            )
+        if self.mode == "partial":  # Thanos, a store down, partial responses allowed
+            rows = [{"metric": {"node": "n1"}, "value": [1, "1"]}]
+            return web.json_response(
+                {
+                    "status": "success",
+                    "data": {"resultType": "vector", "result": rows},
+                    "warnings": ['fetch series for {cluster="a"}: connection refused'],
+                }
             )
         if self.mode == "matrix":
             return web.json_response({"status": "success", "data": {"resultType": "matrix"}})
@@ -132,6 +143,7 @@ async def bad_prometheus():
         ("deep", "garbage", 1),
         ("garbage", "garbage", 1),
         ("huge", "answer_too_large", 1),
+        ("partial", "partial", 2),
     ],
 )
 async def test_a_bad_prometheus_gives_no_signals(bad_prometheus, mode, reason, attempts):
@@ -144,6 +156,21 @@ async def test_a_bad_prometheus_gives_no_signals(bad_prometheus, mode, reason, a
             await client.query("up", time.time())
     assert err.value.reason == reason
     assert bad.hits == attempts  # retried only what a retry can fix
+    # asked, of engines over many servers (Thanos), for the whole answer and HA pairs once
+    assert bad.form["partial_response"] == "false" and bad.form["dedup"] == "true"
+
+
+async def test_the_cluster_scopes_every_query(bad_prometheus):
+    bad, url = bad_prometheus
+    bad.mode = "medium"
+    async with aiohttp.ClientSession() as session:
+        client = Prometheus(url, session, Source(cluster="gpu-east"), retries=0)
+        assert client.selector == 'job="numaguard",cluster="gpu-east"'
+        await client.query(client.queries[CROSS_NUMA.seen], time.time())
+    assert 'numaguard_pod_cross_numa{job="numaguard",cluster="gpu-east"}' in bad.form["query"]
+    # as the configuration is read: a value no matcher can quote is refused
+    with pytest.raises(pydantic.ValidationError):
+        pydantic.TypeAdapter(Source).validate_python({"cluster": 'east"} or vector(1) #'})
 
 
 async def test_a_value_that_is_no_number_costs_only_its_row(bad_prometheus):

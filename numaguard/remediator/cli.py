@@ -53,6 +53,7 @@ FLAGS = {
     "verify_after": ("policy", "verify_after_seconds"),
     "finding_window": ("windows", "finding"),
     "selector": ("prometheus", "selector"),
+    "cluster": ("prometheus", "cluster"),
 }
 
 
@@ -194,6 +195,13 @@ def parser() -> argparse.ArgumentParser:
             metavar="MATCHERS",
             help='label matchers selecting the exporters\' own series (default job="numaguard", '
             "as the alert rules); series of other scrape targets are never read",
+        )
+        s.add_argument(
+            "--cluster",
+            metavar="NAME",
+            help="where Prometheus is a view of several clusters (Thanos, Mimir): the value "
+            "of the cluster label of the one to act on; every query selects it. Unset, a "
+            "view of several clusters ends each cycle with no action",
         )
         s.add_argument("--log-format", choices=("json", "text"), default="json", help=" ")
         s.add_argument(

@@ -152,8 +152,18 @@ class Controller:
                 reason,
                 extra={"query": query, "reason": reason},
             )
+        targets = signals["exporter_targets"]
+        if len(targets) > 1:  # node and pod names of two clusters would be taken as one's
+            clusters = sorted(targets["cluster"])  # (a row without one has it "")
+            return self._failed(
+                report,
+                "clusters",
+                f"the exporters' series come from {len(clusters)} clusters "
+                f"({', '.join(repr(c) for c in clusters)}): set prometheus.cluster "
+                "(--cluster) to the one this remediator acts on",
+            )
         report.findings = list(self.state.open.values())
-        if not signals["exporter_targets"]["value"].sum():
+        if not targets["value"].sum():
             report.warning = (
                 f"no exporter target matches the selector {self.prometheus.selector}: no "
                 "finding can be made; set prometheus.selector (--selector) to the exporters' "

@@ -65,6 +65,9 @@ class Source:
     selector: Annotated[str, StringConstraints(strict=True), AfterValidator(_matchers)] = (
         DEFAULT_SELECTOR
     )
+    # in a view of several clusters (Thanos, Mimir): the value of the `cluster` label of
+    # the one this remediator acts on; every query selects it
+    cluster: Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z0-9._:/-]*$")] = ""
     timeout_seconds: Positive = 10.0  # per query, reading and decoding included
     # all of a cycle's answers together: what decoding them costs in memory is bounded
     # (about six times this at most)
@@ -76,7 +79,7 @@ class SignalsError(Exception):
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
-        # unreachable | timeout | http | garbage | query | answer_too_large
+        # unreachable | timeout | http | garbage | query | answer_too_large | partial
         self.reason = reason
 
 
@@ -93,13 +96,18 @@ class Prometheus:
         self.session = session
         self.timeout = source.timeout_seconds
         self.retries = retries
-        self.selector = source.selector
+        self.selector = scope(source)
+        # what the recording rules select: alerts/ writes them per exporter job, and each
+        # Prometheus (a shard, a replica) evaluates them over its own series; a view of
+        # several clusters tells their records apart by the cluster label, as any series
+        self.rule_selector = source.selector
         self.max_answer_bytes = source.max_answer_bytes
         self.windows = windows
-        self.queries = expressions(windows, source.selector)  # the whole set, unscoped
+        self.queries = expressions(windows, self.selector)  # the whole set, unscoped
         self.queries_made = 0
         self.bytes_read = 0  # answers' bytes, all queries together: for the benchmarks
         self.rows_read = 0
+        self._unrecorded: list[str] = []  # the recording rules last found missing
 
     async def fetch(self, at: float | None = None) -> Signals:
         """The whole set, unscoped: every pod, slice and zone of the cluster."""
@@ -133,7 +141,7 @@ class Prometheus:
         a window function over every pod. Anything else — no such rule, another
         expression, windows or selector, a failing or late rule group, an answer not
         understood — and they are evaluated directly."""
-        wanted = expressions(self.windows, self.selector)
+        wanted = expressions(self.windows, self.rule_selector)
         normal = {RECORDED[n]: str(promql_parser.parse(wanted[n])) for n in RECORDED}
         params = [("type", "record"), *(("rule_name[]", r) for r in normal)]
         try:
@@ -160,6 +168,15 @@ class Prometheus:
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as err:
             log.info("recording rules not read (%s): evaluating directly", err)
             return frozenset()
+        missing = sorted(RECORDED[n] for n in RECORDED if RECORDED[n] not in found)
+        if missing and missing != self._unrecorded:  # said once, and again when it changes
+            log.info(
+                "evaluating directly: no healthy, current recording rule as the remediator "
+                "would write it for %s",
+                ", ".join(missing),
+                extra={"rules": missing},
+            )
+        self._unrecorded = missing
         return frozenset(n for n in RECORDED if RECORDED[n] in found)
 
     async def query(
@@ -194,10 +211,8 @@ class Prometheus:
         event loop."""
         self.queries_made += 1
         try:
-            async with self.session.post(
-                f"{self.url}/api/v1/query",
-                data={"query": expr, "time": f"{at:.3f}"},
-            ) as response:
+            url = f"{self.url}/api/v1/query"
+            async with self.session.post(url, data=_form(expr, at)) as response:
                 if response.status >= 500 or response.status == 429:
                     raise SignalsError("http", f"{expr}: HTTP {response.status}")
                 if (response.content_length or 0) > budget[0]:
@@ -214,6 +229,19 @@ class Prometheus:
         budget[0] -= len(raw)
         self.bytes_read += len(raw)
         return await asyncio.to_thread(_decode, expr, bytes(raw), required)
+
+
+def scope(source: Source) -> str:
+    """The matchers every query's exporter series carry: the selector, and the cluster."""
+    cluster = f',cluster="{source.cluster}"' if source.cluster else ""
+    return source.selector + cluster
+
+
+def _form(expr: str, at: float) -> dict[str, str]:
+    """An instant query's form. Thanos and Cortex-like engines are asked for the whole
+    answer or an error (a store, shard or replica set that did not answer is no smaller
+    cluster), and for HA replicas' series once; Prometheus ignores both."""
+    return {"query": expr, "time": f"{at:.3f}", "partial_response": "false", "dedup": "true"}
 
 
 def _decode(expr: str, raw: bytes, required: tuple[str, ...]) -> tuple[pd.DataFrame, Counter]:
@@ -238,6 +266,8 @@ def frame(expr: str, body, required: tuple[str, ...] = ()) -> tuple[pd.DataFrame
         raise SignalsError("garbage", f"{expr}: not a Prometheus answer")
     if body["status"] == "error":
         raise SignalsError("query", f"{expr}: {body.get('errorType')}: {body.get('error')}")
+    if body.get("warnings"):  # e.g. Thanos: a store that did not answer; never a whole view
+        raise SignalsError("partial", f"{expr}: {'; '.join(map(str, body['warnings']))[:500]}")
     data = body.get("data")
     if not isinstance(data, dict) or data.get("resultType") != "vector":
         raise SignalsError("garbage", f"{expr}: expected a vector")

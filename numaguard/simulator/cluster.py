@@ -331,14 +331,17 @@ class SimulatedCluster(NodeAgent):
             node.kubelet.socket_path,
         )
 
-    async def run_exporter_daemonset(self, stack, kubeconfig: str, *args: str) -> dict[str, str]:
+    async def run_exporter_daemonset(
+        self, stack, kubeconfig: str, *args: str, port_of=lambda address, node: None
+    ) -> dict[str, str]:
         """Run deploy/'s exporter DaemonSet on every node, as its controller and the
         node's kubelet would: the DaemonSet object as rendered, a pod per node made from
         its template (bound to the node, owned by it) and the exporter as a process for
         each, serving on this machine's routable address, a port each (the nodes share
         one machine: the pod's containerPort says which); the agent reports the pod
         Running at that address, so the exporter Service's EndpointSlices list it as
-        they would a real one. ``stack`` stops the processes. Returns node -> URL."""
+        they would a real one (``port_of(address, node name)`` may choose the port).
+        ``stack`` stops the processes. Returns node -> URL."""
         address = routable_address()
         (daemonset,) = [o for o in rendered() if o["kind"] == "DaemonSet"]
         namespace = daemonset["metadata"]["namespace"]
@@ -360,7 +363,9 @@ class SimulatedCluster(NodeAgent):
         urls, names = {}, set()
         for node in self.nodes.values():
             url, _ = await stack.enter_async_context(
-                self.exporter(node, kubeconfig, *args, address=address)
+                self.exporter(
+                    node, kubeconfig, *args, address=address, port=port_of(address, node.name)
+                )
             )
             pod = json.loads(json.dumps(daemonset["spec"]["template"]))
             name = f"{owner['metadata']['name']}-{node.index}"

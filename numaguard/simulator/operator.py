@@ -90,12 +90,22 @@ class PrometheusOperator:
             self._log.close()
 
     async def generated(
-        self, session, namespace: str, name: str, ready, timeout: float = 60.0
+        self,
+        session,
+        namespace: str,
+        name: str,
+        ready,
+        timeout: float = 60.0,
+        shard: int = 0,
+        replica: int = 0,
     ) -> Path:
         """The configuration and rule files the operator generated for Prometheus
         ``namespace/name``, once ``ready(config dict)`` holds of them, written into this
         operator's directory as the StatefulSet would mount them: the rule files where
-        the configuration says, its pod's variables expanded as the config reloader does."""
+        the configuration says, the variables of its pod (of that ``shard``'s
+        StatefulSet, that ``replica``) expanded as the config reloader does."""
+        statefulset = f"prometheus-{name}" + (f"-shard-{shard}" if shard else "")
+        pod = f"{statefulset}-{replica}"
 
         async def config() -> dict | None:
             if self._proc.poll() is not None:
@@ -106,7 +116,7 @@ class PrometheusOperator:
             packed = secret["data"]["prometheus.yaml.gz"]
             text = gzip.decompress(base64.b64decode(packed)).decode()
             # the config reloader expands the StatefulSet pod's environment
-            for var, value in {"POD_NAME": f"prometheus-{name}-0", "SHARD": "0"}.items():
+            for var, value in {"POD_NAME": pod, "SHARD": str(shard)}.items():
                 text = text.replace(f"$({var})", value)
             if "$(" in text:
                 raise AssertionError(f"a variable the reloader would expand is left: {text}")
@@ -117,7 +127,7 @@ class PrometheusOperator:
             parsed = await until(config, "a configuration generated", timeout, every=0.5)
         except AssertionError as e:
             raise AssertionError(f"{e}; the operator's log:\n{self.log()}") from None
-        out = self.directory / f"prometheus-{name}"
+        out = self.directory / pod
         rules = out / "rules"
         for maps in await self.cp.items(session, "ConfigMap", namespace):
             meta = maps["metadata"]

@@ -74,14 +74,16 @@ async def exporter_process(
     address: str = "127.0.0.1",
     wrapper: tuple[str, ...] = (),
     gpus: str | None = None,
+    port: int | None = None,
 ) -> AsyncIterator[tuple[str, subprocess.Popen]]:
     """``python -m numaguard.exporter ARGS`` on a free port of ``address``, once ready; on the fake
     GPU node described in the file ``gpus`` if one is given (simulator.exporter), run by
-    ``wrapper`` (a command that runs the rest of its arguments) if one is given.
+    ``wrapper`` (a command that runs the rest of its arguments) if one is given; on
+    ``port`` if one is given.
 
     Yields (base URL, process); stops it with SIGTERM on the way out.
     """
-    port = free_port(address)
+    port = port or free_port(address)
     module = ("numaguard.exporter",) if gpus is None else ("numaguard.simulator.exporter", gpus)
     # its log goes to a file: a pipe nobody reads fills up and blocks the exporter
     log = tempfile.TemporaryFile()  # noqa: SIM115 (read after the process ends)

@@ -159,12 +159,13 @@ class PrometheusServer:
         if self.blocks is not None:  # linked, not copied: Prometheus never rewrites a block
             shutil.copytree(self.blocks, d / "data", copy_function=os.link)
         config_file = self.config_file or d / "prometheus.yml"
+        self.data = d / "data"  # its TSDB: a Thanos sidecar beside it reads it
         self._log = open(d / "prometheus.log", "wb")  # noqa: SIM115 (closed in stop)
         self._proc = subprocess.Popen(
             [
                 binary("prometheus", self.version),
                 f"--config.file={config_file}",
-                f"--storage.tsdb.path={d / 'data'}",
+                f"--storage.tsdb.path={self.data}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--log.level=warn",
                 "--web.enable-lifecycle",  # reload(), as a config reloader would

@@ -218,9 +218,10 @@ def detection(
     def read(name: str) -> str:
         return selected(RECORDED[name], selector) if name in recorded else e[name]
 
-    # how many exporter targets the selector finds: none is a selector that names no
-    # exporter (a job relabelled otherwise), said, never read as "nothing to fix"
-    out = [("exporter_targets", f"count({selected('up', selector)})")]
+    # how many exporter targets the selector finds, per cluster: none is a selector that
+    # names no exporter (a job relabelled otherwise), said, never read as "nothing to
+    # fix"; several clusters are a view (Thanos, Mimir) this selector does not narrow
+    out = [("exporter_targets", f"count by (cluster) ({selected('up', selector)})")]
     for kind in PLACEMENT:
         sustained, seen = kind.sustained, kind.seen
         out.append((sustained, read(sustained)) if sustained in recorded else (seen, e[seen]))
