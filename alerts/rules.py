@@ -57,7 +57,9 @@ def recording(windows: Windows = Windows()) -> dict[str, str]:
         # per-slice SM activity over the sizing window, normalised to the slice
         "numaguard:mig_sm_utilization:avg": q["slice_sm"],
         # the worst remote-traffic share of any NUMA node, per node
-        "numaguard:node_remote_traffic_ratio:max": (f"max by (node) ({e(c.NUMA_REMOTE_TRAFFIC)})"),
+        "numaguard:node_remote_traffic_ratio:max": (
+            f"max by (cluster, node) ({e(c.NUMA_REMOTE_TRAFFIC)})"
+        ),
     }
 
 
@@ -106,7 +108,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         Alert(
             "NumaguardMIGSliceOversized",
             f"({q['slice_sm']}) < {D.low_utilization:g} "
-            f"and on (node, mig_uuid) {e(c.MIG_PROCESSES)} > 0",
+            f"and on (cluster, node, mig_uuid) {e(c.MIG_PROCESSES)} > 0",
             "0m",
             "info",
             "MIG slice {{ $labels.mig_uuid }} ({{ $labels.mig_profile }}) is nearly idle",
@@ -138,7 +140,7 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardHighRemoteMemoryTraffic",
-            f"max by (node) ({e(c.NUMA_REMOTE_TRAFFIC)}) > 0.5",
+            f"max by (cluster, node) ({e(c.NUMA_REMOTE_TRAFFIC)}) > 0.5",
             "15m",
             "warning",
             "Node {{ $labels.node }} sends most of its memory traffic across sockets",
@@ -152,8 +154,9 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardLLCNoisyNeighbour",
-            f"max by (node, l3_domain, namespace, pod) ({e(c.POD_LLC_SHARE)}) >= "
-            f"{D.llc_dominant_share:g} and on (node) max by (node) ({e(c.GPU_STARVED)}) == 1",
+            f"max by (cluster, node, l3_domain, namespace, pod) ({e(c.POD_LLC_SHARE)}) >= "
+            f"{D.llc_dominant_share:g} and on (cluster, node) "
+            f"max by (cluster, node) ({e(c.GPU_STARVED)}) == 1",
             "10m",
             "warning",
             "Pod {{ $labels.namespace }}/{{ $labels.pod }} holds most of an L3 cache next to a "

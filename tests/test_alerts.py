@@ -267,6 +267,18 @@ def test_every_rule_names_only_known_metrics_and_has_what_on_call_needs():
         assert (Path(rules.ROOT) / path).is_file(), url
 
 
+def test_every_aggregation_keeps_the_cluster():
+    """Evaluated over a view of several clusters (a Thanos ruler, a global view), an
+    aggregation by node must not merge two clusters' nodes of one name: every by and on
+    list names cluster (or an aggregation keeps every label but some, with without)."""
+    for expr in [*rules.RECORDING.values(), *(a.expr for a in rules.ALERTS)]:
+        for clause in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr):
+            labels = {label.strip() for label in clause.split(",")}
+            # the remediator's own detection keys series by exporter target (instance),
+            # which no two clusters share
+            assert "cluster" in labels or "instance" in labels, (expr, clause)
+
+
 def test_every_alert_has_unit_cases():
     assert set(CASES) == {a.name for a in rules.ALERTS}
 

@@ -74,11 +74,14 @@ class Fleet:
     def pods(self) -> int:
         return self.nodes * self.pods_per_node
 
-    def write(self, end: float, out: TextIO) -> None:
-        """Every family, every series, its samples up to ``end`` (seconds)."""
+    def write(self, end: float, out: TextIO, keep=lambda instance: True) -> None:
+        """Every family, every series (of the exporter targets ``keep`` keeps: a shard's),
+        its samples up to ``end`` (seconds)."""
         for spec, series in self._families():
             out.write(f"# TYPE {spec} gauge\n")
             for labels, history, values in series:
+                if not keep(labels["instance"]):
+                    continue
                 inside = ",".join(f'{k}="{v}"' for k, v in labels.items() if v != "")
                 steps = history // self.step
                 for i in range(steps, -1, -1):

@@ -62,6 +62,10 @@ class _Process:
         )
         return self
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def log(self) -> str:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-3000:]
