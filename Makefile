@@ -192,7 +192,7 @@ test-fast: $(VENV)/.installed
 	NUMAGUARD_TESTS=fast $(PY) -m pytest -m pure -q -n auto --dist worksteal
 	$(VENV)/bin/ruff check .
 
-bench: $(VENV)/.installed system-deps $(PARTS)/.built
+bench: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(THANOS)/.built
 	@command -v prometheus-node-exporter >/dev/null && command -v wrk >/dev/null || { \
 	  echo "installing Debian packages prometheus-node-exporter (the scrape benchmark's peer) and wrk"; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \

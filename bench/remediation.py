@@ -13,9 +13,9 @@ part of a cycle (reading the finding pods) is not in these numbers.
 As fleets run it, too: the same cluster split by exporter target over two Prometheus 3
 shards (backfilled apart, each with its external labels), a Thanos sidecar beside each
 and Thanos Query over them; the remediator reads the querier, scoped to the cluster.
-Prometheus CPU is then the shards' sum, the querier's beside it. And what the alert
-rules cost Prometheus at that size: each group's evaluation time, from its own
-``prometheus_rule_group_last_duration_seconds``.
+Prometheus CPU is then the shards' sum, Thanos's (querier and sidecars) beside it. And
+what the alert rules cost Prometheus at that size: each group's evaluation time, from
+its own ``prometheus_rule_group_last_duration_seconds``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ async def cycle(way: str, engine: Engine, client: Prometheus, at: float) -> dict
         "wall_s": time.monotonic() - wall,
         "cpu_s": time.process_time() - cpu,
         "prometheus_cpu_s": engine.cpu()[0] - prom_cpu[0],
-        "querier_cpu_s": engine.cpu()[1] - prom_cpu[1],
+        "thanos_cpu_s": engine.cpu()[1] - prom_cpu[1],
         "answer_mb": client.bytes_read / 1e6,
         "series": client.rows_read,
         "queries": client.queries_made,
@@ -104,16 +104,15 @@ async def cycle(way: str, engine: Engine, client: Prometheus, at: float) -> dict
 
 
 class Engine:
-    """Where the series are asked: the Prometheus servers that hold them and the querier
-    in front of them (None: they are asked directly)."""
+    """Where the series are asked: the Prometheus servers that hold them, and Thanos in
+    front of them (none: they are asked directly)."""
 
-    def __init__(self, url: str, servers: list[int], querier: int | None = None) -> None:
-        self.url, self.servers, self.querier = url, servers, querier
+    def __init__(self, url: str, servers: list[int], thanos: list[int] = ()) -> None:
+        self.url, self.servers, self.thanos = url, servers, thanos
 
     def cpu(self) -> tuple[float, float]:
-        """(the servers' CPU seconds, the querier's)."""
-        servers = sum(cpu_seconds(pid) for pid in self.servers)
-        return servers, cpu_seconds(self.querier) if self.querier else 0.0
+        """(the servers' CPU seconds, Thanos's: the querier's and the sidecars')."""
+        return tuple(sum(cpu_seconds(pid) for pid in pids) for pids in (self.servers, self.thanos))
 
 
 async def measure(
@@ -125,7 +124,7 @@ async def measure(
         await cycle("sizing", engine, client, at)  # the blocks' index read once, for all
         for way in ways:
             cycles = [await cycle(way, engine, client, at) for _ in range(runs)]
-            keys = (*TARGETS, "querier_cpu_s")
+            keys = (*TARGETS, "thanos_cpu_s")
             median = {k: statistics.median(c[k] for c in cycles) for k in keys}
             out[way] = {**cycles[-1], **median}
     return out
@@ -140,7 +139,7 @@ async def through_thanos(shards: list[Path], directory: Path, at: float, runs: i
     """The rounds through Thanos Query over the shards (the whole set of before is not
     asked: it is what fleets cannot afford of one server, let alone through a querier)."""
     async with contextlib.AsyncExitStack() as stack:
-        servers, endpoints = [], []
+        servers, sidecars = [], []
         for i, blocks in enumerate(shards):
             config = directory / f"shard-{i}.yml"
             labels = {"cluster": CLUSTER, "prometheus": f"monitoring/k8s-shard-{i}"}
@@ -152,10 +151,10 @@ async def through_thanos(shards: list[Path], directory: Path, at: float, runs: i
             sidecar = await Sidecar(prom.url, prom.data).start()
             stack.callback(sidecar.stop)
             servers.append(prom.pid)
-            endpoints.append(sidecar.grpc_address)
-        query = await Query(endpoints, "prometheus_replica").start()
+            sidecars.append(sidecar)
+        query = await Query([s.grpc_address for s in sidecars], "prometheus_replica").start()
         stack.callback(query.stop)
-        engine = Engine(query.url, servers, query.pid)
+        engine = Engine(query.url, servers, [query.pid, *(s.pid for s in sidecars)])
         return await measure(engine, at, runs, WAYS[:2], replace(ROOMY, cluster=CLUSTER))
 
 
@@ -253,7 +252,7 @@ def main() -> None:
                 f"cluster: {nodes} nodes through Thanos Query over {SHARDS} Prometheus 3 shards, "
                 f"{r['findings']} findings; same plan as one Prometheus: {'yes' if same else 'NO'}"
             )
-            print_rows(r, z, None, (*ROWS, "querier_cpu_s"))
+            print_rows(r, z, None, (*ROWS, "thanos_cpu_s"))
 
 
 if __name__ == "__main__":
