@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 from dataclasses import replace
@@ -39,10 +40,16 @@ from numaguard.remediator.controller import Controller
 from numaguard.remediator.core.findings import FindingState, update
 from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.queries import RECORDED
 from numaguard.remediator.signals import Prometheus, Source
 from numaguard.simulator.fleet import Fleet, open_nodes, pods_for
 from numaguard.simulator.processes import free_port, until
-from numaguard.simulator.prometheus import PrometheusMissing, PrometheusServer, tsdb_blocks
+from numaguard.simulator.prometheus import (
+    PrometheusMissing,
+    PrometheusServer,
+    binary,
+    tsdb_blocks,
+)
 from numaguard.simulator.thanos import Query, Sidecar, ThanosMissing
 
 RULES = Path(__file__).resolve().parent.parent / "alerts" / "numaguard.rules.yml"
@@ -63,6 +70,39 @@ def backfill(fleet: Fleet, end: float, into: Path, keep=lambda instance: True) -
     with text.open("w") as out:
         fleet.write(end, out, keep)
     return tsdb_blocks(text)
+
+
+async def add_records(blocks: Path, end: float) -> None:
+    """The recording rules' records of the last five minutes to ``end``, backfilled into
+    ``blocks`` by promtool from a server on them: what a server evaluating the
+    PrometheusRule holds, so that round one reads records, not every verdict's window."""
+    out = blocks.parent / "records"
+    async with PrometheusServer([], free_port(), version="3", blocks=blocks) as prom:
+        await asyncio.to_thread(
+            subprocess.run,
+            [
+                binary("promtool", "3"),
+                *("tsdb", "create-blocks-from", "rules", "--quiet"),
+                f"--start={int(end) - 300}",
+                f"--end={int(end)}",
+                "--eval-interval=60s",
+                f"--url={prom.url}",
+                f"--output-dir={out}",
+                str(RULES),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    for block in out.iterdir():
+        block.rename(blocks / block.name)
+
+
+class Recorded(Prometheus):
+    """A client of servers that hold the records (add_records): it reads them, as it
+    does where it finds the rules evaluated as it would write them."""
+
+    async def recorded(self, at: float) -> frozenset[str]:
+        return frozenset(RECORDED)
 
 
 def shard_of(instance: str) -> int:
@@ -116,11 +156,11 @@ class Engine:
 
 
 async def measure(
-    engine: Engine, at: float, runs: int, ways=WAYS, source: Source = ROOMY
+    engine: Engine, at: float, runs: int, ways=WAYS, source: Source = ROOMY, client=Prometheus
 ) -> dict[str, dict]:
     out = {}
     async with aiohttp.ClientSession() as session:
-        client = Prometheus(engine.url, session, source)
+        client = client(engine.url, session, source)
         await cycle("sizing", engine, client, at)  # the blocks' index read once, for all
         for way in ways:
             cycles = [await cycle(way, engine, client, at) for _ in range(runs)]
@@ -130,12 +170,16 @@ async def measure(
     return out
 
 
-async def one_prometheus(version: str, blocks: Path, at: float, runs: int) -> dict[str, dict]:
+async def one_prometheus(
+    version: str, blocks: Path, at: float, runs: int, client=Prometheus
+) -> dict[str, dict]:
     async with PrometheusServer([], free_port(), version=version, blocks=blocks) as prom:
-        return await measure(Engine(prom.url, [prom.pid]), at, runs)
+        return await measure(Engine(prom.url, [prom.pid]), at, runs, client=client)
 
 
-async def through_thanos(shards: list[Path], directory: Path, at: float, runs: int) -> dict:
+async def through_thanos(
+    shards: list[Path], directory: Path, at: float, runs: int, client=Prometheus
+) -> dict:
     """The rounds through Thanos Query over the shards (the whole set of before is not
     asked: it is what fleets cannot afford of one server, let alone through a querier)."""
     async with contextlib.AsyncExitStack() as stack:
@@ -155,7 +199,8 @@ async def through_thanos(shards: list[Path], directory: Path, at: float, runs: i
         query = await Query([s.grpc_address for s in sidecars], "prometheus_replica").start()
         stack.callback(query.stop)
         engine = Engine(query.url, servers, [query.pid, *(s.pid for s in sidecars)])
-        return await measure(engine, at, runs, WAYS[:2], replace(ROOMY, cluster=CLUSTER))
+        source = replace(ROOMY, cluster=CLUSTER)
+        return await measure(engine, at, runs, WAYS[:2], source, client)
 
 
 async def rule_cost(version: str, blocks: Path) -> dict[str, float]:
@@ -205,7 +250,14 @@ def main() -> None:
     p.add_argument("--starved", type=int, default=30)
     p.add_argument("--oversized", type=int, default=40)
     p.add_argument("--no-thanos", action="store_true", help="one Prometheus only")
+    p.add_argument(
+        "--records",
+        action="store_true",
+        help="the servers hold the recording rules' records too, and the remediator reads them",
+    )
     args = p.parse_args()
+    client = Recorded if args.records else Prometheus
+    held = ", the rules' records backfilled" if args.records else ""
     print(f"{'measure':<34}{'rounds':>10}{'+sizing':>10}{'whole':>10}{'ratio':>8}  target")
     for nodes in args.nodes:
         fleet = Fleet(nodes, 8, args.cross_numa, args.starved, args.oversized)
@@ -215,10 +267,12 @@ def main() -> None:
             blocks = backfill(fleet, end, Path(tmp) / "all")
             took = time.monotonic() - started
             rules = asyncio.run(rule_cost("3", blocks))  # before the series go stale
+            if args.records:
+                asyncio.run(add_records(blocks, end))
             plans = {}
             for version in args.versions:
                 try:
-                    result = asyncio.run(one_prometheus(version, blocks, end, args.runs))
+                    result = asyncio.run(one_prometheus(version, blocks, end, args.runs, client))
                 except PrometheusMissing as err:
                     print(f"# Prometheus {version}: {err}")
                     continue
@@ -227,7 +281,7 @@ def main() -> None:
                 same = r["plan"] == z["plan"] == w["plan"]
                 print(
                     f"cluster: {nodes} nodes, {fleet.pods} pods, Prometheus {version}, "
-                    f"{r['findings']} findings, backfilled in {took:.0f}s; "
+                    f"{r['findings']} findings, backfilled in {took:.0f}s{held}; "
                     f"same plan every way: {'yes' if same else 'NO'}"
                 )
                 print_rows(r, z, w)
@@ -241,8 +295,11 @@ def main() -> None:
                 backfill(fleet, end, Path(tmp) / f"shard-{i}", lambda t, i=i: shard_of(t) == i)
                 for i in range(SHARDS)
             ]
+            if args.records:
+                for shard in shards:
+                    asyncio.run(add_records(shard, end))
             try:
-                result = asyncio.run(through_thanos(shards, Path(tmp), end, args.runs))
+                result = asyncio.run(through_thanos(shards, Path(tmp), end, args.runs, client))
             except (PrometheusMissing, ThanosMissing) as err:
                 print(f"# Thanos: {err}")
                 continue
@@ -250,7 +307,8 @@ def main() -> None:
             same = r["plan"] == z["plan"] == plans.get("3", r["plan"])
             print(
                 f"cluster: {nodes} nodes through Thanos Query over {SHARDS} Prometheus 3 shards, "
-                f"{r['findings']} findings; same plan as one Prometheus: {'yes' if same else 'NO'}"
+                f"{r['findings']} findings{held}; "
+                f"same plan as one Prometheus: {'yes' if same else 'NO'}"
             )
             print_rows(r, z, None, (*ROWS, "thanos_cpu_s"))
 
