@@ -113,7 +113,14 @@ def bill(text: str) -> tuple[Counter, Counter]:
     return kinds, families
 
 
-SIZES = {"pod": 150, "gpu": 8, "slice": 56}  # presets.reference_gpu_node's
+def sizes() -> dict[str, int]:
+    """How many pods, GPUs and MIG slices the reference node has."""
+    host, nvml = presets.reference_gpu_node()
+    return {
+        "pod": len(host.pods),
+        "gpu": len(nvml.gpus),
+        "slice": sum(len(g.mig) for g in nvml.gpus),
+    }
 
 
 def totals() -> tuple[int, int]:
@@ -127,12 +134,16 @@ def main() -> None:
     bills = {detail: bill(text) for detail, text in texts.items()}
     (default, default_families), (full, full_families) = bills[False], bills[True]
     total, total_full = sum(default.values()), sum(full.values())
-    print("series bill, reference GPU node (150 pods, 8 GPUs, 56 MIG slices)")
+    n = sizes()
+    print(
+        f"series bill, reference GPU node ({n['pod']} pods, {n['gpu']} GPUs, "
+        f"{n['slice']} MIG slices)"
+    )
     print(f"{'':<24}{'default':>10}{'--detail':>10}  target")
     verdict = "met" if total <= TARGET else "NOT met"
     print(f"{'series':<24}{total:>10,}{total_full:>10,}  <= {TARGET:,} by default: {verdict}")
-    for kind, n in SIZES.items():
-        print(f"{'per ' + kind:<24}{default[kind] / n:>10.1f}{full[kind] / n:>10.1f}")
+    for kind, count in n.items():
+        print(f"{'per ' + kind:<24}{default[kind] / count:>10.1f}{full[kind] / count:>10.1f}")
     print(f"{'the node own':<24}{default['node']:>10}{full['node']:>10}")
     print(
         f"{'Prometheus memory, MiB':<24}{total * KIB_PER_SERIES / 1024:>10.1f}"

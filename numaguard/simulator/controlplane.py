@@ -24,7 +24,7 @@ import aiohttp
 import yaml
 
 from numaguard.simulator.faultproxy import FaultProxy
-from numaguard.simulator.processes import free_port, until
+from numaguard.simulator.processes import cache, free_port, until
 
 ROOT = Path(__file__).resolve().parents[2]
 # deploy/'s namespace, ServiceAccounts and RBAC, applied to the test cluster as shipped
@@ -120,8 +120,7 @@ def parts_dir() -> Path:
     """Where ``make k8s-parts`` put the binaries of the version tests/k8s/go.mod pins."""
     text = (ROOT / "tests/k8s/go.mod").read_text()
     version = re.search(r"k8s\.io/kubernetes (v[0-9.]+)", text)[1]
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    path = Path(cache) / "numaguard" / f"k8s-{version}"
+    path = cache() / f"k8s-{version}"
     stamp = path / ".built"  # what make built there, once it all was
     built = stamp.read_text().split() if stamp.is_file() else []
     if not set(PARTS) <= set(built) or not all((path / p).is_file() for p in PARTS):
@@ -134,8 +133,7 @@ def nrt_crd() -> Path:
     tests/nrt/go.mod pins."""
     text = (ROOT / "tests/nrt/go.mod").read_text()
     version = re.search(r"noderesourcetopology-api (v[0-9.]+)", text)[1]
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    path = Path(cache) / "numaguard" / f"noderesourcetopology-api-{version}" / "crd.yaml"
+    path = cache() / f"noderesourcetopology-api-{version}" / "crd.yaml"
     if not path.is_file():
         raise ControlPlaneMissing(f"no {path}: run make nrt-crd")
     return path

@@ -30,7 +30,7 @@ from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.controlplane import parts_dir as k8s_parts
 from numaguard.simulator.deviceplugin import RESOURCE, devices_of
 from numaguard.simulator.nvml import FakeNvml
-from numaguard.simulator.processes import free_port, until, wait_ok
+from numaguard.simulator.processes import cache, free_port, until, wait_ok
 
 API_PORT = 6443  # where the guest reaches the API server (vm.HOST)
 EXPORTER_PORT = 9400
@@ -59,7 +59,7 @@ def exporter_kubeconfig(cp: ControlPlane, job: Path) -> str:
 
 def containerd_dir() -> Path:
     """containerd, its runc shim and ctr, as make node-vm builds them."""
-    found = sorted(vm.cache().glob("containerd-v*/.built"), key=lambda p: p.stat().st_mtime)
+    found = sorted(cache().glob("containerd-v*/.built"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise vm.VmMissing("no containerd built: run `make node-vm`")
     return found[-1].parent

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from numaguard.simulator.controlplane import ROOT, ControlPlane
-from numaguard.simulator.processes import free_port, until
+from numaguard.simulator.processes import cache, free_port, until
 
 RELEASE = "kube-prometheus-stack"  # the release label deploy/ carries
 RULES_DIR = "/etc/prometheus/rules"  # where the operator's StatefulSet mounts rule files
@@ -35,8 +35,7 @@ def operator_dir() -> Path:
     """Where ``make prometheus-operator`` put the version tests/operator/go.mod pins."""
     text = (ROOT / "tests/operator/go.mod").read_text()
     version = re.search(r"prometheus-operator/prometheus-operator (v[0-9.]+)", text)[1]
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    path = Path(cache) / "numaguard" / f"prometheus-operator-{version}"
+    path = cache() / f"prometheus-operator-{version}"
     if not (path / ".built").is_file():
         raise OperatorMissing(f"{path} is incomplete: run make prometheus-operator")
     return path

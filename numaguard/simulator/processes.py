@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import aiohttp
 import psutil
@@ -28,6 +30,12 @@ async def until(check, what: str, timeout: float = 60.0, every: float = 0.1):
         if loop.time() > deadline:
             raise AssertionError(f"not {what} in {timeout:g}s")
         await asyncio.sleep(every)
+
+
+def cache() -> Path:
+    """Where make builds the pinned real parts: numaguard/ in $XDG_CACHE_HOME, else in
+    ~/.cache, one folder each keyed by version."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "numaguard"
 
 
 def free_port(address: str = "127.0.0.1") -> int:

@@ -21,7 +21,7 @@ import aiohttp
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.queries import REQUIRED_LABELS
 from numaguard.remediator.signals import frame
-from numaguard.simulator.processes import wait_ok
+from numaguard.simulator.processes import cache, wait_ok
 
 
 def as_signals(
@@ -63,8 +63,7 @@ def built_prometheus3() -> Path:
     text = (ROOT / "tests/prometheus/go.mod").read_text()
     module = re.search(r"github\.com/prometheus/prometheus v0\.(\d+)\.(\d+)", text)
     version = f"v3.{int(module[1]) - 300}.{module[2]}"  # v0.316.0 is Prometheus 3.16.0
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(cache) / "numaguard" / f"prometheus-{version}"
+    return cache() / f"prometheus-{version}"
 
 
 def binary(name: str = "prometheus", version: str = "2") -> str:

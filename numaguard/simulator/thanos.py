@@ -7,7 +7,6 @@ replace directives). Each process runs on 127.0.0.1 on free ports and is killed 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tempfile
@@ -16,7 +15,7 @@ from pathlib import Path
 import aiohttp
 
 from numaguard.simulator.controlplane import ROOT
-from numaguard.simulator.processes import free_port, until, wait_ok
+from numaguard.simulator.processes import cache, free_port, until, wait_ok
 
 
 class ThanosMissing(RuntimeError):
@@ -27,8 +26,7 @@ def thanos_binary() -> Path:
     """Where ``make thanos`` put the version tests/thanos/go.mod pins."""
     text = (ROOT / "tests/thanos/go.mod").read_text()
     version = re.search(r"^require github.com/thanos-io/thanos (v[0-9.]+)", text, re.M)[1]
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    path = Path(cache) / "numaguard" / f"thanos-{version}"
+    path = cache() / f"thanos-{version}"
     if not (path / ".built").is_file():
         raise ThanosMissing(f"{path} is incomplete: run make thanos")
     return path / "thanos"

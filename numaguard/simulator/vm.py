@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from numaguard.simulator.processes import cache
+
 KERNEL_PACKAGE = "linux-image-amd64"  # Debian's: its Depends names the current kernel
 # Debian's, for the node's container runtime (containerd is built from its module: make
 # node-vm), the pods' network and numastat; unpacked into the parts' root/
@@ -91,10 +93,6 @@ poweroff -f
 
 class VmMissing(RuntimeError):
     pass
-
-
-def cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "numaguard"
 
 
 def kernel_package() -> str:

@@ -206,9 +206,7 @@ def _pod(
     verdicts: dict[str, bool] = {}
     # CPU placement is the CPU manager's only for exclusive CPUs: the shared pool spans
     # the node by design, so a pod without exclusive CPUs gets no cpu_span verdict
-    if any(c.exclusive_cpus for c in containers) and all(
-        c.cpu_span is not None for c in containers
-    ):
+    if exclusive and all(c.cpu_span is not None for c in containers):
         verdicts["cpu_span"] = any(c.cpu_span for c in containers)
     if remote_ratio is not None:
         verdicts["memory_remote"] = (
@@ -226,19 +224,24 @@ def _pod(
         memory_remote_ratio=remote_ratio,
         numa_nodes_spanned=len(cpus_by_node) if cpus_by_node is not None else None,
         cross_numa=verdicts,
-        throttled_seconds=_sum(c.throttling and c.throttling.throttled_seconds for c in containers),
-        pressure_seconds={
-            resource: total
-            for resource in ("cpu", "memory")
-            if (
-                total := _sum(
-                    c.pressure.get(resource) and c.pressure[resource].some_seconds
-                    for c in containers
-                )
-            )
-            is not None
-        },
+        throttled_seconds=_sum(
+            c.throttling.throttled_seconds if c.throttling else None for c in containers
+        ),
+        pressure_seconds=_pressure(containers),
     )
+
+
+def _pressure(containers: tuple[ContainerState, ...]) -> dict[str, float]:
+    """PSI some of CPU and memory, summed over the containers, where all of them say."""
+    out = {}
+    for resource in ("cpu", "memory"):
+        total = _sum(
+            c.pressure[resource].some_seconds if resource in c.pressure else None
+            for c in containers
+        )
+        if total is not None:
+            out[resource] = total
+    return out
 
 
 def _sum(values) -> float | None:
