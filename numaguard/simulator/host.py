@@ -7,12 +7,14 @@ to its next state; pods no longer described are removed from the cgroup tree.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from numaguard.exporter.memory_mover import KernelRefused
 from numaguard.exporter.readers import format_id_list, parse_id_list
 from numaguard.exporter.records import PodMeta
 
@@ -98,6 +100,8 @@ class FakeHost:
     # CRI makes one on a real node; the kubelet and the API server never name it
     sandboxes: bool = False
     page_size: int = 4096
+    # each main process's /proc/<pid>/maps and numa_maps (what memory_mover reads)
+    process_maps: bool = False
     # L3 caches as (CPU list, size); None: one per socket over all the socket's CPUs
     l3: list[tuple[str, int]] | None = None
     l3_size_bytes: int = 64 * MIB  # size of the default ones
@@ -200,7 +204,8 @@ class FakeHostRoot:
             _put(self.root / f"sys/bus/pci/devices/{address}/numa_node", str(node))
 
     def _write_procs(self) -> None:
-        """``/proc/<pid>/cgroup`` of each container's main process; exited ones removed."""
+        """``/proc/<pid>/cgroup``, ``maps`` and ``numa_maps`` of each container's main
+        process; exited ones removed."""
         h = self.host
         kubepods = "kubepods.slice" if h.cgroup_driver == "systemd" else "kubepods"
         wanted = set()
@@ -222,6 +227,10 @@ class FakeHostRoot:
                 pid = h.pid(pod, ctr)
                 wanted.add(str(pid))
                 _put(self.root / f"proc/{pid}/cgroup", text)
+                if h.process_maps:
+                    maps, numa_maps = process_mappings(ctr, h.page_size)
+                    _put(self.root / f"proc/{pid}/maps", maps)
+                    _put(self.root / f"proc/{pid}/numa_maps", numa_maps)
         for d in _dirs(self.root / "proc"):
             if d.name.isdigit() and d.name not in wanted:
                 shutil.rmtree(d)
@@ -303,8 +312,9 @@ class FakeHostRoot:
         mems = ctr.mems if ctr.mems is not None else self._all_mems()
         if controller in ("", "cpuset"):
             self._cpuset(d, controller, ctr.cpus, mems)
-        tids = "\n".join(map(str, self.host.tids(pod, ctr)))
-        _put(d / ("cgroup.threads" if controller == "" else "tasks"), tids)
+        tids = self.host.tids(pod, ctr)
+        _put(d / ("cgroup.threads" if controller == "" else "tasks"), "\n".join(map(str, tids)))
+        _put(d / "cgroup.procs", str(tids[0]))  # its one process, the main thread's
         if controller in ("", "memory"):
             _put(d / "memory.numa_stat", self._numa_stat(ctr))
         if controller in ("", "cpu,cpuacct"):
@@ -395,6 +405,12 @@ class FakeHostRoot:
     def _all_mems(self) -> str:
         return format_id_list(frozenset(range(len(self.host.nodes))))
 
+    def pod_cgroup(self, pod: FakePod) -> Path:
+        """The pod's cgroup folder (v2), as the kubelet names it."""
+        kubepods = "kubepods.slice" if self.host.cgroup_driver == "systemd" else "kubepods"
+        parts = (kubepods, self._qos_dir(pod.qos_class), self._pod_dir(pod))
+        return self.root.joinpath("sys/fs/cgroup", *(p for p in parts if p))
+
     def _qos_dir(self, qos: str) -> str:
         if qos == "guaranteed":
             return ""
@@ -450,6 +466,99 @@ def _node_meminfo(i: int, n: FakeNumaNode) -> str:
     lines = [f"Node {i} {k + ':':<15} {v:>10} kB" for k, v in kb.items()]
     lines += [f"Node {i} HugePages_Total:     0", f"Node {i} HugePages_Free:      0"]
     return "\n".join(lines) + "\n"
+
+
+# Each container's main process maps its memory (memory_by_node) as one anonymous
+# mapping at HEAP, and two pages of the C library at LIBC, on node 0 and mapped by every
+# process: as move_pages(2) without MPOL_MF_MOVE_ALL, those never move.
+HEAP = 0x7F0000000000
+LIBC = 0x7FF000000000
+
+
+def process_mappings(ctr: FakeContainer, page_size: int) -> tuple[str, str]:
+    """The container's main process's /proc/<pid>/maps and numa_maps."""
+    pages = {n: b // page_size for n, b in sorted(ctr.memory_by_node.items()) if b >= page_size}
+    total = sum(pages.values())
+    kb = page_size // 1024
+    maps = [f"{LIBC:x}-{LIBC + 2 * page_size:x} r-xp 00000000 fe:00 4242 /usr/lib/libc.so.6"]
+    numa_maps = [f"{LIBC:x} default file=/usr/lib/libc.so.6 mapped=2 N0=2 kernelpagesize_kB={kb}"]
+    if total:
+        maps.insert(0, f"{HEAP:x}-{HEAP + total * page_size:x} rw-p 00000000 00:00 0")
+        nodes = " ".join(f"N{n}={p}" for n, p in pages.items())
+        numa_maps.insert(
+            0, f"{HEAP:x} default anon={total} dirty={total} {nodes} kernelpagesize_kB={kb}"
+        )
+    return "\n".join(maps), "\n".join(numa_maps)
+
+
+class FakePages:
+    """move_pages(2) over a fake host's container processes, as memory_mover.Kernel calls
+    it, and as strict as the kernel: an unknown PID is ESRCH; a caller without ptrace
+    access to the pod (no CAP_SYS_PTRACE) EPERM; an offline node ENODEV; a node outside
+    the container's cpuset.mems EACCES; per page, an address outside its mappings EFAULT,
+    a library page (mapped by others) EACCES, no free memory on the node ENOMEM. A moved
+    page moves the container's memory_by_node and the node's free memory with it: write
+    the host root again to show it."""
+
+    def __init__(self, host: FakeHost, ptrace: bool = True) -> None:
+        self.host, self.ptrace = host, ptrace
+        self.calls = 0
+        self._heaps: dict[int, bytearray] = {}  # pid -> the node of each heap page
+
+    def move_pages(self, pid: int, addresses, node: int | None) -> list[int]:
+        self.calls += 1
+        found = self._container(pid)
+        if found is None:
+            raise KernelRefused(errno.ESRCH, f"no process {pid}")
+        if not self.ptrace:
+            raise KernelRefused(errno.EPERM, "ptrace access denied")
+        ctr = found
+        size = self.host.page_size
+        heap = self._heap(pid, ctr)
+        nodes = self.host.nodes
+        if node is not None:
+            if not 0 <= node < len(nodes):
+                raise KernelRefused(errno.ENODEV, f"node {node} is not online")
+            mems = parse_id_list(ctr.mems) if ctr.mems is not None else range(len(nodes))
+            if node not in mems:
+                raise KernelRefused(errno.EACCES, f"node {node} is outside cpuset.mems")
+        status = []
+        for address in addresses:
+            page = (address - HEAP) // size
+            if LIBC <= address < LIBC + 2 * size:
+                status.append(0 if node in (None, 0) else -errno.EACCES)
+            elif address % size or not 0 <= page < len(heap):
+                status.append(-errno.EFAULT)
+            elif node is None or heap[page] == node:
+                status.append(heap[page])
+            elif nodes[node].memory_free_bytes < size:
+                status.append(-errno.ENOMEM)
+            else:
+                nodes[heap[page]].memory_free_bytes += size
+                nodes[node].memory_free_bytes -= size
+                ctr.memory_by_node[heap[page]] -= size
+                ctr.memory_by_node[node] = ctr.memory_by_node.get(node, 0) + size
+                heap[page] = node
+                status.append(node)
+        return status
+
+    def _container(self, pid: int) -> FakeContainer | None:
+        for pod in self.host.pods:
+            for ctr in pod.containers:
+                if self.host.pid(pod, ctr) == pid:
+                    return ctr
+        return None
+
+    def _heap(self, pid: int, ctr: FakeContainer) -> bytearray:
+        """The heap's pages, node by node in order, as process_mappings shows them."""
+        size = self.host.page_size
+        want = {n: b // size for n, b in sorted(ctr.memory_by_node.items()) if b >= size}
+        heap = self._heaps.get(pid)
+        if heap is None or {n: heap.count(n) for n in set(heap)} != {
+            n: p for n, p in want.items() if p
+        }:
+            heap = self._heaps[pid] = bytearray(b"".join(bytes([n]) * p for n, p in want.items()))
+        return heap
 
 
 def _put(path: Path, text: str) -> None:

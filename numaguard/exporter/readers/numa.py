@@ -1,10 +1,12 @@
-"""Readers for sysfs NUMA files and the NUMA part of /proc/vmstat."""
+"""Readers for sysfs NUMA files, the NUMA part of /proc/vmstat, and a process's mappings
+per NUMA node (/proc/<pid>/maps and numa_maps)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from numaguard.exporter.readers import ParseError, _count, parse_key_values
+from numaguard.exporter.readers import MAX_ID, ParseError, _count, parse_key_values
 
 NUMASTAT_KINDS = (
     "numa_hit",
@@ -67,3 +69,61 @@ def parse_vmstat_balancing(text: str) -> dict[str, int]:
         line for line in text.splitlines() if line.split(" ", 1)[0] in VMSTAT_BALANCING
     )
     return parse_key_values(wanted)
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """One mapping of a process: its address range, page size and pages per NUMA node."""
+
+    start: int
+    end: int
+    page_size: int
+    pages: dict[int, int]  # NUMA node -> pages resident there
+
+
+_NUMA_MAPS_NODE = re.compile(r"N(\d{1,5})=(\d{1,20})")
+_HEX = re.compile(r"[0-9a-f]{1,16}")
+
+
+def parse_process_mappings(maps: str, numa_maps: str) -> tuple[Mapping, ...]:
+    """``/proc/<pid>/maps`` (each mapping's range) joined with ``/proc/<pid>/numa_maps``
+    (its resident pages per node, ``N<node>=<pages>`` of ``kernelpagesize_kB``), read
+    one after the other: a mapping in only one of them changed in between and is left
+    out. Only mappings with resident pages are returned."""
+    ends: dict[int, int] = {}
+    for line in maps.splitlines():
+        span = line.split(" ", 1)[0]
+        lo, sep, hi = span.partition("-")
+        if not sep or not _HEX.fullmatch(lo) or not _HEX.fullmatch(hi):
+            raise ParseError(f"maps: expected 'start-end ...', got {line[:60]!r}")
+        start, end = int(lo, 16), int(hi, 16)
+        if end <= start:
+            raise ParseError(f"maps: empty range {span!r}")
+        ends[start] = end
+    out = []
+    for line in numa_maps.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if not _HEX.fullmatch(fields[0]):
+            raise ParseError(f"numa_maps: expected an address, got {line[:60]!r}")
+        start = int(fields[0], 16)
+        pages: dict[int, int] = {}
+        page_size = 4096
+        for field in fields[1:]:
+            if m := _NUMA_MAPS_NODE.fullmatch(field):
+                pages[_small_node(m[1])] = int(m[2])
+            elif field.startswith("kernelpagesize_kB="):
+                page_size = _count(field.partition("=")[2]) * 1024
+        if page_size <= 0 or page_size & (page_size - 1):
+            raise ParseError(f"numa_maps: page size {page_size} is not a power of two")
+        if pages and start in ends:
+            out.append(Mapping(start, ends[start], page_size, pages))
+    return tuple(out)
+
+
+def _small_node(text: str) -> int:
+    value = int(text)
+    if value >= MAX_ID:
+        raise ParseError(f"NUMA node {value} out of range")
+    return value

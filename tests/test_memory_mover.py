@@ -1,0 +1,342 @@
+"""Moving a pod's memory in place (exporter/memory_mover.py): the readers of a process's
+mappings, the choice of node, the pace, and the move itself — against this machine's
+kernel where one NUMA node is enough, against the fake host's move_pages elsewhere. The
+two-node proof on a real kernel is tests/test_node_vm.py's."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from numaguard.exporter.memory_mover import (
+    BATCH_PAGES,
+    SCAN_PAGES,
+    Kernel,
+    KernelRefused,
+    Pace,
+    destination,
+    move_pod_memory,
+)
+from numaguard.exporter.readers import ParseError
+from numaguard.exporter.readers.numa import Mapping, parse_process_mappings
+from numaguard.simulator import presets
+from numaguard.simulator.host import (
+    GIB,
+    HEAP,
+    MIB,
+    FakeContainer,
+    FakeHost,
+    FakeNumaNode,
+    FakePages,
+    FakePod,
+)
+from tests.conftest import make_collection, metadata_of, samples, series
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = 4096
+REMOTE_MIB = 112
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def host_with_remote_memory() -> FakeHost:
+    """A pod whose exclusive CPUs sit on node 0 and most of whose memory is on node 1."""
+    return FakeHost(
+        nodes=[
+            FakeNumaNode("0-7", socket=0, memory_total_bytes=GIB, memory_free_bytes=GIB // 2),
+            FakeNumaNode("8-15", socket=1, memory_total_bytes=GIB, memory_free_bytes=GIB // 2),
+        ],
+        pods=[
+            FakePod(
+                "remote",
+                presets.pod_uid("remote"),
+                "guaranteed",
+                [FakeContainer("main", "2-3", {0: 16 * MIB, 1: REMOTE_MIB * MIB})],
+                namespace="ml",
+            )
+        ],
+        process_maps=True,
+    )
+
+
+# -- this machine's kernel ---------------------------------------------------------
+
+
+def touched_page() -> tuple[mmap.mmap, int]:
+    """A private anonymous page of this process, written to (so resident), and its address."""
+    area = mmap.mmap(-1, PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    area[0:1] = b"\x01"
+    return area, ctypes.addressof(ctypes.c_char.from_buffer(area))
+
+
+def test_this_process_s_mappings_are_where_the_kernel_says():
+    area, address = touched_page()
+    with open("/proc/self/maps") as f, open("/proc/self/numa_maps") as g:
+        mappings = parse_process_mappings(f.read(), g.read())
+    (ours,) = [m for m in mappings if m.start <= address < m.end]
+    assert ours.page_size == PAGE and sum(ours.pages.values()) >= 1
+    kernel = Kernel()
+    (node,) = kernel.move_pages(os.getpid(), [address], None)
+    assert node in ours.pages  # the node numa_maps counts it on
+    # moving it to the node it is on: there it stays
+    assert kernel.move_pages(os.getpid(), [address], node) == [node]
+    # a page not mapped at all, and a node that is not online
+    assert kernel.move_pages(os.getpid(), [PAGE], None) == [-errno.EFAULT]
+    online = {int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit()}
+    offline = max(online) + 1
+    with pytest.raises(KernelRefused) as refused:
+        kernel.move_pages(os.getpid(), [address], offline)
+    assert refused.value.errno == errno.ENODEV
+    area.close()
+
+
+def test_a_process_that_is_gone_is_esrch():
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its PID names no process now
+    with pytest.raises(KernelRefused) as refused:
+        Kernel().move_pages(gone.pid, [HEAP], None)
+    assert refused.value.errno == errno.ESRCH
+
+
+# -- readers -----------------------------------------------------------------------
+
+
+def test_mappings_join_maps_and_numa_maps():
+    maps = (
+        "7f0000000000-7f0000100000 rw-p 00000000 00:00 0\n"
+        "7f2000000000-7f2000400000 rw-s 00000000 00:0f 42 /dev/hugepages/x\n"
+        "7f3000000000-7f3000001000 r--p 00000000 00:00 0\n"
+    )
+    numa_maps = (
+        "7f0000000000 default anon=200 dirty=200 N0=56 N1=144 kernelpagesize_kB=4\n"
+        "7f2000000000 bind:1 file=/dev/hugepages/x huge dirty=2 N1=2 kernelpagesize_kB=2048\n"
+        "7f3000000000 default\n"  # nothing resident: left out
+        "7f9000000000 default anon=1 N0=1 kernelpagesize_kB=4\n"  # gone from maps meanwhile
+    )
+    assert parse_process_mappings(maps, numa_maps) == (
+        Mapping(0x7F0000000000, 0x7F0000100000, PAGE, {0: 56, 1: 144}),
+        Mapping(0x7F2000000000, 0x7F2000400000, 2 << 20, {1: 2}),
+    )
+
+
+@pytest.mark.parametrize(
+    ("maps", "numa_maps"),
+    [
+        ("not a range\n", ""),
+        ("7f0000001000-7f0000000000 rw-p 0 0:0 0\n", ""),
+        ("7f0000000000-7f0000001000 rw-p 0 0:0 0\n", "zz default N0=1\n"),
+        ("7f0000000000-7f0000001000 rw-p 0 0:0 0\n", "7f0000000000 N0=1 kernelpagesize_kB=3\n"),
+        ("7f0000000000-7f0000001000 rw-p 0 0:0 0\n", "7f0000000000 N99999=1\n"),
+    ],
+)
+def test_mappings_that_are_not_the_kernel_s_are_refused(maps, numa_maps):
+    with pytest.raises(ParseError):
+        parse_process_mappings(maps, numa_maps)
+
+
+# -- where to, and how fast --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cpu_nodes", "mems", "free", "pinned", "expected"),
+    [
+        ({0}, {0, 1}, {0: 1 * GIB, 1: 0}, (), (0, "")),
+        ({0, 1}, {0, 1}, {0: GIB, 1: 2 * GIB}, (), (1, "")),  # the roomier of its CPUs' nodes
+        ({0}, {1}, {0: GIB, 1: GIB}, (), (None, "mems")),  # its cpuset.mems does not allow it
+        ({0}, {0, 1}, {0: GIB, 1: GIB}, (1,), (None, "memory_manager")),
+        ({0, 1}, {0, 1}, {0: GIB, 1: GIB}, (1,), (1, "")),  # within the pinning
+        ({0}, {0, 1}, {0: 64 * MIB, 1: GIB}, (), (None, "no_free_memory")),
+    ],
+)
+def test_the_destination_is_one_of_its_cpus_nodes_with_room(
+    cpu_nodes, mems, free, pinned, expected
+):
+    assert destination(cpu_nodes, mems, free, 128 * MIB, pinned) == expected
+
+
+def test_the_pace_never_runs_ahead_of_the_rate():
+    clock = FakeClock()
+    pace = Pace(10 * MIB, clock, clock.sleep)
+    pace.after(5 * MIB)
+    assert clock.now - 1000 == pytest.approx(0.5)
+    clock.now += 2.0  # a slow batch: no sleep owed
+    pace.after(10 * MIB)
+    assert clock.slept == [pytest.approx(0.5)]
+    with pytest.raises(ValueError):
+        Pace(0, clock, clock.sleep)
+
+
+# -- the move ----------------------------------------------------------------------
+
+
+def moving(host: FakeHost, fake_root, pages: FakePages, node: int = 0, rate: float = 64 * MIB):
+    root = fake_root(host)
+    clock = FakeClock()
+    pod = host.pods[0]
+    moved = move_pod_memory(
+        str(root.pod_cgroup(pod)),
+        pod.uid,
+        node,
+        Pace(rate, clock, clock.sleep),
+        pages,
+        proc=str(root.root / "proc"),
+    )
+    return root, moved
+
+
+async def test_the_pod_s_far_memory_moves_to_its_cpus_node_at_the_rate(fake_root):
+    host = host_with_remote_memory()
+    root = fake_root(host)
+    collection = make_collection(root, metadata=metadata_of(host))
+    await collection.run_once()
+    verdict = series(
+        "numaguard_pod_cross_numa",
+        namespace="ml",
+        pod="remote",
+        pod_uid=host.pods[0].uid,
+        reason="memory_remote",
+    )
+    assert samples(collection.exposition.text)[verdict] == 1
+    free_before = [n.memory_free_bytes for n in host.nodes]
+    pages = FakePages(host)
+    root, moved = moving(host, fake_root, pages, rate=64 * MIB)
+    far = REMOTE_MIB * MIB
+    assert (moved.pages, moved.bytes, moved.processes) == (far // PAGE, far, 1)
+    assert not moved.failures and not moved.stopped
+    assert host.pods[0].containers[0].memory_by_node == {0: (16 + REMOTE_MIB) * MIB, 1: 0}
+    assert [n.memory_free_bytes for n in host.nodes] == [
+        free_before[0] - far,
+        free_before[1] + far,
+    ]
+    # no faster than the rate, and not slower either (the fake kernel takes no time)
+    assert moved.seconds == pytest.approx(far / (64 * MIB))
+    # the heap asked where its pages are, SCAN_PAGES at a time, then moved a batch at a
+    # time, the rate checked after each; libc's pages, on node 0 already, not even asked
+    scans = -(-(128 * MIB // PAGE) // SCAN_PAGES)
+    assert pages.calls == scans + far // PAGE // BATCH_PAGES
+    # what the exporter sees next: the memory at home, the verdict gone
+    root.write()
+    await collection.run_once()
+    assert samples(collection.exposition.text)[verdict] == 0
+
+
+def test_a_library_page_shared_with_others_stays(fake_root):
+    host = host_with_remote_memory()
+    _, moved = moving(host, fake_root, FakePages(host), node=1)
+    assert moved.bytes == 16 * MIB  # its heap's node-0 pages
+    assert moved.failures == {"EACCES": 2}  # libc's two pages, mapped by every process
+    assert not moved.stopped
+
+
+def test_without_ptrace_access_nothing_moves(fake_root):
+    host = host_with_remote_memory()
+    _, moved = moving(host, fake_root, FakePages(host, ptrace=False))
+    assert (moved.bytes, moved.stopped, moved.failures) == (0, "EPERM", {"EPERM": 1})
+    assert host.pods[0].containers[0].memory_by_node[1] == REMOTE_MIB * MIB
+
+
+def test_a_node_outside_its_cpuset_mems_is_refused_by_the_kernel(fake_root):
+    host = host_with_remote_memory()
+    host.pods[0].containers[0].mems = "1"
+    _, moved = moving(host, fake_root, FakePages(host))
+    assert (moved.bytes, moved.stopped) == (0, "EACCES")
+
+
+def test_a_full_node_takes_what_it_has_room_for(fake_root):
+    host = host_with_remote_memory()
+    host.nodes[0].memory_free_bytes = 1 * MIB
+    _, moved = moving(host, fake_root, FakePages(host))
+    assert moved.bytes == 1 * MIB
+    assert moved.failures == {"ENOMEM": (REMOTE_MIB - 1) * MIB // PAGE}
+
+
+def test_a_process_that_is_not_the_pod_s_is_left_alone(fake_root):
+    host = host_with_remote_memory()
+    root = fake_root(host)
+    pid = host.pid(host.pods[0], host.pods[0].containers[0])
+    # the PID was reused by a process of another pod between cgroup.procs and its move
+    other = presets.pod_uid("other").replace("-", "_")
+    cgroup = f"0::/kubepods.slice/kubepods-pod{other}.slice/cri-containerd-{'c' * 64}.scope\n"
+    (root.root / f"proc/{pid}/cgroup").write_text(cgroup)
+    clock = FakeClock()
+    pages = FakePages(host)
+    moved = move_pod_memory(
+        str(root.pod_cgroup(host.pods[0])),
+        host.pods[0].uid,
+        0,
+        Pace(64 * MIB, clock, clock.sleep),
+        pages,
+        proc=str(root.root / "proc"),
+    )
+    assert (moved.bytes, moved.processes, moved.failures) == (0, 0, {"not_the_pod": 1})
+    assert pages.calls == 0
+
+
+# -- the one capability it takes ----------------------------------------------------
+
+PROBE = """
+import errno, sys
+from numaguard.exporter.memory_mover import Kernel, KernelRefused
+pid = int(sys.argv[1])
+try:
+    open(f"/proc/{pid}/numa_maps").read()
+    print("maps read")
+except PermissionError:
+    print("maps EACCES")
+try:
+    Kernel().move_pages(pid, [0x10000], None)
+    print("move_pages answered")
+except KernelRefused as e:
+    print("move_pages", errno.errorcode[e.errno])
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops from root to another user")
+@pytest.mark.parametrize(
+    ("cap", "expected"),
+    [
+        ("sys_nice", {"maps": "EACCES", "move_pages": "EPERM"}),
+        ("sys_ptrace", {"maps": "read", "move_pages": "answered"}),
+    ],
+)
+def test_another_user_s_pages_take_cap_sys_ptrace_not_cap_sys_nice(cap, expected):
+    """This machine's kernel: a pod's process (root, every capability) and the mover as
+    another user with one capability, as the exporter's overlay runs it."""
+    target = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        caps = f"-all,+{cap}"
+        ran = subprocess.run(
+            [
+                *("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+                *(f"--inh-caps={caps}", f"--ambient-caps={caps}", f"--bounding-set={caps}"),
+                *(sys.executable, "-c", PROBE, str(target.pid)),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
+    finally:
+        target.kill()
+        target.wait()
+    assert dict(line.split() for line in ran.stdout.splitlines()) == expected
