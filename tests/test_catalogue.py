@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pynvml
@@ -13,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.exporter import docs
 from numaguard.exporter.catalogue import CATALOGUE
+from numaguard.exporter.memory_mover import MoveTotals
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.simulator import presets
@@ -116,6 +118,9 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
             root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
         )
         collection.nrt_current = lambda: True  # as with --nrt, its topology published
+        # as with --memory-mover, after a move, a refusal and two pages that stayed
+        moves = MoveTotals(Counter(moved=1, refused=1), Counter(mems=1), Counter(EACCES=2))
+        collection.moves = lambda: moves
         await collection.run_once()
         now[0] += 15
         await collection.run_once()

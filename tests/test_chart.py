@@ -94,6 +94,7 @@ def test_helm_lint_is_clean():
         (("webConfig.kubernetesAuth=true",), ("kubernetes-auth",)),
         (("exporter.nrt=true",), ("nrt",)),
         (("exporter.detail=true",), ("detail",)),
+        (("exporter.memoryMover=true",), ("memory-mover",)),
         (("remediator.steering.enabled=true",), ("steering",)),
         (
             ("networkPolicy.enabled=true", "networkPolicy.prometheusNamespace=monitoring"),
@@ -116,6 +117,7 @@ EVERY_SWITCH = (
     "exporter.resctrlManage=true",
     "exporter.nrt=true",
     "exporter.detail=true",
+    "exporter.memoryMover=true",
     "webConfig.secretName=numaguard-web",
     "webConfig.kubernetesAuth=true",
     "serviceMonitor.scheme=https",

@@ -150,6 +150,7 @@ COMPONENTS = (
     "nrt",
     "network-policy",
     "steering",
+    "memory-mover",
 )
 
 

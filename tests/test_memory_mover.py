@@ -6,6 +6,7 @@ two-node proof on a real kernel is tests/test_node_vm.py's."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import mmap
 import os
@@ -15,17 +16,21 @@ from pathlib import Path
 
 import pytest
 
+from numaguard.exporter import cli as exporter_cli
 from numaguard.exporter.memory_mover import (
     BATCH_PAGES,
     SCAN_PAGES,
     Kernel,
     KernelRefused,
+    MemoryMover,
     Pace,
     destination,
     move_pod_memory,
 )
 from numaguard.exporter.readers import ParseError
-from numaguard.exporter.readers.numa import Mapping, parse_process_mappings
+from numaguard.exporter.readers.numa import ProcessMapping, parse_process_mappings
+from numaguard.exporter.sources.kube import pod_meta
+from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.simulator import presets
 from numaguard.simulator.host import (
     GIB,
@@ -37,6 +42,7 @@ from numaguard.simulator.host import (
     FakePages,
     FakePod,
 )
+from numaguard.simulator.kubelet import FakeKubelet
 from tests.conftest import make_collection, metadata_of, samples, series
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +64,8 @@ class FakeClock:
 
 
 def host_with_remote_memory() -> FakeHost:
-    """A pod whose exclusive CPUs sit on node 0 and most of whose memory is on node 1."""
+    """A pod whose exclusive CPUs sit on node 0 and most of whose memory is on node 1,
+    beside one in the shared pool."""
     return FakeHost(
         nodes=[
             FakeNumaNode("0-7", socket=0, memory_total_bytes=GIB, memory_free_bytes=GIB // 2),
@@ -71,7 +78,15 @@ def host_with_remote_memory() -> FakeHost:
                 "guaranteed",
                 [FakeContainer("main", "2-3", {0: 16 * MIB, 1: REMOTE_MIB * MIB})],
                 namespace="ml",
-            )
+            ),
+            # the shared pool, as the static CPU manager leaves it
+            FakePod(
+                "web",
+                presets.pod_uid("web"),
+                "burstable",
+                [FakeContainer("main", "0-1,4-15", {0: 32 * MIB})],
+                namespace="ml",
+            ),
         ],
         process_maps=True,
     )
@@ -132,8 +147,8 @@ def test_mappings_join_maps_and_numa_maps():
         "7f9000000000 default anon=1 N0=1 kernelpagesize_kB=4\n"  # gone from maps meanwhile
     )
     assert parse_process_mappings(maps, numa_maps) == (
-        Mapping(0x7F0000000000, 0x7F0000100000, PAGE, {0: 56, 1: 144}),
-        Mapping(0x7F2000000000, 0x7F2000400000, 2 << 20, {1: 2}),
+        ProcessMapping(0x7F0000000000, 0x7F0000100000, PAGE, {0: 56, 1: 144}),
+        ProcessMapping(0x7F2000000000, 0x7F2000400000, 2 << 20, {1: 2}),
     )
 
 
@@ -192,7 +207,7 @@ def moving(host: FakeHost, fake_root, pages: FakePages, node: int = 0, rate: flo
     clock = FakeClock()
     pod = host.pods[0]
     moved = move_pod_memory(
-        str(root.pod_cgroup(pod)),
+        [str(root.pod_cgroup(pod))],
         pod.uid,
         node,
         Pace(rate, clock, clock.sleep),
@@ -279,7 +294,7 @@ def test_a_process_that_is_not_the_pod_s_is_left_alone(fake_root):
     clock = FakeClock()
     pages = FakePages(host)
     moved = move_pod_memory(
-        str(root.pod_cgroup(host.pods[0])),
+        [str(root.pod_cgroup(host.pods[0]))],
         host.pods[0].uid,
         0,
         Pace(64 * MIB, clock, clock.sleep),
@@ -288,6 +303,170 @@ def test_a_process_that_is_not_the_pod_s_is_left_alone(fake_root):
     )
     assert (moved.bytes, moved.processes, moved.failures) == (0, 0, {"not_the_pod": 1})
     assert pages.calls == 0
+
+
+# -- requests, as the exporter's --memory-mover carries them out -------------------
+
+
+@pytest.fixture
+async def node_with_kubelet(fake_root, tmp_path_factory):
+    """The remote pod's node, its kubelet answering PodResources, a collection over both
+    and the pod's metadata: ``(host, root, collection, metadata)``; ``metadata`` is a
+    dict to put requests in."""
+    host = host_with_remote_memory()
+    host.pods[0].containers[0].exclusive_cpus = True
+    root = fake_root(host)
+    socket = str(tmp_path_factory.mktemp("kubelet", numbered=True) / "kubelet.sock")
+    kubelet = await FakeKubelet(socket, host).start()
+    source = PodResourcesSource(socket)
+    metadata = dict(metadata_of(host))
+    collection = make_collection(root, metadata=metadata, kubelet=source)
+    yield host, root, collection, metadata
+    source.close()
+    await kubelet.stop()
+
+
+def asking(metadata: dict, host: FakeHost, request: str) -> None:
+    uid = host.pods[0].uid
+    metadata[uid] = dataclasses.replace(metadata[uid], move_memory=request)
+
+
+def mover_for(host: FakeHost, root, pages: FakePages | None = None) -> MemoryMover:
+    clock = FakeClock()
+    return MemoryMover(str(root.root), 64 * MIB, pages or FakePages(host), clock, clock.sleep)
+
+
+async def test_a_request_is_carried_out_once_and_shown(node_with_kubelet):
+    host, root, collection, metadata = node_with_kubelet
+    mover = mover_for(host, root)
+    collection.moves = lambda: mover.totals
+    await collection.run_once()
+    assert mover.carry_out(collection.snapshot, metadata) == []  # nobody asked
+    asking(metadata, host, "evict-1")
+    await collection.run_once()
+    far = REMOTE_MIB * MIB
+    (done,) = mover.carry_out(collection.snapshot, metadata)
+    assert done == {
+        "namespace": "ml",
+        "pod": "remote",
+        "pod_uid": host.pods[0].uid,
+        "request": "evict-1",
+        "far_bytes": far,
+        "result": "moved",
+        "reason": "",
+        "numa_node": 0,
+        "bytes": far,
+        "pages": far // PAGE,
+        "seconds": 1.75,
+        "failures": {},
+    }
+    assert mover.carry_out(collection.snapshot, metadata) == []  # once
+    root.write()
+    await collection.run_once()
+    got = samples(collection.exposition.text)
+    assert got[series("numaguard_memory_moves_total", result="moved")] == 1
+    assert got[series("numaguard_memory_moves_total", result="refused")] == 0
+    assert got[series("numaguard_memory_moved_bytes_total")] == far
+    assert got[series("numaguard_memory_moved_pages_total")] == far // PAGE
+    assert got[series("numaguard_memory_move_seconds_total")] == 1.75
+    verdict = series(
+        "numaguard_pod_cross_numa",
+        namespace="ml",
+        pod="remote",
+        pod_uid=host.pods[0].uid,
+        reason="memory_remote",
+    )
+    assert got[verdict] == 0
+    # a new request, with nothing left to move
+    asking(metadata, host, "evict-2")
+    (again,) = mover.carry_out(collection.snapshot, metadata)
+    assert (again["result"], again["reason"]) == ("refused", "nothing_remote")
+
+
+def _shared_pool(host, root, collection, metadata):
+    host.pods[0].containers[0].exclusive_cpus = False
+    host.pods[0].qos_class = "burstable"  # in the shared pool: no home of its own
+
+
+def _mems_elsewhere(host, root, collection, metadata):
+    host.pods[0].containers[0].mems = "1"
+
+
+def _pinned_elsewhere(host, root, collection, metadata):
+    host.pods[0].containers[0].memory_pinned = (1,)
+
+
+def _node_full(host, root, collection, metadata):
+    host.nodes[0].memory_free_bytes = 64 * MIB
+
+
+def _kubelet_silent(host, root, collection, metadata):
+    del collection.sources["pod_resources"]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (_shared_pool, "not_exclusive"),
+        (_mems_elsewhere, "mems"),
+        (_pinned_elsewhere, "memory_manager"),
+        (_node_full, "no_free_memory"),
+        (_kubelet_silent, "kubelet"),
+    ],
+)
+async def test_a_request_without_a_home_to_move_to_is_refused(node_with_kubelet, change, reason):
+    host, root, collection, metadata = node_with_kubelet
+    change(host, root, collection, metadata)
+    root.write()
+    asking(metadata, host, "evict-1")
+    pages = FakePages(host)
+    mover = mover_for(host, root, pages)
+    await collection.run_once()
+    (done,) = mover.carry_out(collection.snapshot, metadata)
+    assert (done["result"], done["reason"]) == ("refused", reason)
+    assert pages.calls == 0 and mover.totals.refusals == {reason: 1}
+    assert host.pods[0].containers[0].memory_by_node[1] == REMOTE_MIB * MIB
+
+
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        ({"numaguard.io/move-memory": "evict-1"}, "evict-1"),
+        ({"numaguard.io/move-memory": "2026-12-04T15:30:00Z.7"}, "2026-12-04T15:30:00Z.7"),
+        ({}, ""),
+        (None, ""),
+        # not a request: left alone, as if absent
+        ({"numaguard.io/move-memory": ""}, ""),
+        ({"numaguard.io/move-memory": "x" * 64}, ""),
+        ({"numaguard.io/move-memory": "a\nb"}, ""),
+        ({"numaguard.io/move-memory": 7}, ""),
+    ],
+)
+def test_the_request_is_the_annotation_s_value_when_it_is_one(annotations, expected):
+    pod = {"metadata": {"uid": "u1", "namespace": "ml", "name": "remote"}}
+    if annotations is not None:
+        pod["metadata"]["annotations"] = annotations
+    uid, meta = pod_meta(pod)
+    assert (uid, meta.move_memory) == ("u1", expected)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--memory-mover"], "--memory-mover needs the API server"),
+        (["--memory-mover.rate", "0"], "--memory-mover.rate: must be positive"),
+    ],
+)
+def test_the_mover_s_flags_are_checked_before_anything_starts(
+    argv, said, tmp_path, monkeypatch, capsys
+):
+    for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    with pytest.raises(SystemExit) as exited:
+        exporter_cli.main([*argv, "--host-root", str(tmp_path)])
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err
 
 
 # -- the one capability it takes ----------------------------------------------------
@@ -309,7 +488,7 @@ except KernelRefused as e:
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="drops from root to another user")
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs as root with one capability")
 @pytest.mark.parametrize(
     ("cap", "expected"),
     [
@@ -319,7 +498,7 @@ except KernelRefused as e:
 )
 def test_another_user_s_pages_take_cap_sys_ptrace_not_cap_sys_nice(cap, expected):
     """This machine's kernel: a pod's process (root, every capability) and the mover as
-    another user with one capability, as the exporter's overlay runs it."""
+    the exporter runs (uid 0, every capability dropped) with the one its overlay adds."""
     target = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
@@ -327,8 +506,7 @@ def test_another_user_s_pages_take_cap_sys_ptrace_not_cap_sys_nice(cap, expected
         caps = f"-all,+{cap}"
         ran = subprocess.run(
             [
-                *("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
-                *(f"--inh-caps={caps}", f"--ambient-caps={caps}", f"--bounding-set={caps}"),
+                *("setpriv", f"--bounding-set={caps}", "--inh-caps=-all", "--ambient-caps=-all"),
                 *(sys.executable, "-c", PROBE, str(target.pid)),
             ],
             capture_output=True,

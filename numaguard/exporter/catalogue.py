@@ -815,6 +815,50 @@ ZONE_MEMORY_FREE = _m(
 )
 
 
+# -- moving pods' memory home in place (--memory-mover; numaguard/exporter/memory_mover.py) --
+MEMORY_MOVES = _m(
+    "memory_moves_total",
+    "counter",
+    "Requests to move a pod's memory home (its numaguard.io/move-memory annotation) "
+    "carried out, by result: moved, partial (some pages stayed: see the failures), failed "
+    "(the kernel refused the move: see the log), refused (see the refusals).",
+    ("result",),
+    "memory_mover",
+)
+MEMORY_MOVE_REFUSALS = _m(
+    "memory_move_refusals_total",
+    "counter",
+    "Requests refused before any page moved, by reason: not_exclusive (no exclusive CPUs: "
+    "no home), unknown_memory, kubelet (the Memory Manager's pinning unknown), "
+    "nothing_remote, mems (cpuset.mems excludes its CPUs' nodes), unknown_mems, "
+    "memory_manager (pinned elsewhere), no_free_memory.",
+    ("reason",),
+    "memory_mover",
+)
+MEMORY_MOVED_PAGES = _m(
+    "memory_moved_pages_total", "counter", "Pages moved home.", (), "memory_mover"
+)
+MEMORY_MOVED_BYTES = _m(
+    "memory_moved_bytes_total", "counter", "Bytes moved home.", (), "memory_mover"
+)
+MEMORY_MOVE_FAILURES = _m(
+    "memory_move_failures_total",
+    "counter",
+    "Pages that did not move (or whole calls refused), by the kernel's errno as reason: "
+    "EACCES (a page other processes map too), EBUSY, ENOMEM (no room on the node), ESRCH "
+    "(the process ended), EPERM (no CAP_SYS_PTRACE).",
+    ("reason",),
+    "memory_mover",
+)
+MEMORY_MOVE_DURATION = _m(
+    "memory_move_seconds_total",
+    "counter",
+    "Time spent moving, the rate's pauses included.",
+    (),
+    "memory_mover",
+)
+
+
 # -- the remediator's own metrics (served by numaguard-remediator, not the exporter) ------
 REMEDIATOR_FINDINGS = _m(
     "remediator_findings", "gauge", "Open findings by kind.", ("kind",), "remediator"

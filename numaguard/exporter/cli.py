@@ -210,6 +210,25 @@ def parser() -> argparse.ArgumentParser:
         help="the kubelet's configuration file, under --host-root: its Topology Manager "
         "policy and scope are published with the zones",
     )
+    p.add_argument(
+        "--memory-mover",
+        action="store_true",
+        help="move a pod's memory home in place when it asks (the numaguard.io/move-memory "
+        "annotation the remediator writes): the pages of its own processes that sit on NUMA "
+        "nodes none of its exclusive CPUs is on, moved with move_pages(2) to its CPUs' node "
+        "with most free memory that its cpuset.mems allows, never against the Memory "
+        "Manager's pinning; needs the API server, hostPID and CAP_SYS_PTRACE "
+        "(deploy/components/memory-mover)",
+    )
+    p.add_argument(
+        "--memory-mover.rate",
+        dest="memory_mover_rate",
+        type=_positive_int,
+        default=256 << 20,
+        metavar="BYTES",
+        help="bytes moved a second at most, so that the node's memory bandwidth is not taken "
+        "from its neighbours",
+    )
     for name, collector in COLLECTORS.items():
         p.add_argument(
             f"--collector.{name}",
@@ -259,6 +278,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         collectors=frozenset(n for n in COLLECTORS if getattr(args, f"collector_{n}")),
         nrt=args.nrt,
         nrt_kubelet_config=args.nrt_kubelet_config,
+        memory_mover=args.memory_mover,
+        memory_mover_rate_bytes=args.memory_mover_rate,
     )
 
 
@@ -289,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--web.max-connections, --web.idle-timeout and --max-pods want positive numbers")
     if args.web_kubernetes_auth and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
         p.error("--web.kubernetes-auth needs the API server: give --kubeconfig or run in a cluster")
-    if args.nrt and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
-        p.error("--nrt needs the API server: give --kubeconfig or run in a cluster")
+    for flag, on in (("--nrt", args.nrt), ("--memory-mover", args.memory_mover)):
+        if on and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
+            p.error(f"{flag} needs the API server: give --kubeconfig or run in a cluster")
     logs.setup(args.log_format, args.log_level)
     one_malloc_arena()
     _all_the_files()
@@ -319,6 +341,13 @@ def _all_the_files() -> None:
 
 def _positive(value: str) -> float:
     number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return number
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return number

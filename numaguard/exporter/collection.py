@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from numaguard.exporter import __version__, sources
 from numaguard.exporter import catalogue as c
@@ -25,6 +25,9 @@ from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.process import ProcessCollector
 from numaguard.exporter.readers.dra import DraView
 from numaguard.exporter.records import Issue, PodMeta
+
+if TYPE_CHECKING:
+    from numaguard.exporter.memory_mover import MoveTotals
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,7 @@ class Collection:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         nrt_current: Callable[[], bool | None] = lambda: None,
+        moves: Callable[[], MoveTotals | None] = lambda: None,
         collectors: Mapping[str, Collector] = COLLECTORS,
         detail: bool = False,
     ) -> None:
@@ -107,6 +111,7 @@ class Collection:
         self.clock = clock  # snapshot timestamps, the base of every rate
         self.monotonic = monotonic  # how long a read has been running
         self.nrt_current = nrt_current  # whether the published topology is current (--nrt)
+        self.moves = moves  # what --memory-mover did
         self.health = {name: Health.of(self.collectors[name]) for name in self.sources}
         self.snapshot: NodeSnapshot | None = None
         self.exposition: Exposition | None = None
@@ -288,4 +293,32 @@ class Collection:
                 errors.add(h.errors[reason], name, reason)
             if h.last_success is not None:
                 last.add(h.last_success, name)
-        return [build, synced, limited, nrt, success, duration, errors, last]
+        return [build, synced, limited, nrt, success, duration, errors, last, *self._moves()]
+
+    def _moves(self) -> list[Family]:
+        """What --memory-mover did, when it is on."""
+        totals = self.moves()
+        if totals is None:
+            return []
+        node = self.node_name
+        results, refusals, pages, size, failures, seconds = (
+            Family(m, node)
+            for m in (
+                c.MEMORY_MOVES,
+                c.MEMORY_MOVE_REFUSALS,
+                c.MEMORY_MOVED_PAGES,
+                c.MEMORY_MOVED_BYTES,
+                c.MEMORY_MOVE_FAILURES,
+                c.MEMORY_MOVE_DURATION,
+            )
+        )
+        for result in ("moved", "partial", "failed", "refused"):
+            results.add(totals.results[result], result)
+        for reason, count in sorted(totals.refusals.items()):
+            refusals.add(count, reason)
+        for name, count in sorted(totals.failures.items()):
+            failures.add(count, name)
+        pages.add(totals.pages)
+        size.add(totals.bytes)
+        seconds.add(totals.seconds)
+        return [results, refusals, pages, size, failures, seconds]

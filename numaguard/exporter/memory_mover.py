@@ -20,16 +20,27 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import platform
+import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
-from numaguard.exporter.readers import ParseError
+from numaguard.exporter.readers import ParseError, parse_id_list
 from numaguard.exporter.readers.cgroup import parse_proc_cgroup
-from numaguard.exporter.readers.numa import Mapping, parse_process_mappings
+from numaguard.exporter.readers.numa import ProcessMapping, parse_process_mappings
+from numaguard.exporter.records import PodMeta
+
+# A pod asks its node's exporter to move its memory home by carrying this annotation; its
+# value names the request (the remediator's action), so that each is carried out once.
+# Whoever writes it, the move is bounded as above: the annotated pod's own memory, to its
+# own CPUs' node.
+REQUEST_ANNOTATION = "numaguard.io/move-memory"
+REQUEST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")
+log = logging.getLogger(__name__)
 
 MPOL_MF_MOVE = 1 << 1  # <linux/mempolicy.h>: pages mapped by this process alone
 MOVE_PAGES = {"x86_64": 279, "aarch64": 239}  # the syscall's number
@@ -132,7 +143,7 @@ class Pace:
 
 
 def move_pod_memory(
-    pod_cgroup: str,
+    cgroups: Iterable[str],
     pod_uid: str,
     node: int,
     pace: Pace,
@@ -143,7 +154,7 @@ def move_pod_memory(
     ``node``, at ``pace``. A process that ends meanwhile is skipped (ESRCH); a refusal
     that no other process would escape (EPERM, EACCES: no CAP_SYS_PTRACE) stops it."""
     moved = Moved()
-    for pid in _pids(pod_cgroup):
+    for pid in _pids(cgroups):
         try:
             with open(f"{proc}/{pid}/cgroup") as f:
                 owner = parse_proc_cgroup(f.read())
@@ -177,7 +188,7 @@ def move_pod_memory(
 
 
 def _move_mapping(
-    kernel: Kernel, pid: int, mapping: Mapping, node: int, pace: Pace, moved: Moved
+    kernel: Kernel, pid: int, mapping: ProcessMapping, node: int, pace: Pace, moved: Moved
 ) -> None:
     size = mapping.page_size
     for first in range(mapping.start, mapping.end, SCAN_PAGES * size):
@@ -196,10 +207,10 @@ def _move_mapping(
             pace.after(moved.bytes)
 
 
-def _pids(pod_cgroup: str) -> list[int]:
-    """Every process in the pod's cgroup and the cgroups below it (its containers)."""
+def _pids(cgroups: Iterable[str]) -> list[int]:
+    """Every process in the cgroups and the cgroups below them."""
     pids: list[int] = []
-    for folder, _, files in os.walk(pod_cgroup):
+    for folder, _, files in (w for top in cgroups for w in os.walk(top)):
         if "cgroup.procs" in files:
             try:
                 with open(f"{folder}/cgroup.procs") as f:
@@ -207,3 +218,176 @@ def _pids(pod_cgroup: str) -> list[int]:
             except FileNotFoundError:  # a container that ended meanwhile
                 continue
     return pids
+
+
+# -- requests: which pods to move, from the exporter's snapshot --------------------------
+
+
+@dataclass(frozen=True)
+class Order:
+    """A pod's request to move its memory home, as this node's snapshot found it."""
+
+    uid: str
+    namespace: str
+    name: str
+    request: str
+    cgroups: tuple[str, ...] = ()  # its containers' cgroup folders
+    cpu_nodes: frozenset[int] = frozenset()  # the NUMA nodes of its exclusive CPUs
+    far_bytes: int = 0  # its memory on other nodes
+    pinned: frozenset[int] = frozenset()  # where the Memory Manager put its memory
+    refused: str = ""  # why it is not carried out, from the snapshot alone
+
+
+def orders(snapshot, metadata: Mapping[str, PodMeta], handled: Mapping[str, str]) -> list[Order]:
+    """The pods of ``snapshot`` whose request (their PodMeta's ``move_memory``) is not the
+    one ``handled`` already: each with what a move needs, or why there is none. Only a
+    pod with exclusive CPUs and known memory has a home to move to; the Memory Manager's
+    pinning must be known (the kubelet answered)."""
+    placement = snapshot.readings.get("pod_placement")
+    kubelet = snapshot.readings.get("pod_resources")
+    out = []
+    for pod in snapshot.pods:
+        meta = metadata.get(pod.uid)
+        if meta is None or not meta.move_memory or handled.get(pod.uid) == meta.move_memory:
+            continue
+        order = Order(pod.uid, pod.namespace, pod.name, meta.move_memory)
+        cpu_nodes = frozenset(n for n, count in (pod.exclusive_cpus_by_node or {}).items() if count)
+        if not cpu_nodes:
+            out.append(replace(order, refused="not_exclusive"))
+            continue
+        if pod.memory_by_node is None or placement is None:
+            out.append(replace(order, refused="unknown_memory"))
+            continue
+        if kubelet is None or kubelet.pods is None:
+            out.append(replace(order, refused="kubelet"))
+            continue
+        granted = next(
+            (p for p in kubelet.pods if (p.namespace, p.name) == (pod.namespace, pod.name)), None
+        )
+        pinned = frozenset(
+            n
+            for c in (granted.containers if granted else ())
+            for m in c.memory
+            if m.kind == "memory"
+            for n in m.numa_nodes
+        )
+        cgroups = tuple(
+            sorted(
+                os.path.dirname(c.tasks_file)
+                for c in placement.containers
+                if c.pod_uid == pod.uid and c.tasks_file
+            )
+        )
+        far = sum(b for n, b in pod.memory_by_node.items() if n not in cpu_nodes)
+        out.append(
+            replace(order, cgroups=cgroups, cpu_nodes=cpu_nodes, far_bytes=far, pinned=pinned)
+        )
+    return out
+
+
+@dataclass
+class MoveTotals:
+    """Every request this process carried out or refused, for the exposition."""
+
+    results: Counter[str] = field(default_factory=Counter)  # moved | partial | failed | refused
+    refusals: Counter[str] = field(default_factory=Counter)  # by reason
+    failures: Counter[str] = field(default_factory=Counter)  # pages (or calls) by errno name
+    pages: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+class MemoryMover:
+    """The exporter's ``--memory-mover``: carries out the requests its node's pods carry,
+    one at a time (the rate is the node's), each once. Runs in a worker thread."""
+
+    def __init__(
+        self,
+        host_root: str,
+        rate: float,
+        kernel: Kernel | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.proc = os.path.join(host_root, "proc")
+        self.rate, self.clock, self.sleep = rate, clock, sleep
+        self.kernel = kernel
+        self.totals = MoveTotals()
+        self.handled: dict[str, str] = {}  # pod uid -> the request last carried out
+
+    def carry_out(self, snapshot, metadata: Mapping[str, PodMeta]) -> list[dict]:
+        """Every new request of ``snapshot``'s pods: what was decided and done, each as
+        the JSON log's fields."""
+        done = []
+        for order in orders(snapshot, metadata, self.handled):
+            decision = self._one(order, snapshot)
+            self.handled[order.uid] = order.request
+            self.totals.results[decision["result"]] += 1
+            if decision["result"] == "refused":
+                self.totals.refusals[decision["reason"]] += 1
+            log.info("memory move", extra=decision)
+            done.append(decision)
+        return done
+
+    def _one(self, order: Order, snapshot) -> dict:
+        said = {
+            "namespace": order.namespace,
+            "pod": order.name,
+            "pod_uid": order.uid,
+            "request": order.request,
+            "far_bytes": order.far_bytes,
+        }
+        reason = order.refused or ("" if order.far_bytes else "nothing_remote")
+        node = None
+        if not reason:
+            mems = _mems(order.cgroups)
+            free = {
+                n.id: n.meminfo.free_bytes for n in snapshot.numa_nodes if n.meminfo is not None
+            }
+            node, reason = (
+                destination(order.cpu_nodes, mems, free, order.far_bytes, order.pinned)
+                if mems
+                else (None, "unknown_mems")
+            )
+        if node is None:
+            return {**said, "result": "refused", "reason": reason}
+        if self.kernel is None:
+            self.kernel = Kernel()
+        pace = Pace(self.rate, self.clock, self.sleep)
+        moved = move_pod_memory(order.cgroups, order.uid, node, pace, self.kernel, self.proc)
+        t = self.totals
+        t.pages, t.bytes, t.seconds = (
+            t.pages + moved.pages,
+            t.bytes + moved.bytes,
+            t.seconds + moved.seconds,
+        )
+        t.failures.update(moved.failures)
+        result = "failed" if moved.stopped else "partial" if moved.failures else "moved"
+        return {
+            **said,
+            "result": result,
+            "reason": moved.stopped,
+            "numa_node": node,
+            "bytes": moved.bytes,
+            "pages": moved.pages,
+            "seconds": round(moved.seconds, 3),
+            "failures": dict(moved.failures),
+        }
+
+
+def _mems(cgroups: Iterable[str]) -> frozenset[int]:
+    """The NUMA nodes every one of the containers may use (cpuset.mems.effective, or v1's
+    cpuset.effective_mems); empty when one cannot be read."""
+    allowed = None
+    for folder in cgroups:
+        for name in ("cpuset.mems.effective", "cpuset.effective_mems"):
+            try:
+                with open(f"{folder}/{name}") as f:
+                    mems = parse_id_list(f.read())
+                break
+            except (OSError, ParseError):
+                continue
+        else:
+            return frozenset()
+        allowed = mems if allowed is None else allowed & mems
+    return allowed or frozenset()

@@ -177,9 +177,11 @@ class ResctrlReading:
 @dataclass(frozen=True, slots=True)
 class PodMeta:
     """What the API server says about a pod: names, and container id -> container name;
-    its DRA ResourceClaims, by the claim object's name, with the containers using each."""
+    its DRA ResourceClaims, by the claim object's name, with the containers using each;
+    and the request to move its memory home it carries, if any (memory_mover.py)."""
 
     namespace: str
     name: str
     containers: Mapping[str, str] = field(default_factory=dict)
     claims: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    move_memory: str = ""

@@ -17,6 +17,7 @@ from numaguard.exporter import webconfig
 from numaguard.exporter.collection import Collection, Source
 from numaguard.exporter.collectors import COLLECTORS, Collector
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
+from numaguard.exporter.memory_mover import MemoryMover
 from numaguard.exporter.process import settle_garbage_collector
 from numaguard.exporter.publishers.nrt import NrtPublisher
 from numaguard.exporter.settings import Settings
@@ -52,12 +53,18 @@ def accepts(header: str, wanted: str) -> bool:
 
 class Exporter:
     def __init__(
-        self, settings: Settings, collection: Collection, publisher: NrtPublisher | None = None
+        self,
+        settings: Settings,
+        collection: Collection,
+        publisher: NrtPublisher | None = None,
+        mover: MemoryMover | None = None,
     ) -> None:
         self.settings = settings
         self.collection = collection
         self.publisher = publisher  # --nrt
         self._publishing: asyncio.Task | None = None
+        self.mover = mover  # --memory-mover
+        self._moving: asyncio.Future | None = None
         self.last_cycle_end: float | None = None
         self.app = web.Application()
         self.app.add_routes(
@@ -79,11 +86,24 @@ class Exporter:
                 log.exception("collection cycle failed")
             self.last_cycle_end = time.monotonic()
             self._publish()
+            self._move()
             await asyncio.sleep(max(0.0, interval - (self.last_cycle_end - started)))
 
     def close(self) -> None:
         if self._publishing is not None:
             self._publishing.cancel()
+
+    def _move(self) -> None:
+        """The requests this cycle's pods carry, carried out in a worker thread beside the
+        next cycles (a move takes as long as its rate says); one move at a time."""
+        snap, metadata = self.collection.snapshot, self.collection.metadata()
+        if self.mover is None or snap is None or metadata is None:
+            return
+        if self._moving is None or self._moving.done():
+            self._moving = asyncio.ensure_future(
+                asyncio.to_thread(self.mover.carry_out, snap, metadata)
+            )
+            self._moving.add_done_callback(_log_failure)
 
     def _publish(self) -> None:
         """The NodeResourceTopology of this cycle, written beside the next one: a slow
@@ -144,15 +164,20 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
 
     api = connect(settings.kubeconfig)
-    if api is None and (settings.nrt or settings.web_kubernetes_auth):
+    if api is None and (settings.nrt or settings.web_kubernetes_auth or settings.memory_mover):
         # before anything is started that would need stopping
         raise KubeconfigError(
-            "nothing (--nrt and --web.kubernetes-auth need it: give --kubeconfig)"
+            "nothing (--nrt, --web.kubernetes-auth and --memory-mover need it: give --kubeconfig)"
         )
     tasks, metadata, dra = _watches(api, settings.node_name)
     sources = await open_sources(settings)
     publisher = (
         NrtPublisher(api, settings.host_root, settings.nrt_kubelet_config) if settings.nrt else None
+    )
+    mover = (
+        MemoryMover(settings.host_root, settings.memory_mover_rate_bytes)
+        if settings.memory_mover
+        else None
     )
     collection = Collection(
         settings.node_name,
@@ -162,9 +187,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         thresholds=settings.thresholds,
         timeout_seconds=settings.collector_timeout_seconds,
         nrt_current=(lambda: publisher.current) if publisher else (lambda: None),
+        moves=(lambda: mover.totals) if mover else (lambda: None),
         detail=settings.detail,
     )
-    exporter = Exporter(settings, collection, publisher)
+    exporter = Exporter(settings, collection, publisher, mover)
     settle_garbage_collector()
     scrapers = api if settings.web_kubernetes_auth else None
     tls = webconfig.secure(exporter.app, settings.web_config_file, scrapers)
@@ -203,6 +229,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await close_sources(sources)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def _log_failure(done: asyncio.Future) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.error("memory move failed", exc_info=done.exception())
 
 
 def _watches(api, node_name: str) -> tuple[list[asyncio.Task], Callable, Callable]:

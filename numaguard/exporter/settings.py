@@ -43,3 +43,6 @@ class Settings:
     collectors: frozenset[str] = frozenset(n for n, c in COLLECTORS.items() if c.default)
     nrt: bool = False  # publish this node's NodeResourceTopology each cycle it changes
     nrt_kubelet_config: str = "/var/lib/kubelet/config.yaml"  # under the host root
+    # carry out the requests to move a pod's memory home its node's pods carry
+    memory_mover: bool = False
+    memory_mover_rate_bytes: int = 256 << 20  # a second: the neighbours' memory bandwidth

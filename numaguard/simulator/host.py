@@ -38,6 +38,8 @@ class FakeContainer:
     # What the kubelet gave it (served by simulator.kubelet): exclusive CPUs (its cpus),
     # device plugin devices (resource -> device ids), DRA claim devices
     exclusive_cpus: bool = False
+    # the NUMA nodes the Memory Manager (Static) put its memory on; empty: not pinned
+    memory_pinned: tuple[int, ...] = ()
     devices: dict[str, list[str]] = field(default_factory=dict)
     claims: list[FakeClaim] = field(default_factory=list)
 

@@ -115,6 +115,15 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
                     name=c.name,
                     devices=devices,
                     cpu_ids=sorted(parse_id_list(c.cpus)) if c.exclusive_cpus else [],
+                    memory=[
+                        pb.ContainerMemory(
+                            memory_type="memory",
+                            size=sum(c.memory_by_node.values()),
+                            topology=_topology(c.memory_pinned),
+                        )
+                    ]
+                    if c.memory_pinned
+                    else [],
                     dynamic_resources=claims,
                 )
             )

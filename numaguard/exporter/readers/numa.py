@@ -72,7 +72,7 @@ def parse_vmstat_balancing(text: str) -> dict[str, int]:
 
 
 @dataclass(frozen=True, slots=True)
-class Mapping:
+class ProcessMapping:
     """One mapping of a process: its address range, page size and pages per NUMA node."""
 
     start: int
@@ -85,7 +85,7 @@ _NUMA_MAPS_NODE = re.compile(r"N(\d{1,5})=(\d{1,20})")
 _HEX = re.compile(r"[0-9a-f]{1,16}")
 
 
-def parse_process_mappings(maps: str, numa_maps: str) -> tuple[Mapping, ...]:
+def parse_process_mappings(maps: str, numa_maps: str) -> tuple[ProcessMapping, ...]:
     """``/proc/<pid>/maps`` (each mapping's range) joined with ``/proc/<pid>/numa_maps``
     (its resident pages per node, ``N<node>=<pages>`` of ``kernelpagesize_kB``), read
     one after the other: a mapping in only one of them changed in between and is left
@@ -118,7 +118,7 @@ def parse_process_mappings(maps: str, numa_maps: str) -> tuple[Mapping, ...]:
         if page_size <= 0 or page_size & (page_size - 1):
             raise ParseError(f"numa_maps: page size {page_size} is not a power of two")
         if pages and start in ends:
-            out.append(Mapping(start, ends[start], page_size, pages))
+            out.append(ProcessMapping(start, ends[start], page_size, pages))
     return tuple(out)
 
 

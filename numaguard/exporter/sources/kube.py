@@ -13,6 +13,7 @@ from typing import Generic, TypeVar
 
 import aiohttp
 
+from numaguard.exporter.memory_mover import REQUEST, REQUEST_ANNOTATION
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.records import PodMeta
 from numaguard.exporter.sources.apiserver import ApiServer
@@ -63,7 +64,9 @@ def pod_meta(pod: dict) -> tuple[str, PodMeta]:
         if name:  # a template's claim not made yet has no devices yet
             claims[name] = tuple(users.get(claim.get("name"), ()))
     meta = pod["metadata"]
-    return meta["uid"], PodMeta(meta["namespace"], meta["name"], containers, claims)
+    request = (meta.get("annotations") or {}).get(REQUEST_ANNOTATION, "")
+    request = request if isinstance(request, str) and REQUEST.fullmatch(request) else ""
+    return meta["uid"], PodMeta(meta["namespace"], meta["name"], containers, claims, request)
 
 
 class ListWatch(Generic[T]):
