@@ -9,7 +9,9 @@ sidecar beside each and Thanos Query over the sidecars, deduplicating the replic
 * HA pairs count once: no doubled verdict, target or zone capacity;
 * a shard down is no smaller cluster: nothing is acted on on its nodes;
 * two clusters in one view: each remediator acts on its own cluster's pods only, even
-  where the other's node and pod names are the same; one told no cluster acts on none.
+  where the other's node and pod names are the same; one told no cluster acts on none;
+* the dashboards' panels and the alerts the shards evaluate say through the querier
+  what they say on one Prometheus.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from numaguard.simulator.operator import PrometheusOperator, prometheus_resource
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import PrometheusServer, built_prometheus3
 from numaguard.simulator.thanos import Query, Sidecar
+from tests.test_dashboards import panels as dashboard_panels
+from tests.test_dashboards import substituted
 from tests.test_operator import JOB, MONITORING, WINDOW, quick
 
 pytestmark = [
@@ -338,6 +342,63 @@ async def test_the_plan_through_thanos_is_the_plan_against_one_prometheus(fleet)
     # the recording rules each shard evaluates are found through the querier too
     recorded = await thanos.prometheus.recorded(time.time())
     assert recorded == await single.prometheus.recorded(time.time()) == frozenset(RECORDED)
+
+
+# what the querier adds to every series: the shards' external labels (the replica
+# label is deduplicated away); the unsharded Prometheus answers without them
+EXTERNAL = ("cluster", "prometheus")
+
+
+def label_sets(result: list[dict]) -> set[frozenset]:
+    return {frozenset((k, v) for k, v in r["metric"].items() if k not in EXTERNAL) for r in result}
+
+
+async def test_every_dashboard_panel_through_thanos_is_what_one_prometheus_says(fleet):
+    """Each panel's query with the dashboard's cluster variable set to this cluster: the
+    same series through the querier as from the unsharded Prometheus (there, with no
+    cluster label, the variable's All), and data wherever that has data."""
+
+    async def differing() -> list[str]:
+        out = []
+        for d, p in dashboard_panels():
+            through = await query(fleet.query.url, substituted(p.expr.replace("$cluster", CLUSTER)))
+            alone = await query(fleet.single.url, substituted(p.expr))
+            if label_sets(through) != label_sets(alone):
+                out.append(f"{d.uid}: {p.title}: {len(through)} vs {len(alone)} series")
+        return out
+
+    async def agreeing() -> bool:
+        return not await differing()
+
+    with contextlib.suppress(AssertionError):  # rates need two scrapes through both
+        await until(agreeing, "every panel agreeing", 60, every=1)
+    assert await differing() == []
+    # not vacuous: most panels have data (the rest are the remediator's own)
+    answered = [
+        p
+        for _, p in dashboard_panels()
+        if await query(fleet.query.url, substituted(p.expr.replace("$cluster", CLUSTER)))
+    ]
+    assert len(answered) >= len(list(dashboard_panels())) // 2
+
+
+async def test_the_alerts_the_shards_evaluate_are_the_unsharded_ones(fleet):
+    """The PrometheusRule the operator gives every shard: the alerts pending or firing
+    through the querier, for this cluster, are those of the unsharded Prometheus."""
+    alerts = "ALERTS{%s}"
+
+    async def alerting(url: str, matcher: str) -> set[frozenset]:
+        """Each alert's labels, its state aside (two servers move to firing apart)."""
+        sets = label_sets(await query(url, alerts % matcher))
+        return {frozenset(x for x in s if x[0] != "alertstate") for s in sets}
+
+    async def same() -> bool:
+        alone = await alerting(fleet.single.url, "")
+        return bool(alone) and await alerting(fleet.query.url, f'cluster="{CLUSTER}"') == alone
+
+    await until(same, "the same alerts through Thanos as from one Prometheus", 90, every=1)
+    names = {dict(s)["alertname"] for s in await alerting(fleet.single.url, "")}
+    assert "NumaguardPodCrossNUMA" in names, names
 
 
 async def test_two_clusters_in_one_view_each_remediator_acts_on_its_own(fleet):
