@@ -253,6 +253,15 @@ async def test_the_pod_s_far_memory_moves_to_its_cpus_node_at_the_rate(fake_root
     assert samples(collection.exposition.text)[verdict] == 0
 
 
+def test_huge_pages_move_whole_and_each_page_counts_once(fake_root):
+    host = host_with_remote_memory()
+    pages = FakePages(host, folio_pages=512)  # 2 MiB transparent huge pages
+    _, moved = moving(host, fake_root, pages)
+    far = REMOTE_MIB * MIB
+    assert (moved.bytes, moved.pages, dict(moved.failures)) == (far, far // PAGE, {})
+    assert host.pods[0].containers[0].memory_by_node == {0: (16 + REMOTE_MIB) * MIB, 1: 0}
+
+
 def test_a_library_page_shared_with_others_stays(fake_root):
     host = host_with_remote_memory()
     _, moved = moving(host, fake_root, FakePages(host), node=1)

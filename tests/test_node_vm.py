@@ -5,6 +5,8 @@ it ships, against the guest kernel's own /sys and /proc, read at the same moment
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -64,24 +66,27 @@ def numa_stat_bytes(text: str) -> dict[str, int]:
     return out
 
 
+@pytest.fixture(scope="module")
+def pods_ran(tmp_path_factory) -> vm.Ran:
+    """One boot for the pods' tests: tests/vm_pods.py's run."""
+    root = Path(__file__).resolve().parent.parent
+    job = tmp_path_factory.mktemp("pods") / "job"
+    ran = asyncio.run(vm.run(PODS_SCRIPT.format(root=root), job, timeout=1100))
+    assert ran.rc == 0, ran.output[-4000:] + ran.console[-2000:]
+    return ran
+
+
 @pytest.mark.timeout(1200)
-async def test_verdicts_from_a_real_kernel_s_numa_accounting(tmp_path):
+def test_verdicts_from_a_real_kernel_s_numa_accounting(pods_ran):
     """A container whose CPUs sit on node 0 and whose memory the kernel put on node 1 is
     memory_remote; one whose exclusive CPUs span both nodes is cpu_span; their memory per
     NUMA node is what the kernel's memory.numa_stat says, and where /proc/<pid>/numa_maps
     says the touched pages are."""
-    root = Path(__file__).resolve().parent.parent
-    ran = await vm.run(PODS_SCRIPT.format(root=root), tmp_path / "job", timeout=1100)
-    assert ran.rc == 0, ran.output[-4000:] + ran.console[-2000:]
+    ran = pods_ran
     got = samples((ran.files / "metrics.txt").read_bytes())
 
-    def series(name: str, uid: str) -> dict[frozenset, float]:
-        return {
-            labels: v for (n, labels), v in got.items() if n == name and ("pod_uid", uid) in labels
-        }
-
     def by(name: str, uid: str, label: str) -> dict[str, float]:
-        return {dict(k)[label]: v for k, v in series(name, uid).items()}
+        return by_label(got, name, uid, label)
 
     remote, span = (vm_pods.PODS[n][0] for n in ("remote", "span"))
     assert by("numaguard_pod_cross_numa", remote, "reason") == {
@@ -101,3 +106,40 @@ async def test_verdicts_from_a_real_kernel_s_numa_accounting(tmp_path):
     # still: it touched its memory and waits)
     for node in ("0", "1"):
         assert abs(memory.get(node, 0) - kernel.get(node, 0)) <= 0.02 * kernel["1"], node
+
+
+@pytest.mark.timeout(1200)
+def test_remote_memory_moves_home_in_place_at_the_rate(pods_ran):
+    """The remote container's memory, moved by the mover as the exporter's overlay runs it
+    (uid 0, one capability): refused with CAP_SYS_NICE alone; with CAP_SYS_PTRACE on
+    node 0 afterwards by numa_maps, the same process still running, no faster than the
+    rate, and the exporter's next verdict memory_remote 0."""
+    files = pods_ran.files
+    for cap in ("sys_nice", "sys_ptrace"):  # each run said what it did, and nothing else
+        assert (files / f"move.{cap}.stderr").read_text().strip() == "", cap
+    refused = json.loads((files / "move.sys_nice.json").read_text())
+    assert (refused["stopped"], refused["bytes"]) == ("EACCES", 0)
+    moved = json.loads((files / "move.sys_ptrace.json").read_text())
+    touched = vm_pods.TOUCHED_MIB << 20
+    assert not moved["stopped"] and moved["processes"] == 1
+    assert moved["bytes"] >= touched and moved["bytes"] == moved["pages"] * 4096
+    assert moved["seconds"] >= moved["bytes"] / vm_pods.MOVE_RATE
+    assert sum(moved["failures"].values()) <= 0.01 * moved["pages"], moved["failures"]
+    assert (files / "remote.alive").read_text().strip() == "True"
+    before = numa_maps_bytes((files / "remote.numa_maps").read_text())
+    after = numa_maps_bytes((files / "remote.after.numa_maps").read_text())
+    assert before["1"] >= touched and after["0"] >= touched
+    assert after.get("1", 0) <= 0.02 * touched
+    got = samples((files / "metrics.after.txt").read_bytes())
+    uid = vm_pods.PODS["remote"][0]
+    memory = by_label(got, "numaguard_pod_memory_bytes", uid, "numa_node")
+    assert memory["0"] >= touched and memory.get("1", 0) <= 0.02 * touched
+    assert by_label(got, "numaguard_pod_cross_numa", uid, "reason")["memory_remote"] == 0
+    # and the cgroup's own account, read just after the move, says so too
+    kernel = numa_stat_bytes((files / "remote.after.numa_stat").read_text())
+    assert kernel["0"] >= touched and kernel.get("1", 0) <= 0.02 * touched
+
+
+def by_label(got, name: str, uid: str, label: str) -> dict[str, float]:
+    """A pod's samples of one family, by one label's value (a NUMA node, a reason)."""
+    return {dict(k)[label]: v for (n, k), v in got.items() if n == name and ("pod_uid", uid) in k}

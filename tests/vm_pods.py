@@ -4,7 +4,9 @@ container whose exclusive CPUs sit on NUMA node 0 and whose memory the kernel is
 place on node 1 (set_mempolicy MPOL_BIND, as `numactl --membind=1` does), and one whose
 exclusive CPUs span both nodes — then the exporter as it ships, reading this kernel.
 Writes to the folder it is given: the exporter's scrape, and each container's
-memory.numa_stat and /proc/<pid>/numa_maps read just after."""
+memory.numa_stat and /proc/<pid>/numa_maps read just after; then the remote container's
+memory moved home to node 0 in place (exporter/memory_mover.py), what the move says,
+its numa_maps after and the exporter's next verdict."""
 
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ if bind != "-":
         sys.exit(f"set_mempolicy: errno {ctypes.get_errno()}")
 memory = bytearray(int(sys.argv[3]) << 20)
 memory[::4096] = b"\\x01" * (len(memory) // 4096)  # every page touched
+if bind != "-":  # the memory stays where it was put, the policy goes: as the kernel's own
+    libc.syscall(238, 0, None, 0)  # set_mempolicy(MPOL_DEFAULT)
 print("ready", flush=True)
 sys.stdin.read()  # held until the test closes its stdin (or kills it)
 """
@@ -100,15 +104,70 @@ async def main(out: str) -> None:
 
             # an emulated guest is slow: the timeout only ends a hang
             text = await until(both_judged, "both pods judged", timeout=600)
-        write(f"{out}/metrics.txt", text)
-        for name, child in children.items():
-            with open(f"{scopes[name]}/memory.numa_stat") as f:
-                write(f"{out}/{name}.numa_stat", f.read())
-            with open(f"/proc/{child.pid}/numa_maps") as f:
-                write(f"{out}/{name}.numa_maps", f.read())
+            write(f"{out}/metrics.txt", text)
+            for name, child in children.items():
+                with open(f"{scopes[name]}/memory.numa_stat") as f:
+                    write(f"{out}/{name}.numa_stat", f.read())
+                with open(f"/proc/{child.pid}/numa_maps") as f:
+                    write(f"{out}/{name}.numa_maps", f.read())
+            await move_home(out, children["remote"], url)
     finally:
         for child in children.values():
             child.kill()
+
+
+# the remote pod's memory moved home by the mover as the exporter runs it (uid 0, every
+# capability dropped) with the one its overlay adds; first with CAP_SYS_NICE instead,
+# which the kernel refuses
+MOVE = """
+import dataclasses, json, sys
+from numaguard.exporter.memory_mover import Kernel, Pace, move_pod_memory
+moved = move_pod_memory([sys.argv[1]], sys.argv[2], 0, Pace(MOVE_RATE), Kernel())
+print(json.dumps({**dataclasses.asdict(moved), "failures": dict(moved.failures)}))
+"""
+MOVE_RATE = 64 << 20  # bytes a second: the 256 MiB take at least 4 s
+
+
+async def move_home(out: str, child: subprocess.Popen, url: str) -> None:
+    uid = PODS["remote"][0]
+    pod = f"{KUBEPODS}/kubepods-pod{uid.replace('-', '_')}.slice"
+    for cap in ("sys_nice", "sys_ptrace"):
+        caps = f"-all,+{cap}"
+        ran = subprocess.run(
+            [
+                *("setpriv", f"--bounding-set={caps}", "--inh-caps=-all", "--ambient-caps=-all"),
+                *(sys.executable, "-c", f"MOVE_RATE = {MOVE_RATE}\n{MOVE}", pod, uid),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        write(f"{out}/move.{cap}.json", ran.stdout)
+        write(f"{out}/move.{cap}.stderr", ran.stderr)
+    write(f"{out}/remote.alive", str(child.poll() is None))
+    with open(f"/proc/{child.pid}/numa_maps") as f:
+        write(f"{out}/remote.after.numa_maps", f.read())
+    with open(f"{pod}/cri-containerd-{PODS['remote'][1]}.scope/memory.numa_stat") as f:
+        write(f"{out}/remote.after.numa_stat", f.read())
+
+    last = {}
+
+    async def home() -> str | None:
+        """The exporter's scrape once a cycle read the pod after the move: its memory
+        on node 1 down to what stays (pages other processes map too)."""
+        text = last["text"] = (await get(f"{url}/metrics")).decode()
+        memory = {
+            ln.split('numa_node="', 1)[1][0]: float(ln.rsplit(" ", 1)[1])
+            for ln in text.splitlines()
+            if ln.startswith("numaguard_pod_memory_bytes{") and uid in ln
+        }
+        touched = TOUCHED_MIB << 20  # a node without any is not shown
+        at_home = memory.get("0", 0) >= touched and memory.get("1", 0) <= touched // 50
+        return text if at_home else None
+
+    try:
+        write(f"{out}/metrics.after.txt", await until(home, "the remote pod seen at home", 120))
+    finally:
+        write(f"{out}/metrics.last.txt", last.get("text", ""))
 
 
 if __name__ == "__main__":

@@ -196,7 +196,15 @@ def _move_mapping(
         where = kernel.move_pages(pid, addresses, None)
         far = [a for a, at in zip(addresses, where, strict=True) if at >= 0 and at != node]
         for i in range(0, len(far), BATCH_PAGES):
-            for at in kernel.move_pages(pid, far[i : i + BATCH_PAGES], node):
+            batch = far[i : i + BATCH_PAGES]
+            status = kernel.move_pages(pid, batch, node)
+            # a transparent huge page moves whole with its first address; the kernel says
+            # EBUSY for its others in the same call: where they are now tells
+            busy = [a for a, at in zip(batch, status, strict=True) if at == -errno.EBUSY]
+            if busy:
+                now = dict(zip(busy, kernel.move_pages(pid, busy, None), strict=True))
+                status = [now.get(a, at) for a, at in zip(batch, status, strict=True)]
+            for at in status:
                 if at == node:
                     moved.pages += 1
                     moved.bytes += size

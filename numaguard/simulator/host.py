@@ -498,12 +498,14 @@ class FakePages:
     it, and as strict as the kernel: an unknown PID is ESRCH; a caller without ptrace
     access to the pod (no CAP_SYS_PTRACE) EPERM; an offline node ENODEV; a node outside
     the container's cpuset.mems EACCES; per page, an address outside its mappings EFAULT,
-    a library page (mapped by others) EACCES, no free memory on the node ENOMEM. A moved
-    page moves the container's memory_by_node and the node's free memory with it: write
-    the host root again to show it."""
+    a library page (mapped by others) EACCES, no free memory on the node ENOMEM. With
+    ``folio_pages`` (512: transparent huge pages) the heap is in folios of that many
+    pages: the first address of one in a call moves it whole, its others in that call
+    are EBUSY, as the kernel says. A moved page moves the container's memory_by_node and
+    the node's free memory with it: write the host root again to show it."""
 
-    def __init__(self, host: FakeHost, ptrace: bool = True) -> None:
-        self.host, self.ptrace = host, ptrace
+    def __init__(self, host: FakeHost, ptrace: bool = True, folio_pages: int = 1) -> None:
+        self.host, self.ptrace, self.folio_pages = host, ptrace, folio_pages
         self.calls = 0
         self._heaps: dict[int, bytearray] = {}  # pid -> the node of each heap page
 
@@ -525,22 +527,31 @@ class FakePages:
             if node not in mems:
                 raise KernelRefused(errno.EACCES, f"node {node} is outside cpuset.mems")
         status = []
+        moved_now: set[int] = set()  # folios this call moved
         for address in addresses:
             page = (address - HEAP) // size
+            folio = page // self.folio_pages
             if LIBC <= address < LIBC + 2 * size:
                 status.append(0 if node in (None, 0) else -errno.EACCES)
             elif address % size or not 0 <= page < len(heap):
                 status.append(-errno.EFAULT)
+            elif node is not None and folio in moved_now:
+                status.append(-errno.EBUSY)
             elif node is None or heap[page] == node:
                 status.append(heap[page])
-            elif nodes[node].memory_free_bytes < size:
-                status.append(-errno.ENOMEM)
             else:
-                nodes[heap[page]].memory_free_bytes += size
-                nodes[node].memory_free_bytes -= size
-                ctr.memory_by_node[heap[page]] -= size
-                ctr.memory_by_node[node] = ctr.memory_by_node.get(node, 0) + size
-                heap[page] = node
+                first = folio * self.folio_pages
+                pages = range(first, min(len(heap), first + self.folio_pages))
+                if nodes[node].memory_free_bytes < len(pages) * size:
+                    status.append(-errno.ENOMEM)
+                    continue
+                for p in pages:
+                    nodes[heap[p]].memory_free_bytes += size
+                    nodes[node].memory_free_bytes -= size
+                    ctr.memory_by_node[heap[p]] -= size
+                    ctr.memory_by_node[node] = ctr.memory_by_node.get(node, 0) + size
+                    heap[p] = node
+                moved_now.add(folio)
                 status.append(node)
         return status
 
