@@ -92,6 +92,18 @@ def host_with_remote_memory() -> FakeHost:
     )
 
 
+def remote_verdict(host: FakeHost):
+    """The remote pod's memory_remote verdict, as the samples of an exposition name it."""
+    pod = host.pods[0]
+    return series(
+        "numaguard_pod_cross_numa",
+        namespace=pod.namespace,
+        pod=pod.name,
+        pod_uid=pod.uid,
+        reason="memory_remote",
+    )
+
+
 # -- this machine's kernel ---------------------------------------------------------
 
 
@@ -222,13 +234,7 @@ async def test_the_pod_s_far_memory_moves_to_its_cpus_node_at_the_rate(fake_root
     root = fake_root(host)
     collection = make_collection(root, metadata=metadata_of(host))
     await collection.run_once()
-    verdict = series(
-        "numaguard_pod_cross_numa",
-        namespace="ml",
-        pod="remote",
-        pod_uid=host.pods[0].uid,
-        reason="memory_remote",
-    )
+    verdict = remote_verdict(host)
     assert samples(collection.exposition.text)[verdict] == 1
     free_before = [n.memory_free_bytes for n in host.nodes]
     pages = FakePages(host)
@@ -260,6 +266,26 @@ def test_huge_pages_move_whole_and_each_page_counts_once(fake_root):
     far = REMOTE_MIB * MIB
     assert (moved.bytes, moved.pages, dict(moved.failures)) == (far, far // PAGE, {})
     assert host.pods[0].containers[0].memory_by_node == {0: (16 + REMOTE_MIB) * MIB, 1: 0}
+
+
+def test_memory_on_any_of_its_cpus_nodes_stays_where_it_is(fake_root):
+    host = host_with_remote_memory()
+    host.nodes.append(FakeNumaNode("16-23", socket=2, memory_total_bytes=GIB))
+    ctr = host.pods[0].containers[0]
+    ctr.cpus, ctr.memory_by_node = "6-9", {0: 16 * MIB, 1: 32 * MIB, 2: 64 * MIB}
+    root = fake_root(host)
+    clock = FakeClock()
+    moved = move_pod_memory(
+        [str(root.pod_cgroup(host.pods[0]))],
+        host.pods[0].uid,
+        0,
+        Pace(64 * MIB, clock, clock.sleep),
+        FakePages(host),
+        proc=str(root.root / "proc"),
+        home=(0, 1),  # its CPUs span nodes 0 and 1
+    )
+    assert moved.bytes == 64 * MIB
+    assert ctr.memory_by_node == {0: 80 * MIB, 1: 32 * MIB, 2: 0}
 
 
 def test_a_library_page_shared_with_others_stays(fake_root):
@@ -378,13 +404,7 @@ async def test_a_request_is_carried_out_once_and_shown(node_with_kubelet):
     assert got[series("numaguard_memory_moved_bytes_total")] == far
     assert got[series("numaguard_memory_moved_pages_total")] == far // PAGE
     assert got[series("numaguard_memory_move_seconds_total")] == 1.75
-    verdict = series(
-        "numaguard_pod_cross_numa",
-        namespace="ml",
-        pod="remote",
-        pod_uid=host.pods[0].uid,
-        reason="memory_remote",
-    )
+    verdict = remote_verdict(host)
     assert got[verdict] == 0
     # a new request, with nothing left to move
     asking(metadata, host, "evict-2")

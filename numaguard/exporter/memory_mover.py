@@ -149,10 +149,13 @@ def move_pod_memory(
     pace: Pace,
     kernel: Kernel,
     proc: str = "/proc",
+    home: Iterable[int] = (),
 ) -> Moved:
-    """Move the pages of the pod's processes that sit on any NUMA node but ``node`` to
-    ``node``, at ``pace``. A process that ends meanwhile is skipped (ESRCH); a refusal
-    that no other process would escape (EPERM, EACCES: no CAP_SYS_PTRACE) stops it."""
+    """Move the pages of the pod's processes that sit on NUMA nodes outside ``home`` (its
+    CPUs' nodes; ``node`` is always one) to ``node``, at ``pace``. A process that ends
+    meanwhile is skipped (ESRCH); a refusal that no other process would escape (EPERM,
+    EACCES: no CAP_SYS_PTRACE) stops it."""
+    home = frozenset(home) | {node}
     moved = Moved()
     for pid in _pids(cgroups):
         try:
@@ -167,8 +170,8 @@ def move_pod_memory(
                 mappings = parse_process_mappings(maps, f.read())
             moved.processes += 1
             for mapping in mappings:
-                if any(n != node and pages for n, pages in mapping.pages.items()):
-                    _move_mapping(kernel, pid, mapping, node, pace, moved)
+                if any(n not in home and pages for n, pages in mapping.pages.items()):
+                    _move_mapping(kernel, pid, mapping, node, home, pace, moved)
         except (FileNotFoundError, ProcessLookupError):
             moved.failures["ESRCH"] += 1
         except PermissionError:  # its maps: the same ptrace check move_pages makes
@@ -188,13 +191,19 @@ def move_pod_memory(
 
 
 def _move_mapping(
-    kernel: Kernel, pid: int, mapping: ProcessMapping, node: int, pace: Pace, moved: Moved
+    kernel: Kernel,
+    pid: int,
+    mapping: ProcessMapping,
+    node: int,
+    home: frozenset[int],
+    pace: Pace,
+    moved: Moved,
 ) -> None:
     size = mapping.page_size
     for first in range(mapping.start, mapping.end, SCAN_PAGES * size):
         addresses = range(first, min(mapping.end, first + SCAN_PAGES * size), size)
         where = kernel.move_pages(pid, addresses, None)
-        far = [a for a, at in zip(addresses, where, strict=True) if at >= 0 and at != node]
+        far = [a for a, at in zip(addresses, where, strict=True) if at >= 0 and at not in home]
         for i in range(0, len(far), BATCH_PAGES):
             batch = far[i : i + BATCH_PAGES]
             status = kernel.move_pages(pid, batch, node)
@@ -362,7 +371,9 @@ class MemoryMover:
         if self.kernel is None:
             self.kernel = Kernel()
         pace = Pace(self.rate, self.clock, self.sleep)
-        moved = move_pod_memory(order.cgroups, order.uid, node, pace, self.kernel, self.proc)
+        moved = move_pod_memory(
+            order.cgroups, order.uid, node, pace, self.kernel, self.proc, order.cpu_nodes
+        )
         t = self.totals
         t.pages, t.bytes, t.seconds = (
             t.pages + moved.pages,

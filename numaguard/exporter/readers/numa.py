@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from numaguard.exporter.readers import MAX_ID, ParseError, _count, parse_key_values
+from numaguard.exporter.readers import ParseError, _count, _small_int, parse_key_values
 
 NUMASTAT_KINDS = (
     "numa_hit",
@@ -112,7 +112,7 @@ def parse_process_mappings(maps: str, numa_maps: str) -> tuple[ProcessMapping, .
         page_size = 4096
         for field in fields[1:]:
             if m := _NUMA_MAPS_NODE.fullmatch(field):
-                pages[_small_node(m[1])] = int(m[2])
+                pages[_small_int(m[1])] = int(m[2])
             elif field.startswith("kernelpagesize_kB="):
                 page_size = _count(field.partition("=")[2]) * 1024
         if page_size <= 0 or page_size & (page_size - 1):
@@ -120,10 +120,3 @@ def parse_process_mappings(maps: str, numa_maps: str) -> tuple[ProcessMapping, .
         if pages and start in ends:
             out.append(ProcessMapping(start, ends[start], page_size, pages))
     return tuple(out)
-
-
-def _small_node(text: str) -> int:
-    value = int(text)
-    if value >= MAX_ID:
-        raise ParseError(f"NUMA node {value} out of range")
-    return value
