@@ -251,7 +251,8 @@ async def test_the_pod_s_far_memory_moves_to_its_cpus_node_at_the_rate(fake_root
     assert moved.seconds == pytest.approx(far / (64 * MIB))
     # the heap asked where its pages are, SCAN_PAGES at a time, then moved a batch at a
     # time, the rate checked after each; libc's pages, on node 0 already, not even asked
-    scans = -(-(128 * MIB // PAGE) // SCAN_PAGES)
+    span = SCAN_PAGES * PAGE  # chunks aligned in memory: the unaligned heap takes one more
+    scans = (HEAP + 128 * MIB - 1) // span - HEAP // span + 1
     assert pages.calls == scans + far // PAGE // BATCH_PAGES
     # what the exporter sees next: the memory at home, the verdict gone
     root.write()

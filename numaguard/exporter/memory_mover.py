@@ -199,9 +199,12 @@ def _move_mapping(
     pace: Pace,
     moved: Moved,
 ) -> None:
-    size = mapping.page_size
-    for first in range(mapping.start, mapping.end, SCAN_PAGES * size):
-        addresses = range(first, min(mapping.end, first + SCAN_PAGES * size), size)
+    size, span = mapping.page_size, SCAN_PAGES * mapping.page_size
+    # chunks aligned in memory, as huge pages are: one never straddles two chunks (its
+    # pages in the next one would be home already when that one is asked, and uncounted)
+    for edge in range(mapping.start // span * span, mapping.end, span):
+        first = max(edge, mapping.start)
+        addresses = range(first, min(mapping.end, edge + span), size)
         where = kernel.move_pages(pid, addresses, None)
         far = [a for a, at in zip(addresses, where, strict=True) if at >= 0 and at not in home]
         for i in range(0, len(far), BATCH_PAGES):

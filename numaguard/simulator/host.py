@@ -473,7 +473,7 @@ def _node_meminfo(i: int, n: FakeNumaNode) -> str:
 # Each container's main process maps its memory (memory_by_node) as one anonymous
 # mapping at HEAP, and two pages of the C library at LIBC, on node 0 and mapped by every
 # process: as move_pages(2) without MPOL_MF_MOVE_ALL, those never move.
-HEAP = 0x7F0000000000
+HEAP = 0x7F0000100000  # 1 MiB past a 2 MiB boundary, as a heap often starts
 LIBC = 0x7FF000000000
 
 
@@ -500,9 +500,10 @@ class FakePages:
     the container's cpuset.mems EACCES; per page, an address outside its mappings EFAULT,
     a library page (mapped by others) EACCES, no free memory on the node ENOMEM. With
     ``folio_pages`` (512: transparent huge pages) the heap is in folios of that many
-    pages: the first address of one in a call moves it whole, its others in that call
-    are EBUSY, as the kernel says. A moved page moves the container's memory_by_node and
-    the node's free memory with it: write the host root again to show it."""
+    pages, aligned in memory as the kernel aligns them: the first address of one in a
+    call moves it whole, its others in that call are EBUSY, as the kernel says. A moved
+    page moves the container's memory_by_node and the node's free memory with it: write
+    the host root again to show it."""
 
     def __init__(self, host: FakeHost, ptrace: bool = True, folio_pages: int = 1) -> None:
         self.host, self.ptrace, self.folio_pages = host, ptrace, folio_pages
@@ -530,7 +531,7 @@ class FakePages:
         moved_now: set[int] = set()  # folios this call moved
         for address in addresses:
             page = (address - HEAP) // size
-            folio = page // self.folio_pages
+            folio = (address // size) // self.folio_pages  # folios align in memory
             if LIBC <= address < LIBC + 2 * size:
                 status.append(0 if node in (None, 0) else -errno.EACCES)
             elif address % size or not 0 <= page < len(heap):
@@ -540,8 +541,8 @@ class FakePages:
             elif node is None or heap[page] == node:
                 status.append(heap[page])
             else:
-                first = folio * self.folio_pages
-                pages = range(first, min(len(heap), first + self.folio_pages))
+                first = folio * self.folio_pages - HEAP // size
+                pages = range(max(0, first), min(len(heap), first + self.folio_pages))
                 if nodes[node].memory_free_bytes < len(pages) * size:
                     status.append(-errno.ENOMEM)
                     continue
