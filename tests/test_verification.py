@@ -165,7 +165,7 @@ async def test_the_replacement_s_gpu_activity_is_compared_with_the_pod_s_before(
     assert decided == "held" and activity.gpu == pytest.approx(0.8)
     g = gain(pending.before, activity)
     assert g.ratio == pytest.approx(0.8 / 0.12)
-    assert described("cross_numa", g, activity) == (
+    assert described(pending, g, activity) == (
         "GPU activity 0.12 -> 0.80 after moving to n1 NUMA node 0: gain 6.67"
     )
     assert judged("held", g, POLICY.min_fix_gain.cross_numa) == "held"
@@ -287,7 +287,7 @@ async def test_a_noisy_neighbour_s_fix_is_judged_by_the_feeder_it_crowded_out():
         pending, [replacement()], NOW
     )
     assert decided == "held" and activity.gpu == pytest.approx(0.7)
-    assert described("noisy_neighbour", gain(pending.before, activity), activity) == (
+    assert described(pending, gain(pending.before, activity), activity) == (
         "GPU activity 0.20 -> 0.70 after its noisy neighbour left: gain 3.50"
     )
     asked = dict(answers.asked[0])

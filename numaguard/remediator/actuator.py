@@ -1,9 +1,10 @@
 """The actuator: the only code that writes to the Kubernetes API. Evictions through the
-Eviction API (so PodDisruptionBudgets hold), owner patches for opted-in MIG resizes,
+Eviction API (so PodDisruptionBudgets hold), owner patches for opted-in MIG resizes, a
+pod's request that its node move its memory home in place (an annotation on the pod),
 the workload's history (an annotation on the workload, written before the action it
 records), deletions of pods the kubelet refused for alignment beyond the few kept, and
-an Event for every action and refusal. Leadership is confirmed before
-each write, Events included; in dry-run only Events are written, saying what would have
+an Event for every action and refusal. Leadership is confirmed before each write,
+Events included; in dry-run only Events are written, saying what would have
 been done (as the descheduler's users asked: a dry run is watched where the cluster's
 news is, ``kubectl get events``).
 
@@ -19,9 +20,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from numaguard.exporter.memory_mover import REQUEST_ANNOTATION
 from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL
-from numaguard.remediator.core.history import WorkloadHistory
+from numaguard.remediator.core.history import DONE, WorkloadHistory
+from numaguard.remediator.core.kinds import MIGRATE_MEMORY
 from numaguard.remediator.core.planner import HISTORY_OWNERS, Action, PodInfo, Refusal
 from numaguard.remediator.core.rejections import RejectedPod
 from numaguard.remediator.core.steering import Steer, Target, configured
@@ -32,6 +35,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 COMPONENT = "numaguard-remediator"
+# actions whose history is written before they are taken (a resize writes it with the
+# owner's patch itself)
+RECORDED_FIRST = ("evict", MIGRATE_MEMORY)
 _WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 
@@ -85,7 +91,7 @@ class Actuator:
         if action.dry_run:
             await self.event(pod, "DryRun", f"would {action.detail}", "Normal")
             return "dry_run"
-        if intent is not None and action.kind == "evict":
+        if intent is not None and action.kind in RECORDED_FIRST:
             recorded = await self.record(pod.workload, intent)
             if recorded != "ok":
                 return recorded
@@ -95,11 +101,13 @@ class Actuator:
             return "stopped"
         if action.kind == "evict":
             result = await self._evict(pod)
+        elif action.kind == MIGRATE_MEMORY:
+            result = await self._move_memory(pod)
         else:
             result = await self._resize(
                 pod, action.finding.profile, action.finding.recommended, intent
             )
-        kind = "Normal" if result in ("evicted", "resized") else "Warning"
+        kind = "Normal" if result == DONE[action.kind] else "Warning"
         reason = f"Remediation{result.title().replace('_', '')}"
         await self.event(pod, reason, action.detail, kind)
         await self.event(
@@ -209,6 +217,26 @@ class Actuator:
         if answer.status in (404, 409):  # 409: the name is another pod's now (uid precondition)
             return "gone"
         log.warning("eviction of %s/%s: HTTP %s", pod.namespace, pod.name, answer.status)
+        return "failed"
+
+    async def _move_memory(self, pod: PodInfo) -> str:
+        """Ask the pod's node to move its memory home in place: the request annotation
+        on the pod, a new value each time (the exporter carries out each value once);
+        only on this pod (its uid, a precondition of the patch)."""
+        answer = await self.writer.patch(
+            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+            {
+                "metadata": {
+                    "uid": pod.uid,
+                    "annotations": {REQUEST_ANNOTATION: f"{self.clock():.0f}"},
+                }
+            },
+        )
+        if answer.ok:
+            return "requested"
+        if answer.status in (404, 409):  # 409: the name is another pod's now
+            return "gone"
+        log.warning("memory move of %s/%s: HTTP %s", pod.namespace, pod.name, answer.status)
         return "failed"
 
     async def _resize(

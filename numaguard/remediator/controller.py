@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 import aiohttp
 
 from numaguard.exporter.readers.nvml import mig_resource
-from numaguard.remediator.actuator import Actuator
+from numaguard.remediator.actuator import RECORDED_FIRST, Actuator
 from numaguard.remediator.cluster import (
     ClusterError,
     nodes_of,
@@ -31,6 +31,7 @@ from numaguard.remediator.core.capacity import Capacity
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Detection, Finding, FindingState
 from numaguard.remediator.core.history import (
+    DONE,
     Pending,
     WorkloadHistory,
     after_action,
@@ -259,7 +260,9 @@ class Controller:
             before = history.get(action.pod.workload)
             activity = measured.get(measured_uid(action.finding))
             intent = (
-                None if action.dry_run else after_action(before, action, "evicted", now, activity)
+                None
+                if action.dry_run
+                else after_action(before, action, DONE[action.kind], now, activity)
             )
             if intent is not None and action.kind == "evict":
                 await self._steer(action, now)
@@ -268,7 +271,11 @@ class Controller:
             except _TRANSPORT as err:
                 log.warning("%s failed: %r", action.kind, err)
                 result = "failed"
-            if action.kind == "evict" and result not in ("evicted", "dry_run", "not_leader"):
+            if action.kind in RECORDED_FIRST and result not in (
+                DONE[action.kind],
+                "dry_run",
+                "not_leader",
+            ):
                 # the intent may have been written (not when stopped before it: then
                 # this writes the history as it was): put down what really happened
                 with contextlib.suppress(*_TRANSPORT):
@@ -462,7 +469,7 @@ class Controller:
             changed = after_verification(changed, pending, outcome)
             if outcome != "held" and changed.failures >= p.give_up_after:
                 outcome = "gave_up"
-            detail = described(pending.kind, g, after) if g else "no evidence by the deadline"
+            detail = described(pending, g, after) if g else "no evidence by the deadline"
             if g and g.ratio is not None:
                 self.metrics.fix_gain.labels(pending.kind).observe(g.ratio)
             self.metrics.verifications.labels(outcome).inc()
@@ -515,11 +522,13 @@ class Controller:
         verdicts decided it, what the pod that judges the fix did over the period, and
         the nodes the replacements run on."""
         late = now - pending.at >= self.policy.verify_deadline_seconds
+        # judged on the pods that replaced the one acted on, or on that one itself when
+        # the fix kept it (its memory moved home in place)
         replacements = [
             q
             for q in pods or []
-            if q.uid != pending.pod_uid
-            and q.created >= pending.at - _CLOCK_SLACK_SECONDS
+            if (q.uid == pending.pod_uid) == pending.in_place
+            and (pending.in_place or q.created >= pending.at - _CLOCK_SLACK_SECONDS)
             and q.phase == "Running"
         ]
         if not replacements:

@@ -56,6 +56,7 @@ DRY_RUN_API_USE = {
 ENFORCE_API_USE = {
     ("", "pods/eviction", "create"),
     ("", "pods", "delete"),  # pods the kubelet refused for alignment, beyond the few kept
+    ("", "pods", "patch"),  # a pod's request that its node move its memory home
     # the history, and opt-in MIG resizes of Deployments and StatefulSets
     ("apps", "replicasets", "patch"),
     ("apps", "deployments", "patch"),

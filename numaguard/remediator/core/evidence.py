@@ -48,6 +48,10 @@ class Evidence:
         self.collector_ok = {
             (n, i, c) for n, i, c, v in columns(s["collector_success"], *key) if v == 1
         }
+        # (node, instance) -> the age of the newest sample of its memory mover's totals
+        self.mover_age = dict(
+            ((n, i), v) for n, i, v in columns(s["mover_age"], "node", "instance", "value")
+        )
         holders = s["holders"]
         holders = holders[(holders["source"] == "kubelet") & holders["pod_uid"].isin(pods)]
         self.holders: dict[tuple, set[str]] = {}  # (node, pod uid) -> the kubelet's devices
@@ -114,6 +118,19 @@ class Evidence:
                 return f"collector {collector} of {node} last succeeded {age:.0f}s ago"
             if key not in self.collector_ok:
                 return f"collector {collector} of {node} is failing"
+        return ""
+
+    def mover_off(self, node: str) -> str:
+        """Why ``node``'s exporter cannot move a pod's memory now; "" when it can: its
+        target is up and its memory mover's totals are fresh."""
+        instance, why = self.instance(node)
+        if instance is None:
+            return why
+        age = self.mover_age.get((node, instance))
+        if age is None:
+            return f"the exporter of {node} does not run --memory-mover"
+        if age > self.stale_after:
+            return f"the memory mover of {node} last reported {age:.0f}s ago"
         return ""
 
     def doubt(self, f: Finding, pod: PodInfo | None) -> tuple[str | None, str]:

@@ -9,10 +9,10 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import Field, StrictBool, StringConstraints, TypeAdapter, ValidationError
 
 from numaguard.remediator.core.findings import Finding
-from numaguard.remediator.core.kinds import KINDS
+from numaguard.remediator.core.kinds import KINDS, MIGRATE_MEMORY
 from numaguard.remediator.core.outcome import Activity
 from numaguard.remediator.core.reach import NODES_PER_FINDING
 from numaguard.remediator.core.validation import FORBID_EXTRA, Count, Seconds
@@ -30,6 +30,8 @@ Name = Annotated[str, StringConstraints(max_length=253, strict=True)]
 NodeName = Annotated[
     str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", strict=True)
 ]
+# the result of each action that was taken (the others: refused, failed...)
+DONE = {"evict": "evicted", "resize": "resized", MIGRATE_MEMORY: "requested"}
 # where a replacement was scheduled, against where the plan said (landing())
 LANDINGS = ("planned", "elsewhere_aligned", "elsewhere_misaligned")
 
@@ -51,6 +53,8 @@ class Pending:
     before: Activity | None = None
     # an eviction's: the nodes whose zones the plan found to fit, roomiest first
     nodes: Annotated[tuple[NodeName, ...], Field(max_length=NODES_PER_FINDING)] = ()
+    # the fix kept the pod (its memory moved home): judged on the pod itself
+    in_place: StrictBool = False
 
     def __post_init__(self) -> None:
         if self.reason not in KINDS[self.kind].reasons:
@@ -122,7 +126,7 @@ def after_action(
     pod whose activity judges the fix did before it."""
     h = h or WorkloadHistory()
     f = action.finding
-    if result in ("evicted", "resized"):
+    if result == DONE.get(action.kind):
         pending = Pending(
             f.kind,
             f.reason,
@@ -132,6 +136,7 @@ def after_action(
             measured_uid(f),
             before,
             action.nodes,
+            action.kind == MIGRATE_MEMORY,
         )
         return replace(h, last_action=now, pending=(*h.pending, pending), pdb_refusals=0)
     if result == "pdb_blocked":

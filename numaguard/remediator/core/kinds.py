@@ -17,6 +17,9 @@ from numaguard.exporter.readers.nvml import mig_resource
 if TYPE_CHECKING:
     from numaguard.remediator.core.findings import Finding
 
+# The action that moves a pod's remote memory home in place (its node's exporter does,
+# asked by an annotation on the pod): the remedy for remote memory where it can work
+MIGRATE_MEMORY = "migrate_memory"
 _RECREATE = "recreate it with CPUs, memory and devices on one NUMA node ({f.kind}: {f.reason})"
 
 

@@ -13,9 +13,13 @@ the fix is judged by its finding alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from numaguard.remediator.core.kinds import NOISY_NEIGHBOUR, RESIZED
 from numaguard.remediator.core.validation import FORBID_EXTRA, NonNegative, Text
+
+if TYPE_CHECKING:
+    from numaguard.remediator.core.history import Pending
 
 Measure = NonNegative | None
 # Busy SMs under this share of the devices' SMs before the action count as that much,
@@ -142,12 +146,15 @@ def judged(outcome: str, g: Gain, least: float) -> str:
     return outcome
 
 
-def described(kind: str, g: Gain, after: Activity | None) -> str:
+def described(pending: Pending, g: Gain, after: Activity | None) -> str:
     """The gain as the verification's Event says it, e.g. "GPU activity 0.15 -> 0.82
     after moving to gpu-a NUMA node 1: gain 5.47"."""
     if g.ratio is None:
         return g.detail
-    if kind in RESIZED:
+    kind = pending.kind
+    if pending.in_place:
+        how = " after its memory moved home in place"
+    elif kind in RESIZED:
         how = " after the resize"
     elif kind == NOISY_NEIGHBOUR.name:
         how = " after its noisy neighbour left"

@@ -15,12 +15,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numaguard.exporter.memory_mover import REQUEST_ANNOTATION
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import WorkloadHistory
-from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR
+from numaguard.remediator.core.kinds import CROSS_NUMA, KINDS, MIGRATE_MEMORY, NOISY_NEIGHBOUR
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.reach import NODES_PER_FINDING, NodeFacts, Placement, excluded
 
@@ -44,6 +45,7 @@ GUARDS = (
     "pdb_blocked",
     "cooldown",
     "not_lower_priority",
+    "no_free_memory",
     "no_fit",
     "cap_cycle",
     "cap_node",
@@ -110,7 +112,7 @@ class PodInfo:
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # evict | resize | recommend
+    kind: str  # evict | resize | migrate_memory | recommend
     finding: Finding
     pod: PodInfo | None
     detail: str
@@ -184,13 +186,18 @@ def plan(
             return
         if finding.pod_uid in acted:
             return
-        guard, detail = _guard(pod, policy, history, now)
+        # the node that would move the pod's memory home in place; None: evict instead
+        mover = _mover(finding, pod, evidence, reasons) if intent == "evict" else None
+        guard, detail = _guard(pod, policy, history, now, in_place=mover is not None)
         if guard is None and finding.kind == NOISY_NEIGHBOUR.name:
             feeder = pods.get(finding.feeder_uid)
             if feeder is None or pod.priority >= feeder.priority:
                 guard = "not_lower_priority"
                 detail = f"not of lower priority than the starved {finding.feeder}"
-        if guard is None and intent == "evict":
+        home = None  # (the zone of the pod's CPUs, the bytes to move there)
+        if guard is None and mover is not None:
+            guard, detail, home = _room_at_home(capacity, finding, mover)
+        elif guard is None and intent == "evict":
             need = capacity.need(finding)
             # a pod holding exclusive CPUs or devices holds memory too: none known is
             # unknown, not 0 (a shared-pool pod's memory is bound to no NUMA node)
@@ -208,7 +215,13 @@ def plan(
         if guard is not None:
             refusals.append(Refusal(finding, guard, detail))
             return
-        if intent == "evict":
+        if home is not None:
+            intent, steer = MIGRATE_MEMORY, ()
+            zone, remote = home
+            capacity.memory[zone] -= remote
+            node, numa = capacity.name(zone)
+            detail = f"move {remote / 2**20:.0f} MiB of memory home to NUMA node {numa}, in place"
+        elif intent == "evict":
             capacity.move(freed_in_time(pod), target, need)
             node, numa = capacity.name(target)
             reach.move(pod, node)
@@ -222,6 +235,10 @@ def plan(
         acted.add(finding.pod_uid)
         actions.append(Action(intent, finding, pod, detail, policy.dry_run, steer))
 
+    reasons: dict[str, set[str]] = defaultdict(set)  # pod uid -> its cross-NUMA reasons
+    for f in findings:
+        if f.kind == CROSS_NUMA.name:
+            reasons[f.pod_uid].add(f.reason)
     for finding in sorted(findings, key=_priority):
         try:
             decide(finding)
@@ -304,6 +321,54 @@ class _Reach:
         self.change[node].subtract(pod.placement.requests)
 
 
+def _may_move(f: Finding, pod: PodInfo) -> bool:
+    """Whether moving the pod's memory home in place may fix ``f``: remote memory, with
+    no move tried on this pod yet (one that was and did not hold is evicted)."""
+    return (
+        f.kind == CROSS_NUMA.name
+        and f.reason == "memory_remote"
+        and REQUEST_ANNOTATION not in pod.annotations
+    )
+
+
+def _mover(
+    f: Finding, pod: PodInfo, evidence: Evidence, reasons: Mapping[str, set[str]]
+) -> str | None:
+    """The node whose exporter will move the pod's memory home in place, when that is the
+    remedy: remote memory alone (CPUs and devices placed right), and the node's memory
+    mover on and reporting now; None: evict instead."""
+    if not _may_move(f, pod) or reasons.get(f.pod_uid, set()) != {"memory_remote"}:
+        return None
+    return None if evidence.mover_off(f.node) else f.node
+
+
+def _room_at_home(
+    capacity: Capacity, f: Finding, node: str
+) -> tuple[str | None, str, tuple[int, float] | None]:
+    """(guard, why, None), or (None, "", (the zone of the pod's CPUs, the bytes to move
+    there)) when that zone's free memory takes what the pod holds elsewhere."""
+    held = {numa: v for (n, numa), v in capacity.held.get(f.pod_uid, {}).items() if n == node}
+    homes = [numa for numa, (cpus, _, _) in held.items() if cpus]
+    if len(homes) != 1:
+        return "stale_data", "no exporter says on which one NUMA node the pod's CPUs are", None
+    (home,) = homes
+    remote = sum(memory for numa, (_, memory, _) in held.items() if numa != home)
+    zone = capacity.index.get((node, home))
+    if not remote or zone is None:
+        missing = "memory outside NUMA node" if not remote else "free memory on NUMA node"
+        return "stale_data", f"no exporter says the pod's {missing} {home}", None
+    if capacity.memory[zone] < remote:
+        return (
+            "no_free_memory",
+            (
+                f"NUMA node {home} of {node} has {capacity.memory[zone] / 2**20:.0f} MiB free, "
+                f"not the {remote / 2**20:.0f} MiB to move home"
+            ),
+            None,
+        )
+    return None, "", (zone, remote)
+
+
 def _fit(
     capacity: Capacity, reach: _Reach, pod: PodInfo, need: Need
 ) -> tuple[int | None, tuple[str, ...], str]:
@@ -361,7 +426,9 @@ def _opted_in(pod: PodInfo | None) -> bool:
     )
 
 
-def _guard(pod, policy, history, now) -> tuple[str | None, str]:
+def _guard(pod, policy, history, now, in_place: bool = False) -> tuple[str | None, str]:
+    """``in_place``: the fix may keep the pod running (its memory moved home), so the
+    guards of what only an eviction loses (local data, DRA claims) do not apply."""
     if pod.namespace in policy.protected_namespaces:
         return "protected_namespace", pod.namespace
     if pod.annotations.get("numaguard.io/remediate") == "false":
@@ -376,9 +443,9 @@ def _guard(pod, policy, history, now) -> tuple[str | None, str]:
         return "unsupported_owner", f"{pod.workload}: history is kept on {sorted(HISTORY_OWNERS)}"
     if pod.priority >= SYSTEM_CRITICAL_PRIORITY or pod.priority_class.startswith("system-"):
         return "system_critical", pod.priority_class or str(pod.priority)
-    if pod.local_storage and not policy.allow_local_storage:
+    if pod.local_storage and not policy.allow_local_storage and not in_place:
         return "local_storage", "emptyDir or hostPath data would be lost"
-    if DRA in pod.resources:
+    if DRA in pod.resources and not in_place:
         # The scheduler allocates claims with no regard to NUMA, and a shared claim
         # keeps its devices: no eviction can be shown to bring the pod back aligned.
         return "resource_claims", "its devices come from DRA ResourceClaims"

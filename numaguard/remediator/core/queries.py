@@ -127,6 +127,9 @@ def expressions(
         "targets_up": f"{m(c.BUILD_INFO)} and on (job, instance) ({selected('up', selector)} == 1)",
         "collector_age": f"time() - {m(c.COLLECTOR_LAST_SUCCESS)}",
         "collector_success": m(c.COLLECTOR_SUCCESS),
+        # the exporters whose memory mover is on (--memory-mover): it moves a pod's
+        # memory home in place when the remediator asks
+        "mover_age": f"time() - timestamp({m(c.MEMORY_MOVED_BYTES)})",
     }
 
 
@@ -159,6 +162,7 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     "targets_up": ("node", "instance"),
     "collector_age": ("node", "instance", "collector"),
     "collector_success": ("node", "instance", "collector"),
+    "mover_age": ("node", "instance"),
 }
 
 REQUIRED_LABELS["slice_candidates"] = ("node", "instance", "mig_uuid")

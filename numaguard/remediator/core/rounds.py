@@ -8,7 +8,8 @@ answers of its own.
 2. what the verdicts' pods, slices and nodes need to be findings (ages, sustained
    windows not recorded by a rule, slices' use, LLC where GPUs starve);
 3. what the finding pods hold; 4. the zones that could take them (and the pods the
-   kubelet refused); 5. those zones' room, and whether the nodes named can be believed.
+   kubelet refused); 5. those zones' room, whether the nodes named can be believed, and
+   which of the nodes of pods with remote memory can move it home in place.
 """
 
 from __future__ import annotations
@@ -108,5 +109,10 @@ def rounds(asked: Round, state: FindingState, sizing: Sizing) -> Rounds:
     )
 
     nodes = {f.node for f in findings} | set(zones["zone_candidates"]["node"])
-    evidence = yield scoped((*q.ZONES, *q.NODE_EVIDENCE), "node", nodes)
+    # whose exporters could move remote memory home in place
+    movers = {f.node for f in findings if f.reason == "memory_remote"}
+    evidence = yield [
+        *scoped((*q.ZONES, *q.NODE_EVIDENCE), "node", nodes),
+        *scoped(["mover_age"], "node", movers),
+    ]
     return merged(found, zones, evidence), state, sizing
