@@ -234,7 +234,7 @@ class Actuator:
         )
         if answer.ok:
             return "requested"
-        if answer.status in (404, 409):  # 409: the name is another pod's now
+        if answer.status == 404 or _uid_differs(answer):  # the name is another pod's now
             return "gone"
         log.warning("memory move of %s/%s: HTTP %s", pod.namespace, pod.name, answer.status)
         return "failed"
@@ -310,6 +310,14 @@ class Actuator:
         )
         if not answer.ok:  # an Event lost is not worth failing the cycle for
             log.info("event %s on %s/%s: HTTP %s", reason, pod.namespace, pod.name, answer.status)
+
+
+def _uid_differs(answer: Answer) -> bool:
+    """A patch whose metadata.uid is not the object's: the API server answers 422, the
+    field immutable (not 409, as for an eviction's precondition)."""
+    details = answer.body.get("details") if isinstance(answer.body, dict) else None
+    causes = (details or {}).get("causes") or []
+    return answer.status == 422 and any(c.get("field") == "metadata.uid" for c in causes)
 
 
 def _history_metadata(history: WorkloadHistory) -> dict:
