@@ -11,18 +11,24 @@ import sys
 import pytest
 import pytest_asyncio
 
+from numaguard.exporter.memory_mover import REQUEST_ANNOTATION
+from numaguard.simulator.controlplane import path_of
 from numaguard.simulator.kubenode import HELD_MIB
 from numaguard.simulator.node_loop import (
     KEEP,
+    MOVE_RATE,
     NS,
     exclusive_cpus,
     fixed,
     misaligned_again,
     moved_home,
+    moved_in_place,
     node_loop,
     refused,
 )
 from tests.test_kubenode import PODRESOURCES, scrape
+from tests.test_move_request import tenant_token
+from tests.test_node_vm import numa_maps_bytes
 
 pytestmark = [
     pytest.mark.vm,
@@ -102,6 +108,91 @@ async def test_under_single_numa_node_remote_memory_is_fixed_and_held(loop):
     ]
     assert event["message"].startswith("held: "), event["message"]
     assert f"gain {verified.gain.ratio:.2f}" in event["message"], event["message"]
+
+
+async def test_remote_memory_is_moved_home_in_place_without_a_restart(loop):
+    """The first remedy for remote memory, through the real kubelet and kernel: the
+    same pod, container and processes, its pages on its CPU's NUMA node afterwards by
+    /proc/<pid>/numa_maps, no faster than the mover's rate, verified with its gain; an
+    opted-out pod, a move with no room and a dry run left alone, and a tenant's own
+    request refused by the API server."""
+    story = await moved_in_place(loop)
+    ((pod, cpus),) = story.pods  # one pod: no eviction, no replacement
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    assert cpus == {"0": 1}
+    before, after = story.memory["before"], story.memory["after"]
+    assert before["1"] > before.get("0", 0), before
+    assert after.get("0", 0) >= 0.9 * HELD_MIB and after.get("1", 0) < 0.1 * HELD_MIB, after
+    opted, full, dry, *acting = story.reports
+    assert [r.guard for r in opted.plan.refusals] == ["opted_out"]
+    ((guard, detail),) = [(r.guard, r.detail) for r in full.plan.refusals]
+    assert guard == "no_free_memory" and detail.startswith("NUMA node 0 of vm-node has"), detail
+    assert [(a.kind, result) for a, result in dry.results] == [("migrate_memory", "dry_run")]
+    taken = [(a.kind, result) for r in acting for a, result in r.results]
+    assert taken == [("migrate_memory", "requested")]
+    # while the move awaits its verification the finding stays open a window: its
+    # cooldown, the workload's cap, and, once the verdict is gone, no sample saying so
+    after_move = {"cooldown", "cap_workload", "stale_data"}
+    assert {r.guard for r in acting for r in r.plan.refusals} <= after_move
+    (verified,) = [v for r in acting for v in r.verified]
+    assert (verified.workload, verified.outcome) == (f"Deployment/{NS}/cache", "held")
+    assert verified.gain.ratio > 1.5, verified.detail
+    assert verified.detail.endswith(f"moved home in place: gain {verified.gain.ratio:.2f}")
+    # the same pod, container and processes
+    now = await loop.cp.get(loop.session, "Pod", NS, name)
+    assert now["metadata"]["uid"] == uid
+    (status,) = now["status"]["containerStatuses"]
+    assert status["containerID"] == pod["status"]["containerStatuses"][0]["containerID"]
+    assert status["restartCount"] == 0
+    assert story.processes["after"] == story.processes["before"]
+    assert now["metadata"]["annotations"][REQUEST_ANNOTATION].isdigit()
+    # where the kernel says its pages are, process by process
+    pages: dict[str, int] = {}
+    for pid in story.processes["after"]:
+        for node, size in numa_maps_bytes(await loop.node.sh(f"cat /proc/{pid}/numa_maps")).items():
+            pages[node] = pages.get(node, 0) + size
+    assert pages["0"] >= 0.9 * HELD_MIB * 2**20 and pages.get("1", 0) < 16 * 2**20, pages
+    # no faster than the rate: the mover's own account of what it moved and how long
+    got = await scrape(loop.node, lambda got: total(got, "numaguard_memory_moved_bytes_total"))
+    moved = total(got, "numaguard_memory_moved_bytes_total")
+    seconds = total(got, "numaguard_memory_move_seconds_total")
+    assert moved >= 0.5 * HELD_MIB * 2**20 and seconds >= moved / MOVE_RATE, (moved, seconds)
+    assert total(got, "numaguard_memory_moves_total", result="moved") == 1
+    # what a person watching is told
+    events = await loop.cp.items(loop.session, "Event", NS)
+    on_pod = [e for e in events if e["involvedObject"]["name"] == name]
+    refusals = {e["message"].split(":")[0] for e in on_pod if e["reason"] == "RemediationRefused"}
+    assert (
+        {"opted_out", "no_free_memory"} <= refusals <= {"opted_out", "no_free_memory"} | after_move
+    ), refusals
+    told = {e["reason"]: e["message"] for e in on_pod}
+    assert (
+        told["RemediationRequested"].startswith("move ")
+        and "in place" in told["RemediationRequested"]
+    )
+    assert told["DryRun"].startswith("would move ")
+    (event,) = [
+        e
+        for e in events
+        if e["reason"] == "RemediationVerified" and e["involvedObject"]["name"] == "cache"
+    ]
+    assert event["message"].startswith("held: local memory "), event["message"]
+    assert f"gain {verified.gain.ratio:.2f}" in event["message"], event["message"]
+    # a tenant that may patch the pods of its namespace cannot ask for a move
+    token = await tenant_token(loop.cp, loop.session, NS)
+    ask = {"metadata": {"annotations": {REQUEST_ANNOTATION: "1"}}}
+    status, body = await loop.cp.request(
+        loop.session, "PATCH", path_of("Pod", NS, name), ask, token
+    )
+    assert status == 403 and "only numaguard's remediator" in body["message"], body
+
+
+def total(got: dict, name: str, **match: str) -> float:
+    return sum(
+        v
+        for (n, labels), v in got.items()
+        if n == name and all(dict(labels).get(k) == want for k, want in match.items())
+    )
 
 
 async def test_under_single_numa_node_the_refused_pods_are_cleaned_up(loop):

@@ -33,10 +33,11 @@ def pod(name: str, annotations: dict | None = None) -> dict:
     }
 
 
-async def tenant_token(cp, session) -> str:
-    """A ServiceAccount that may create and patch the pods of its own namespace."""
+async def tenant_token(cp, session, namespace: str = NS) -> str:
+    """A ServiceAccount that may create and patch the pods of ``namespace`` (made if
+    need be)."""
     objects = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": TENANT}},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -49,15 +50,15 @@ async def tenant_token(cp, session) -> str:
             "kind": "RoleBinding",
             "metadata": {"name": TENANT},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TENANT},
-            "subjects": [{"kind": "ServiceAccount", "name": TENANT, "namespace": NS}],
+            "subjects": [{"kind": "ServiceAccount", "name": TENANT, "namespace": namespace}],
         },
     ]
     for obj in objects:
         if obj["kind"] != "Namespace":
-            obj["metadata"]["namespace"] = NS
-        with contextlib.suppress(ApiError):  # made by an earlier run of this session
+            obj["metadata"]["namespace"] = namespace
+        with contextlib.suppress(ApiError):  # made already
             await cp.create(session, obj)
-    return await cp.service_account_token(session, NS, TENANT)
+    return await cp.service_account_token(session, namespace, TENANT)
 
 
 async def test_only_the_remediator_writes_the_request_and_only_on_that_pod(control_plane, tmp_path):

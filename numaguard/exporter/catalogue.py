@@ -831,7 +831,8 @@ MEMORY_MOVE_REFUSALS = _m(
     "Requests refused before any page moved, by reason: not_exclusive (no exclusive CPUs: "
     "no home), unknown_memory, kubelet (the Memory Manager's pinning unknown), "
     "nothing_remote, mems (cpuset.mems excludes its CPUs' nodes), unknown_mems, "
-    "memory_manager (pinned elsewhere), no_free_memory.",
+    "memory_manager (pinned elsewhere), no_free_memory, expired (a request of a Unix time "
+    "over 10 minutes old when first seen, as after a restart).",
     ("reason",),
     "memory_mover",
 )
@@ -846,7 +847,9 @@ MEMORY_MOVE_FAILURES = _m(
     "counter",
     "Pages that did not move (or whole calls refused), by the kernel's errno as reason: "
     "EACCES (a page other processes map too), EBUSY, ENOMEM (no room on the node), ESRCH "
-    "(the process ended), EPERM (no CAP_SYS_PTRACE).",
+    "(the process ended), EPERM (no CAP_SYS_PTRACE), ENOENT (a page numa_maps shows that "
+    "move_pages cannot see: on Debian's Linux 6.1, measured, one NUMA balancing marked "
+    "for a hinting fault).",
     ("reason",),
     "memory_mover",
 )

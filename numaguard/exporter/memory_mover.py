@@ -40,6 +40,10 @@ from numaguard.exporter.records import PodMeta
 # own CPUs' node.
 REQUEST_ANNOTATION = "numaguard.io/move-memory"
 REQUEST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")
+# A request that is a Unix time (the remediator's) this much older than when this process
+# first sees it is not carried out: after a restart the exporter would otherwise move
+# again every pod that ever asked, unrecorded by the remediator.
+REQUEST_TTL_SECONDS = 600.0
 log = logging.getLogger(__name__)
 
 MPOL_MF_MOVE = 1 << 1  # <linux/mempolicy.h>: pages mapped by this process alone
@@ -200,6 +204,10 @@ def _move_mapping(
     moved: Moved,
 ) -> None:
     size, span = mapping.page_size, SCAN_PAGES * mapping.page_size
+    # pages numa_maps shows away from home that move_pages says are not there (ENOENT):
+    # Debian's Linux 6.1 cannot see a page NUMA balancing marked for a hinting fault
+    shown = sum(pages for n, pages in mapping.pages.items() if n not in home)
+    found = unseen = 0
     # chunks aligned in memory, as huge pages are: one never straddles two chunks (its
     # pages in the next one would be home already when that one is asked, and uncounted)
     for edge in range(mapping.start // span * span, mapping.end, span):
@@ -207,6 +215,8 @@ def _move_mapping(
         addresses = range(first, min(mapping.end, edge + span), size)
         where = kernel.move_pages(pid, addresses, None)
         far = [a for a, at in zip(addresses, where, strict=True) if at >= 0 and at not in home]
+        found += len(far)
+        unseen += where.count(-errno.ENOENT)
         for i in range(0, len(far), BATCH_PAGES):
             batch = far[i : i + BATCH_PAGES]
             status = kernel.move_pages(pid, batch, node)
@@ -225,6 +235,8 @@ def _move_mapping(
                 else:  # the kernel put it elsewhere
                     moved.failures["other_node"] += 1
             pace.after(moved.bytes)
+    if found < shown and unseen:
+        moved.failures["ENOENT"] += min(unseen, shown - found)
 
 
 def _pids(cgroups: Iterable[str]) -> list[int]:
@@ -328,9 +340,10 @@ class MemoryMover:
         kernel: Kernel | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.proc = os.path.join(host_root, "proc")
-        self.rate, self.clock, self.sleep = rate, clock, sleep
+        self.rate, self.clock, self.sleep, self.wall = rate, clock, sleep, wall
         self.kernel = kernel
         self.totals = MoveTotals()
         self.handled: dict[str, str] = {}  # pod uid -> the request last carried out
@@ -340,6 +353,8 @@ class MemoryMover:
         the JSON log's fields."""
         done = []
         for order in orders(snapshot, metadata, self.handled):
+            if order.request.isdigit() and self.wall() - int(order.request) > REQUEST_TTL_SECONDS:
+                order = replace(order, refused="expired")
             decision = self._one(order, snapshot)
             self.handled[order.uid] = order.request
             self.totals.results[decision["result"]] += 1

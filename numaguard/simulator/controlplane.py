@@ -32,6 +32,11 @@ RBAC_KINDS = {
     *("Namespace", "ServiceAccount"),
     *("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"),
 }
+ADMISSION_KINDS = {
+    "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 ACCOUNTS = ("numaguard-exporter", "numaguard-remediator")
 PARTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 # The controllers the simulated cluster's behaviour depends on (kube-controller-manager
@@ -381,12 +386,13 @@ class ControlPlane:
         session: aiohttp.ClientSession,
         components: tuple[str, ...] = ("no-dry-run", "steering"),
     ) -> None:
-        """Apply deploy/'s namespace, ServiceAccounts and RBAC as kustomize renders them
-        with ``components`` (no-dry-run: tests act; steering: its webhook configuration
-        too), and get a token for each of our ServiceAccounts (``self.tokens``): our
-        components run as those."""
+        """Apply deploy/'s namespace, ServiceAccounts, RBAC and admission objects as
+        kustomize renders them with ``components`` (no-dry-run: tests act; steering: its
+        webhook configuration too; memory-mover: the policy on move requests), and get a
+        token for each of our ServiceAccounts (``self.tokens``): our components run as
+        those."""
         for obj in rendered(*components):
-            if obj["kind"] in (*RBAC_KINDS, "MutatingWebhookConfiguration"):
+            if obj["kind"] in (*RBAC_KINDS, *ADMISSION_KINDS):
                 await self.create(session, obj)
         for account in ACCOUNTS:
             self.tokens[account] = await self.service_account_token(session, "numaguard", account)

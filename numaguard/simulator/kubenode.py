@@ -286,6 +286,7 @@ def guaranteed_spec(cpus: int, command: str, memory: str, gpus: int = 0) -> dict
 
 
 FRESH_MEMORY_STATE = "/run/numaguard-fresh-memory-state"  # in the guest: see NODE_SCRIPT
+EXPORTER_PID = "/run/numaguard-exporter.pid"  # in the guest: the exporter's process
 
 # The guest's run.sh: containerd, the images, the commands the host sends, the kubelet,
 # and the exporter when the host asks for one.
@@ -327,6 +328,7 @@ fi
 if [ -e $J/exporter.args ]; then
   until [ -S /var/lib/kubelet/pod-resources/kubelet.sock ]; do sleep 0.5; done
   {python} -m $exporter $(cat $J/exporter.args) > $J/exporter.log 2>&1 &
+  echo $! > {exporter_pid}
 fi
 wait
 """
@@ -353,6 +355,7 @@ class KubeNode:
         self.exporter = exporter
         self.gpus = gpus
         self.exporter_url = ""
+        self._exporter_args: tuple[str, ...] = ()
         self._stack = contextlib.AsyncExitStack()
         self._commands = 0
 
@@ -380,7 +383,8 @@ class KubeNode:
             self.exporter_url = f"http://127.0.0.1:{port}"
             args = ("--listen", f"0.0.0.0:{EXPORTER_PORT}", "--node-name", self.name)
             args += ("--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock")
-            (job / "exporter.args").write_text(" ".join((*args, *self.exporter)))
+            self._exporter_args = (*args, *self.exporter)
+            (job / "exporter.args").write_text(" ".join(self._exporter_args))
         script = NODE_SCRIPT.format(
             containerd=containerd_dir(),
             parts=parts,
@@ -389,6 +393,7 @@ class KubeNode:
             name=self.name,
             guest=vm.GUEST,
             fresh=FRESH_MEMORY_STATE,
+            exporter_pid=EXPORTER_PID,
         )
         api_port = int(self.cp.url.rsplit(":", 1)[1])
         net = vm.Net(to_host=((API_PORT, api_port),), from_host=forwarded)
@@ -484,6 +489,21 @@ class KubeNode:
             return pid != before and (await self.sh(f"{healthz} || true")).strip() == "ok"
 
         await until(healthy, "the kubelet healthy again", timeout=timeout, every=1)
+
+    async def restart_exporter(self, *extra: str) -> None:
+        """Restart the guest's exporter with ``extra`` arguments besides its own, as a
+        DaemonSet rolled out with other flags would; returns once the new one is ready."""
+        assert self.exporter_url, "the node runs no exporter"
+        (self.job / "exporter.args").write_text(" ".join((*self._exporter_args, *extra)))
+        module = "numaguard.exporter"
+        if self.gpus is not None:
+            module = "numaguard.simulator.exporter /mnt/gpus.json"
+        await self.sh(
+            f"pid=$(cat {EXPORTER_PID}); kill $pid; while kill -0 $pid 2>/dev/null; do "
+            f"sleep 0.2; done; {sys.executable} -m {module} $(cat /mnt/exporter.args) "
+            f">> /mnt/exporter.log 2>&1 & echo $! > {EXPORTER_PID}"
+        )
+        await wait_ok(f"{self.exporter_url}/readyz", 300, self._ended)
 
     async def sh(self, script: str, timeout: float = 300.0) -> str:
         """Run ``script`` (sh) on the node as root; its output. AssertionError when it

@@ -4,11 +4,12 @@ A real control plane (API server, controllers, scheduler) and one node in a QEMU
 Debian's kernel with two sockets and two NUMA nodes, the kubelet built from the pinned
 Kubernetes module (static CPU manager, each story's Topology Manager policy),
 containerd and runc; the exporter in the node reading the real kernel and kubelet; a
-real Prometheus scraping it; the remediator acting live, as its ServiceAccount. Four
+real Prometheus scraping it; the remediator acting live, as its ServiceAccount. Five
 stories (simulator/node_loop.py), each printing what the real kubelet did: a split pod
 fixed under best-effort, a replacement that comes back split under none until the
-remediator gives up, a pod's remote memory fixed under single-numa-node, and pods the
-kubelet refuses under single-numa-node cleaned up.
+remediator gives up, a pod's remote memory fixed under single-numa-node by an eviction
+and then, with the exporter's memory mover on, in place, and pods the kubelet refuses
+under single-numa-node cleaned up.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from numaguard.simulator.node_loop import (
     fixed,
     misaligned_again,
     moved_home,
+    moved_in_place,
     node_loop,
     refused,
 )
@@ -42,7 +44,7 @@ async def main() -> None:
                 f"{loop.prom.url}\n",
                 flush=True,
             )
-            for story in (fixed, misaligned_again, moved_home, refused):
+            for story in (fixed, misaligned_again, moved_home, moved_in_place, refused):
                 began = time.monotonic()
                 told = await story(loop)
                 print("\n".join(told.said))
