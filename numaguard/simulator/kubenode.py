@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -287,6 +288,9 @@ def guaranteed_spec(cpus: int, command: str, memory: str, gpus: int = 0) -> dict
 
 FRESH_MEMORY_STATE = "/run/numaguard-fresh-memory-state"  # in the guest: see NODE_SCRIPT
 EXPORTER_PID = "/run/numaguard-exporter.pid"  # in the guest: the exporter's process
+# a guest CPU stuck this long (the kernel's soft-lockup watchdog on its console): hung
+HUNG_SECONDS = 180
+_STUCK = re.compile(r"soft lockup - CPU#\d+ stuck for (\d+)s")
 
 # The guest's run.sh: containerd, the images, the commands the host sends, the kubelet,
 # and the exporter when the host asks for one.
@@ -397,23 +401,37 @@ class KubeNode:
         )
         api_port = int(self.cp.url.rsplit(":", 1)[1])
         net = vm.Net(to_host=((API_PORT, api_port),), from_host=forwarded)
-        self.qemu = await self._stack.enter_async_context(
-            vm.booted(f"cd {ROOT}\n{script}", job, self.shape, net)
-        )
-        try:
-            await self.ready()
-            if self.gpus is not None:
-                await self.devices_advertised()
-            if self.exporter_url:
-                await wait_ok(f"{self.exporter_url}/readyz", 300, self._ended)
-        except BaseException:
-            await self._stack.aclose()
-            raise
-        return self
+        for boot in (1, 2):
+            self.qemu = await self._stack.enter_async_context(
+                vm.booted(f"cd {ROOT}\n{script}", job, self.shape, net)
+            )
+            try:
+                await self.ready()
+                if self.gpus is not None:
+                    await self.devices_advertised()
+                if self.exporter_url:
+                    await wait_ok(f"{self.exporter_url}/readyz", 300, self._ended)
+                return self
+            except BaseException:
+                hung = self._hung()
+                await self._stack.aclose()
+                if boot == 2 or not hung:
+                    raise
+                print(f"{self.name}: {hung}; booting it again", file=sys.stderr)
+        raise AssertionError("unreachable")
+
+    def _hung(self) -> str | None:
+        """Why the guest is hung, when its console says so: every so often (once in some
+        ten boots on a loaded 2-core machine) QEMU's TCG stops a guest's CPUs for good
+        within a minute of booting."""
+        stuck = [int(s) for s in _STUCK.findall(self.log("console.txt"))]
+        if stuck and max(stuck) >= HUNG_SECONDS:
+            return f"the node VM hung: a CPU stuck for {max(stuck)}s"
+        return None
 
     def _ended(self) -> str | None:
         if self.qemu.returncode is None:
-            return None
+            return self._hung()
         return f"the node VM ended: {self.log('console.txt')}"
 
     async def __aexit__(self, *exc) -> None:
