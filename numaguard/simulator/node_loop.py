@@ -28,6 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
+from numaguard.exporter.catalogue import NUMA_MEMORY_FREE
 from numaguard.exporter.readers import parse_id_list
 from numaguard.remediator.controller import Controller, CycleReport
 from numaguard.remediator.core.policy import Policy
@@ -408,6 +409,9 @@ async def _in_place(loop: NodeLoop, story: Story) -> None:
     await once("opt-out lifted, NUMA node 0 full")
     await loop.node.sh(f"umount {FILLED}")
     story.said.append("  the tmpfs is removed: NUMA node 0 has room again")
+    # as the remediator will read it: node 0's free memory, scraped since
+    room = f'{NUMA_MEMORY_FREE.name}{{numa_node="0"}} > {2 * HELD_MIB * 2**20}'
+    await loop.prom.wait_for(room, 120)
     await once("dry run", dry_run=True)
     await loop.cycles(story, loop.controller(), lambda s: s.outcomes)
     await loop.memory(story, pod, "after")
