@@ -66,9 +66,10 @@ async def test_the_shipped_rbac_grants_exactly_what_the_code_uses(control_plane)
                     verb,
                 )
         for account, group, resource, verb, ns in (
-            # it deletes pods the kubelet refused, evicts the others: never makes one
+            # it deletes pods the kubelet refused, evicts the others, patches one's move
+            # request: never makes or replaces one
             ("numaguard-remediator", "", "pods", "create", "ml"),
-            ("numaguard-remediator", "", "pods", "patch", "ml"),
+            ("numaguard-remediator", "", "pods", "update", "ml"),
             ("numaguard-remediator", "", "secrets", "get", "ml"),
             ("numaguard-remediator", "apps", "deployments", "delete", "ml"),
             ("numaguard-remediator", "apps", "daemonsets", "patch", "ml"),
