@@ -137,7 +137,7 @@ async def test_remote_memory_is_moved_home_in_place_without_a_restart(loop):
     after_move = {"cooldown", "cap_workload", "stale_data"}
     assert {r.guard for r in acting for r in r.plan.refusals} <= after_move
     (verified,) = [v for r in acting for v in r.verified]
-    assert (verified.workload, verified.outcome) == (f"Deployment/{NS}/cache", "held")
+    assert (verified.workload, verified.outcome) == (f"Deployment/{NS}/warm", "held")
     assert verified.gain.ratio > 1.5, verified.detail
     assert verified.detail.endswith(f"moved home in place: gain {verified.gain.ratio:.2f}")
     # the same pod, container and processes
@@ -185,7 +185,7 @@ async def test_remote_memory_is_moved_home_in_place_without_a_restart(loop):
     (event,) = [
         e
         for e in events
-        if e["reason"] == "RemediationVerified" and e["involvedObject"]["name"] == "cache"
+        if e["reason"] == "RemediationVerified" and e["involvedObject"]["name"] == "warm"
     ]
     assert event["message"].startswith("held: local memory "), event["message"]
     assert f"gain {verified.gain.ratio:.2f}" in event["message"], event["message"]

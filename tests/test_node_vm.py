@@ -124,20 +124,23 @@ def test_remote_memory_moves_home_in_place_at_the_rate(pods_ran):
     assert not moved["stopped"] and moved["processes"] == 1
     assert moved["bytes"] >= touched and moved["bytes"] == moved["pages"] * 4096
     assert moved["seconds"] >= moved["bytes"] / vm_pods.MOVE_RATE
-    assert sum(moved["failures"].values()) <= 0.01 * moved["pages"], moved["failures"]
+    # what stayed, the kernel refused: pages other processes map too (the interpreter's
+    # libraries: as many as the page cache put on node 1, 27 to 1,113 pages in our runs)
+    assert set(moved["failures"]) <= {"EACCES"}, moved["failures"]
+    stayed = 0.02 * touched + moved["failures"].get("EACCES", 0) * 4096
     assert (files / "remote.alive").read_text().strip() == "True"
     before = numa_maps_bytes((files / "remote.numa_maps").read_text())
     after = numa_maps_bytes((files / "remote.after.numa_maps").read_text())
     assert before["1"] >= touched and after["0"] >= touched
-    assert after.get("1", 0) <= 0.02 * touched
+    assert after.get("1", 0) <= stayed
     got = samples((files / "metrics.after.txt").read_bytes())
     uid = vm_pods.PODS["remote"][0]
     memory = by_label(got, "numaguard_pod_memory_bytes", uid, "numa_node")
-    assert memory["0"] >= touched and memory.get("1", 0) <= 0.02 * touched
+    assert memory["0"] >= touched and memory.get("1", 0) <= stayed
     assert by_label(got, "numaguard_pod_cross_numa", uid, "reason")["memory_remote"] == 0
     # and the cgroup's own account, read just after the move, says so too
     kernel = numa_stat_bytes((files / "remote.after.numa_stat").read_text())
-    assert kernel["0"] >= touched and kernel.get("1", 0) <= 0.02 * touched
+    assert kernel["0"] >= touched and kernel.get("1", 0) <= stayed
 
 
 def by_label(got, name: str, uid: str, label: str) -> dict[str, float]:

@@ -421,9 +421,9 @@ class KubeNode:
         raise AssertionError("unreachable")
 
     def _hung(self) -> str | None:
-        """Why the guest is hung, when its console says so: every so often (once in some
-        ten boots on a loaded 2-core machine) QEMU's TCG stops a guest's CPUs for good
-        within a minute of booting."""
+        """Why the guest is hung, when its console says so: now and then (once in about
+        ten boots on a 2-core machine) QEMU's TCG stops a guest's CPUs for good within a
+        minute of booting."""
         stuck = [int(s) for s in _STUCK.findall(self.log("console.txt"))]
         if stuck and max(stuck) >= HUNG_SECONDS:
             return f"the node VM hung: a CPU stuck for {max(stuck)}s"

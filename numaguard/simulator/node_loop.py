@@ -360,8 +360,8 @@ async def moved_home(loop: NodeLoop) -> Story:
 
 
 async def moved_in_place(loop: NodeLoop) -> Story:
-    """Under ``single-numa-node``, as in moved_home, the cache's memory mostly on NUMA
-    node 1 beside its CPU on node 0, now with the exporter's memory mover on. The pod is
+    """Under ``single-numa-node``, as in moved_home, a pod's memory mostly on NUMA node 1
+    beside its CPU on node 0, now with the exporter's memory mover on. The pod is
     opted out: left alone. The opt-out lifted, node 0 is still full: left alone, the
     move having no room. The tmpfs goes: a dry run says what it would do; then the
     remediator asks the node, the exporter moves the pages of the running container home
@@ -383,11 +383,12 @@ async def moved_in_place(loop: NodeLoop) -> Story:
 async def _in_place(loop: NodeLoop, story: Story) -> None:
     taken = (await loop.node.sh(FILL_NODE_0)).strip()
     story.said.append(f"  a tmpfs outside Kubernetes takes {taken} MiB of NUMA node 0's memory")
-    cache = deployment("cache", 1, HOLD, memory=f"{2 * HELD_MIB}Mi")
-    template = cache["spec"]["template"]["metadata"]
+    # not moved_home's "cache": its Events outlive it
+    warm = deployment("warm", 1, HOLD, memory=f"{2 * HELD_MIB}Mi")
+    template = warm["spec"]["template"]["metadata"]
     template.setdefault("annotations", {})[OPT_OUT] = "false"
-    await loop.cp.create(loop.session, cache)
-    pod = await loop.placed(story, "cache-")
+    await loop.cp.create(loop.session, warm)
+    pod = await loop.placed(story, "warm-")
     await loop.memory(story, pod, "before")
     procs = f"cat {container_cgroup(pod)}/cgroup.procs"
     story.processes["before"] = (await loop.node.sh(procs)).split()
