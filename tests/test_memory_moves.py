@@ -6,8 +6,6 @@ tried on that pod already. The move is recorded first and judged on the same pod
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from numaguard.exporter.memory_mover import REQUEST_ANNOTATION
@@ -177,7 +175,7 @@ MOVED = Pending(
 
 
 def the_pod(uid: str = "uid-cache", created: float = NOW - 5000, phase: str = "Running"):
-    return replace(cache(uid=uid, created=created), phase=phase)
+    return cache(uid=uid, created=created, phase=phase)
 
 
 def local(uid: str, remote_share: float) -> dict:

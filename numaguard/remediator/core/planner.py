@@ -219,7 +219,7 @@ def plan(
             intent, steer = MIGRATE_MEMORY, ()
             zone, remote = home
             capacity.memory[zone] -= remote
-            node, numa = capacity.name(zone)
+            numa = capacity.name(zone)[1]
             detail = f"move {remote / 2**20:.0f} MiB of memory home to NUMA node {numa}, in place"
         elif intent == "evict":
             capacity.move(freed_in_time(pod), target, need)
