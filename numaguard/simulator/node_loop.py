@@ -226,6 +226,15 @@ class NodeLoop:
             return not await self.cp.items(self.session, "Pod", NS)
 
         await until(gone, "the last story's pods gone", timeout=300, every=1)
+        await self.node.sh(f"umount {FILLED} 2>/dev/null; true")  # a failed story's tmpfs
+        # and their containers with them: a pod the API server no longer has may still
+        # hold memory the kubelet frees later, on a NUMA node a story has just filled
+        cgroups = "find /sys/fs/cgroup/kubepods -maxdepth 2 -type d -name 'pod*'"
+
+        async def released():
+            return not (await self.node.sh(cgroups)).strip()
+
+        await until(released, "the last story's containers gone", timeout=300, every=1)
         if self.node.policy != KubeletPolicy(policy, memory=memory):
             await self.node.restart_kubelet(KubeletPolicy(policy, memory=memory))
 
@@ -407,6 +416,9 @@ async def _in_place(loop: NodeLoop, story: Story) -> None:
     name = pod["metadata"]["name"]
     lifted = {"metadata": {"annotations": {OPT_OUT: None}}}
     await loop.cp.patch(loop.session, "Pod", NS, name, lifted)
+    # as the remediator will read it: less free on node 0 than the pod holds on node 1
+    remote = story.memory["before"]["1"] * 2**20
+    await loop.prom.wait_for(f'{NUMA_MEMORY_FREE.name}{{numa_node="0"}} < {remote}', 120)
     await once("opt-out lifted, NUMA node 0 full")
     await loop.node.sh(f"umount {FILLED}")
     story.said.append("  the tmpfs is removed: NUMA node 0 has room again")
