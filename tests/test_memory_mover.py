@@ -5,6 +5,7 @@ two-node proof on a real kernel is tests/test_node_vm.py's."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import dataclasses
 import errno
@@ -29,6 +30,8 @@ from numaguard.exporter.memory_mover import (
 )
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.readers.numa import ProcessMapping, parse_process_mappings
+from numaguard.exporter.server import Exporter
+from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.kube import pod_meta
 from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.simulator import presets
@@ -43,6 +46,7 @@ from numaguard.simulator.host import (
     FakePod,
 )
 from numaguard.simulator.kubelet import FakeKubelet
+from numaguard.simulator.processes import until
 from tests.conftest import make_collection, metadata_of, samples, series
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -427,6 +431,47 @@ async def test_a_request_of_long_ago_is_not_carried_out(node_with_kubelet):
     asking(metadata, host, str(1_800_000_000 - 600))
     (done,) = mover.carry_out(collection.snapshot, metadata)
     assert done["result"] == "moved" and done["bytes"] == REMOTE_MIB * MIB
+
+
+async def test_a_move_stops_after_its_batch_when_the_exporter_ends(node_with_kubelet):
+    """Told to stop mid-move (SIGTERM), it stops after the batch under way and says so;
+    the request stays on the pod, and the next exporter carries it on."""
+    host, root, collection, metadata = node_with_kubelet
+    asking(metadata, host, "evict-1")
+    await collection.run_once()
+    mover = mover_for(host, root)
+    pace = mover.sleep
+
+    def stopped_while_waiting(seconds: float) -> None:
+        pace(seconds)
+        mover.stop()
+
+    mover.sleep = stopped_while_waiting
+    (done,) = mover.carry_out(collection.snapshot, metadata)
+    batch = BATCH_PAGES * PAGE
+    assert (done["result"], done["reason"], done["bytes"]) == ("partial", "shutdown", batch)
+    assert host.pods[0].containers[0].memory_by_node[1] == REMOTE_MIB * MIB - batch
+    assert mover.carry_out(collection.snapshot, metadata) == []  # nothing more once stopped
+    root.write()
+    await collection.run_once()
+    (rest,) = mover_for(host, root).carry_out(collection.snapshot, metadata)
+    assert (rest["result"], rest["bytes"]) == ("moved", REMOTE_MIB * MIB - batch)
+    assert host.pods[0].containers[0].memory_by_node[1] == 0
+
+
+async def test_the_exporter_s_shutdown_waits_only_for_the_batch_under_way(node_with_kubelet):
+    """At the rate given, this move would take an hour; closing the exporter stops it
+    after its first batch, its wait for the rate cut short."""
+    host, root, collection, metadata = node_with_kubelet
+    asking(metadata, host, "evict-1")
+    await collection.run_once()
+    pages = FakePages(host)
+    mover = MemoryMover(str(root.root), REMOTE_MIB * MIB / 3600, pages)  # real clock, sleep
+    exporter = Exporter(Settings(), collection, mover=mover)
+    exporter._move()
+    await until(lambda: asyncio.sleep(0, pages.calls), "the move under way", timeout=30)
+    await asyncio.wait_for(exporter.close(), 60)
+    assert mover.totals.results == {"partial": 1} and mover.totals.bytes == BATCH_PAGES * PAGE
 
 
 def _shared_pool(host, root, collection, metadata):

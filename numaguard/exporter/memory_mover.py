@@ -24,6 +24,7 @@ import logging
 import os
 import platform
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,6 +53,9 @@ SCAN_PAGES = 4096  # pages asked where they are in one call
 BATCH_PAGES = 256  # pages moved in one call: 1 MiB of 4 KiB pages, between rate checks
 # the call's own errors that no other process of the pod would escape: stop at once
 FATAL = {errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENODEV, errno.ENOSYS}
+# why a move stopped when its exporter was told to end: the request stays on the pod, and
+# the next exporter carries it on (within REQUEST_TTL_SECONDS)
+SHUTDOWN = "shutdown"
 
 
 class KernelRefused(OSError):
@@ -94,7 +98,7 @@ class Moved:
     seconds: float = 0.0
     processes: int = 0  # the pod's processes whose pages were looked at
     failures: Counter[str] = field(default_factory=Counter)  # pages (or calls) by errno name
-    stopped: str = ""  # why it stopped before the end (an errno name), if it did
+    stopped: str = ""  # why it stopped before the end (an errno name, SHUTDOWN), if it did
 
 
 def destination(
@@ -122,25 +126,32 @@ def destination(
     return node, ""
 
 
+class Stopped(Exception):
+    """The move was told to stop (its exporter is shutting down)."""
+
+
 class Pace:
     """At most ``rate`` bytes a second since the first call: ``after(n)`` waits until the
-    ``n`` bytes moved so far are due."""
+    ``n`` bytes moved so far are due, or raises Stopped once ``stopping`` is set."""
 
     def __init__(
         self,
         rate: float,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
+        stopping: threading.Event | None = None,
     ) -> None:
         if not rate > 0:
             raise ValueError(f"rate must be positive, got {rate!r}")
-        self.rate, self.clock, self.sleep = rate, clock, sleep
+        self.rate, self.clock, self.sleep, self.stopping = rate, clock, sleep, stopping
         self.started = clock()
 
     def after(self, moved_bytes: int) -> None:
         wait = self.started + moved_bytes / self.rate - self.clock()
         if wait > 0:
             self.sleep(wait)
+        if self.stopping is not None and self.stopping.is_set():
+            raise Stopped
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -158,7 +169,7 @@ def move_pod_memory(
     """Move the pages of the pod's processes that sit on NUMA nodes outside ``home`` (its
     CPUs' nodes; ``node`` is always one) to ``node``, at ``pace``. A process that ends
     meanwhile is skipped (ESRCH); a refusal that no other process would escape (EPERM,
-    EACCES: no CAP_SYS_PTRACE) stops it."""
+    EACCES: no CAP_SYS_PTRACE) stops it, and so does ``pace`` when told to (SHUTDOWN)."""
     home = frozenset(home) | {node}
     moved = Moved()
     for pid in _pids(cgroups):
@@ -184,6 +195,9 @@ def move_pod_memory(
             break
         except ParseError:
             moved.failures["unreadable"] += 1
+        except Stopped:
+            moved.stopped = SHUTDOWN
+            break
         except KernelRefused as e:
             name = errno.errorcode.get(e.errno, str(e.errno))
             moved.failures[name] += 1
@@ -339,20 +353,29 @@ class MemoryMover:
         rate: float,
         kernel: Kernel | None = None,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.proc = os.path.join(host_root, "proc")
-        self.rate, self.clock, self.sleep, self.wall = rate, clock, sleep, wall
+        # set at shutdown: the move under way stops after its batch, its wait cut short
+        self.stopping = threading.Event()
+        self.rate, self.clock, self.wall = rate, clock, wall
+        self.sleep = sleep or self.stopping.wait
         self.kernel = kernel
         self.totals = MoveTotals()
         self.handled: dict[str, str] = {}  # pod uid -> the request last carried out
+
+    def stop(self) -> None:
+        """Stop the move under way (from another thread): it ends after its batch."""
+        self.stopping.set()
 
     def carry_out(self, snapshot, metadata: Mapping[str, PodMeta]) -> list[dict]:
         """Every new request of ``snapshot``'s pods: what was decided and done, each as
         the JSON log's fields."""
         done = []
         for order in orders(snapshot, metadata, self.handled):
+            if self.stopping.is_set():
+                break
             if order.request.isdigit() and self.wall() - int(order.request) > REQUEST_TTL_SECONDS:
                 order = replace(order, refused="expired")
             decision = self._one(order, snapshot)
@@ -388,7 +411,7 @@ class MemoryMover:
             return {**said, "result": "refused", "reason": reason}
         if self.kernel is None:
             self.kernel = Kernel()
-        pace = Pace(self.rate, self.clock, self.sleep)
+        pace = Pace(self.rate, self.clock, self.sleep, self.stopping)
         moved = move_pod_memory(
             order.cgroups, order.uid, node, pace, self.kernel, self.proc, order.cpu_nodes
         )
@@ -399,7 +422,10 @@ class MemoryMover:
             t.seconds + moved.seconds,
         )
         t.failures.update(moved.failures)
-        result = "failed" if moved.stopped else "partial" if moved.failures else "moved"
+        if moved.stopped and moved.stopped != SHUTDOWN:
+            result = "failed"
+        else:  # one cut short by a shutdown is carried on by the next exporter
+            result = "partial" if moved.failures or moved.stopped else "moved"
         return {
             **said,
             "result": result,

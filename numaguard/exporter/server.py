@@ -89,9 +89,15 @@ class Exporter:
             self._move()
             await asyncio.sleep(max(0.0, interval - (self.last_cycle_end - started)))
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Stop what runs beside the cycles; a move under way stops after its batch (a
+        thread cannot be cancelled, and the process cannot end before it does)."""
         if self._publishing is not None:
             self._publishing.cancel()
+        if self.mover is not None:
+            self.mover.stop()
+        if self._moving is not None:
+            await asyncio.wait([self._moving])
 
     def _move(self) -> None:
         """The requests this cycle's pods carry, carried out in a worker thread beside the
@@ -222,7 +228,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        exporter.close()
+        await exporter.close()
         await runner.cleanup()
         if api is not None:
             await api.close()
