@@ -21,7 +21,7 @@ import pytest
 
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import one_node
-from numaguard.simulator.processes import exporter_process, get
+from numaguard.simulator.processes import exporter_process, get, until
 from tests.conftest import samples
 
 pytestmark = pytest.mark.cluster
@@ -60,7 +60,14 @@ async def test_every_collector_succeeds_without_a_capability_on_a_gpu_node(contr
     host, nvml = presets.gpu_node()
     async with one_node(control_plane, host, nvml, wrapper=WITHOUT_CAPABILITIES) as (_, url):
         assert_powerless(exporter_pid(url))
-        exposition = await get(f"{url}/metrics")
+
+        async def named():
+            """The kubelet's socket answered and the API server named the pods holding
+            devices (its pod and DRA watches synced: a cycle or two after readiness)."""
+            exposition = await get(f"{url}/metrics")
+            return {"trainer-remote", "dra-job", "infer-a"} <= holders(exposition) and exposition
+
+        exposition = await until(named, "the devices' holders named", timeout=120, every=0.5)
     assert collectors(exposition) == {
         "host_numa": 1,
         "pod_placement": 1,
@@ -68,13 +75,14 @@ async def test_every_collector_succeeds_without_a_capability_on_a_gpu_node(contr
         "gpu": 1,
         "pod_resources": 1,
     }
-    # the kubelet's socket answered and the API server named the pods holding devices
-    holders = {
+
+
+def holders(exposition: bytes) -> set[str]:
+    return {
         dict(labels)["pod"]
         for name, labels in samples(exposition)
         if name == "numaguard_gpu_holder_info"
     }
-    assert {"trainer-remote", "dra-job", "infer-a"} <= holders, holders
 
 
 def exporter_pid(url: str) -> int:

@@ -67,7 +67,9 @@ async def test_prometheus_on_a_simulated_8_gpu_mig_node(control_plane):
             assert float(sm[0]["value"][1]) == pytest.approx(0.6, abs=1e-6)
             slices = await prom.query("count(numaguard_mig_info)")
             assert float(slices[0]["value"][1]) == 13
-            # which pod holds the busiest slice, through a join on the holder series
+            # which pod holds the busiest slice, through a join on the holder series (once
+            # the exporter's pod watch has named the holders)
+            await prom.wait_for('numaguard_gpu_holder_info{pod="infer-c"}')
             busiest = await prom.query(
                 "topk(1, numaguard_mig_utilization_ratio{kind='sm'}) "
                 "* on (mig_uuid) group_left(pod) numaguard_gpu_holder_info{mig_uuid!=''}"
