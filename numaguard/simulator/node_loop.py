@@ -31,7 +31,7 @@ import aiohttp
 from numaguard.exporter.catalogue import NUMA_MEMORY_FREE
 from numaguard.exporter.readers import parse_id_list
 from numaguard.remediator.controller import Controller, CycleReport
-from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.policy import OPT_OUT, Policy
 from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.signals import Prometheus
@@ -54,7 +54,6 @@ from numaguard.simulator.prometheus import PrometheusServer
 # guest before its kernel prints.)
 SHAPE = vm.Shape(cores=4)
 NS = "vm-loop"
-OPT_OUT = "numaguard.io/remediate"
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
 # the exporter's memory mover's rate when on, bytes a second: slow enough that moving
 # some 100 MiB takes seconds to measure

@@ -22,7 +22,7 @@ from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import WorkloadHistory
 from numaguard.remediator.core.kinds import CROSS_NUMA, KINDS, MIGRATE_MEMORY, NOISY_NEIGHBOUR
-from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.policy import OPT_OUT, Policy
 from numaguard.remediator.core.reach import NODES_PER_FINDING, NodeFacts, Placement, excluded
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
@@ -431,8 +431,8 @@ def _guard(pod, policy, history, now, in_place: bool = False) -> tuple[str | Non
     guards of what only an eviction loses (local data, DRA claims) do not apply."""
     if pod.namespace in policy.protected_namespaces:
         return "protected_namespace", pod.namespace
-    if pod.annotations.get("numaguard.io/remediate") == "false":
-        return "opted_out", "numaguard.io/remediate: false"
+    if pod.annotations.get(OPT_OUT) == "false":
+        return "opted_out", f"{OPT_OUT}: false"
     if pod.mirror:
         return "mirror_pod", "a static pod"
     if pod.owner_kind == "DaemonSet":

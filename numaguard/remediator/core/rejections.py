@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from numaguard.remediator.core.capacity import Capacity, Need
-from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.policy import OPT_OUT, Policy
 
 ADMISSION_REJECTIONS = ("TopologyAffinityError", "SMTAlignmentError")
-OPT_OUT = "numaguard.io/remediate"
 
 
 @dataclass(frozen=True)
