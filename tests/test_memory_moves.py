@@ -19,9 +19,11 @@ from tests.test_planner import (
     cross_numa,
     healthy,
     merge,
+    needs,
     pod_info,
     run,
     signals,
+    starved_row,
     zone,
 )
 from tests.test_verification import POLICY, Answers, verdicts
@@ -91,6 +93,33 @@ def test_where_a_move_cannot_work_the_pod_is_evicted(case, parts, pod):
     result = run(signals(**remote("cache", 8, *parts)), [pod])
     assert [a.kind for a in result.actions] == ["evict"], (case, result)
     assert "n2 NUMA node 0" in result.actions[0].detail
+
+
+def shared_pool(pod: str, parts: dict) -> dict:
+    """``parts`` with the pod's exclusive CPUs taken away: a Burstable pod of the shared
+    pool, measured on node 0's CPUs but held there by no kubelet."""
+    cpus = [r for r in parts["pod_exclusive_cpus"] if r["pod"] != pod]
+    return {**parts, "pod_exclusive_cpus": cpus}
+
+
+@pytest.mark.parametrize("parts", [(), (mover(),)], ids=["evicting", "moving"])
+def test_a_shared_pool_pod_gets_a_recommendation_never_an_eviction(parts):
+    """Seen on a real cluster: Burstable pods evicted for remote memory, "fits aligned on
+    NUMA node 1"; no zone can promise a pod of the shared pool anything."""
+    result = run(signals(**shared_pool("cache", remote("cache", 8, *parts))), [cache()])
+    assert [(a.kind, a.dry_run) for a in result.actions] == [("recommend", True)]
+    assert "shared CPU pool" in result.actions[0].detail
+    assert "Guaranteed QoS" in result.actions[0].detail and not result.refusals
+    # a GPU starved by where it hangs, on a pod of the shared pool: the same
+    gpu_pod = merge(
+        healthy("n1", "n2"),
+        needs("feeder", 0, 1),
+        starved_row("feeder", "device_remote"),
+        zone("n2", "0", 64, 512, devices={"nvidia.com/gpu": 8}),
+    )
+    result = run(signals(**gpu_pod), [pod_info("feeder")])
+    assert [(a.kind, a.finding.kind) for a in result.actions] == [("recommend", "starved")]
+    assert "shared CPU pool" in result.actions[0].detail
 
 
 def test_no_room_at_home_is_the_named_guard_not_an_eviction():

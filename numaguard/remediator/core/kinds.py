@@ -47,6 +47,8 @@ class Kind:
     device_reasons: frozenset[str] = frozenset()
     # every reason a finding of this kind may have; a series with another is no evidence
     reasons: frozenset[str] = frozenset()
+    # its eviction is for a new NUMA placement: only a pod holding exclusive CPUs gets one
+    fixes_placement: bool = False
 
     def intent_of(self, reason: str) -> str:
         return "recommend" if reason in self.recommend_for else self.intent
@@ -68,6 +70,7 @@ CROSS_NUMA = Kind(
     series="cross_numa_series",
     device_reasons=frozenset({"device_remote"}),
     reasons=frozenset(CROSS_NUMA_REASONS),
+    fixes_placement=True,
 )
 STARVED = Kind(
     "starved",
@@ -90,6 +93,7 @@ STARVED = Kind(
     # a CPU-bound feeder on an aligned pod: moving it fixes nothing
     recommend_for=frozenset(r.name for r in STARVED_REASONS if not r.movable),
     reasons=frozenset(r.name for r in STARVED_REASONS),
+    fixes_placement=True,
 )
 NOISY_NEIGHBOUR = Kind(
     "noisy_neighbour",
@@ -131,3 +135,13 @@ KINDS = {k.name: k for k in (CROSS_NUMA, STARVED, NOISY_NEIGHBOUR, OVERSIZED, UN
 # the kinds whose verdicts the exporter writes: found from their sustained and seen queries
 PLACEMENT = tuple(k for k in KINDS.values() if k.seen)
 RESIZED = tuple(k.name for k in KINDS.values() if k.intent == "resize")
+
+
+def shared_pool_advice(f: Finding) -> str:
+    """For a placement finding on a pod without exclusive CPUs: no kubelet gives a pod of
+    the shared CPU pool a NUMA zone, so no eviction can align it."""
+    return (
+        "in the shared CPU pool, which no kubelet places on one NUMA node: give it whole "
+        "CPUs (Guaranteed QoS, integer CPU requests, the static CPU manager) to have it "
+        f"aligned ({f.kind}: {f.reason})"
+    )

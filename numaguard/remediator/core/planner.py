@@ -21,7 +21,13 @@ from numaguard.remediator.core.capacity import Capacity, Need
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import WorkloadHistory
-from numaguard.remediator.core.kinds import CROSS_NUMA, KINDS, MIGRATE_MEMORY, NOISY_NEIGHBOUR
+from numaguard.remediator.core.kinds import (
+    CROSS_NUMA,
+    KINDS,
+    MIGRATE_MEMORY,
+    NOISY_NEIGHBOUR,
+    shared_pool_advice,
+)
 from numaguard.remediator.core.policy import OPT_OUT, Policy
 from numaguard.remediator.core.reach import NODES_PER_FINDING, NodeFacts, Placement, excluded
 
@@ -175,14 +181,17 @@ def plan(
         if guard is not None:
             refusals.append(Refusal(finding, guard, detail))
             return
+        kind = KINDS[finding.kind]
+        # a pod without exclusive CPUs is in the shared pool: no zone can promise it one
+        shared_pool = intent == "evict" and kind.fixes_placement and not capacity.need(finding).cpus
         if (
             mode == "recommend"
             or intent == "recommend"
+            or shared_pool
             or (intent == "resize" and not _opted_in(pod))
         ):
-            actions.append(
-                Action("recommend", finding, pod, KINDS[finding.kind].advice(finding), True)
-            )
+            advice = shared_pool_advice(finding) if shared_pool else kind.advice(finding)
+            actions.append(Action("recommend", finding, pod, advice, True))
             return
         if finding.pod_uid in acted:
             return
