@@ -16,7 +16,14 @@ import yaml
 
 from numaguard.exporter import catalogue as c
 from numaguard.remediator.core.findings import Detection
-from numaguard.remediator.core.queries import DEFAULT_SELECTOR, Windows, expressions, selected
+from numaguard.remediator.core.queries import (
+    DEFAULT_SELECTOR,
+    RULES_EVALUATED,
+    Windows,
+    expressions,
+    rules_evaluated,
+    selected,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_FILE = ROOT / "alerts" / "numaguard.rules.yml"
@@ -60,6 +67,9 @@ def recording(windows: Windows = Windows()) -> dict[str, str]:
         "numaguard:node_remote_traffic_ratio:max": (
             f"max by (cluster, node) ({e(c.NUMA_REMOTE_TRAFFIC)})"
         ),
+        # which clusters' servers evaluate this group: the remediator reads the records
+        # above only for a cluster this says evaluates them
+        RULES_EVALUATED: rules_evaluated(SELECTOR),
     }
 
 

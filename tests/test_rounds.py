@@ -18,7 +18,7 @@ from numaguard.remediator.core.findings import FindingState, update
 from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows
-from numaguard.remediator.signals import Prometheus
+from numaguard.remediator.signals import Prometheus, Source
 from numaguard.simulator.fleet import Fleet, open_nodes, pods_for
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
@@ -78,9 +78,13 @@ async def test_rounds_plan_as_the_whole_set_does(backfilled, version):
 
 @pytest.mark.parametrize("version", VERSIONS)
 async def test_recording_rules_are_read_only_when_they_are_ours(version):
+    # one exporter target (down: only its `up` matters), of no cluster
     async with (
         PrometheusServer(
-            [], free_port(), version=version, rule_files=[str(rules.RULES_FILE)]
+            [f"127.0.0.1:{free_port()}"],
+            free_port(),
+            version=version,
+            rule_files=[str(rules.RULES_FILE)],
         ) as prom,
         aiohttp.ClientSession() as session,
     ):
@@ -93,6 +97,9 @@ async def test_recording_rules_are_read_only_when_they_are_ours(version):
         # another finding window: the sustained records say something else
         other = Prometheus(prom.url, session, windows=Windows("5m", "1h"))
         assert await other.recorded(time.time()) == {"slice_sm"}
+        # the rules are there, but no server evaluates them for that cluster's targets
+        elsewhere = Prometheus(prom.url, session, Source(cluster="gpu-west"))
+        assert await elsewhere.recorded(time.time()) == frozenset()
         # long after the rules last ran, they are not believed
         assert await ours.recorded(time.time() + 600) == frozenset()
     read = dict(q.detection(Windows(), q.DEFAULT_SELECTOR, frozenset(q.RECORDED)))

@@ -422,6 +422,27 @@ async def test_two_clusters_in_one_view_each_remediator_acts_on_its_own(fleet):
     assert f"{CLUSTER!r}, {OTHER!r}" in unscoped.error
 
 
+async def test_another_cluster_s_recording_rules_never_silence_this_one(fleet):
+    """This cluster's shards run numaguard's recording rules, the other cluster's server
+    none; the querier lists the rules to both. Read as if the other's ran them, its
+    records would be empty: its remediator would find nothing, and say nothing."""
+    west = fleet.remediator(fleet.query.url, OTHER)
+    east = fleet.remediator(fleet.query.url, CLUSTER)
+
+    async def east_reads_its_records() -> bool:
+        return await east.prometheus.recorded(time.time()) == frozenset(RECORDED)
+
+    await until(east_reads_its_records, "this cluster's records through Thanos", 60, every=1)
+    assert await west.prometheus.recorded(time.time()) == frozenset()
+    aligned = ("cross_numa", "gpu-a", "team-gpu-a", "trainer-aligned", "device_remote")
+
+    async def found() -> bool:
+        report = await west.cycle()
+        return aligned in {(f.kind, f.node, f.namespace, f.pod, f.reason) for f in report.findings}
+
+    await until(found, "the other cluster's finding, evaluated directly", 90, every=1)
+
+
 async def test_a_shard_down_is_no_smaller_cluster(fleet):
     """Both replicas of gpu-b's shard gone (servers and sidecars). While the querier
     still counts them, it cannot answer whole: each cycle ends with no action, saying

@@ -32,10 +32,12 @@ from numaguard.remediator.core.queries import (
     MATCHED,
     RECORDED,
     REQUIRED_LABELS,
+    RULES_EVALUATED,
     Queries,
     Windows,
     expressions,
     quotable,
+    rules_evaluated,
 )
 from numaguard.remediator.core.validation import FORBID_EXTRA, Positive
 
@@ -101,6 +103,7 @@ class Prometheus:
         # Prometheus (a shard, a replica) evaluates them over its own series; a view of
         # several clusters tells their records apart by the cluster label, as any series
         self.rule_selector = source.selector
+        self.cluster = source.cluster
         self.max_answer_bytes = source.max_answer_bytes
         self.windows = windows
         self.queries = expressions(windows, self.selector)  # the whole set, unscoped
@@ -137,12 +140,14 @@ class Prometheus:
 
     async def recorded(self, at: float) -> frozenset[str]:
         """The expressions Prometheus records as the remediator would write them, and
-        evaluated lately without error: reading their records costs a lookup instead of
-        a window function over every pod. Anything else — no such rule, another
-        expression, windows or selector, a failing or late rule group, an answer not
-        understood — and they are evaluated directly."""
+        evaluated lately without error, for this cluster: reading their records costs a
+        lookup instead of a window function over every pod. Anything else — no such
+        rule, another expression, windows or selector, a failing or late rule group, no
+        sign that this cluster's servers evaluate it, an answer not understood — and
+        they are evaluated directly."""
         wanted = expressions(self.windows, self.rule_selector)
         normal = {RECORDED[n]: str(promql_parser.parse(wanted[n])) for n in RECORDED}
+        normal[RULES_EVALUATED] = str(promql_parser.parse(rules_evaluated(self.rule_selector)))
         params = [("type", "record"), *(("rule_name[]", r) for r in normal)]
         try:
             async with self.session.get(
@@ -152,7 +157,7 @@ class Prometheus:
             ) as response:
                 body = await response.json() if response.status == 200 else {}
             groups = body["data"]["groups"]
-            found = set()
+            found, interval = set(), 0.0
             for group in groups:
                 evaluated = datetime.fromisoformat(group["lastEvaluation"]).timestamp()
                 late = at - evaluated > 2 * float(group["interval"])
@@ -165,19 +170,40 @@ class Prometheus:
                         and str(promql_parser.parse(rule["query"])) == query
                     ):
                         found.add(rule["name"])
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as err:
+                        if rule["name"] == RULES_EVALUATED:
+                            interval = max(interval, float(group["interval"]))
+            here = RULES_EVALUATED in found and await self._evaluated_here(at, 2 * interval)
+        except (
+            aiohttp.ClientError,
+            TimeoutError,
+            ValueError,
+            KeyError,
+            TypeError,
+            SignalsError,
+        ) as err:
             log.info("recording rules not read (%s): evaluating directly", err)
             return frozenset()
+        if not here:  # another cluster's servers evaluate them, or none lately
+            found = set()
         missing = sorted(RECORDED[n] for n in RECORDED if RECORDED[n] not in found)
         if missing and missing != self._unrecorded:  # said once, and again when it changes
             log.info(
                 "evaluating directly: no healthy, current recording rule as the remediator "
-                "would write it for %s",
+                "would write it%s for %s",
+                f" evaluated for cluster {self.cluster}" if self.cluster else "",
                 ", ".join(missing),
-                extra={"rules": missing},
+                extra={"rules": missing, "cluster": self.cluster},
             )
         self._unrecorded = missing
         return frozenset(n for n in RECORDED if RECORDED[n] in found)
+
+    async def _evaluated_here(self, at: float, max_age: float) -> bool:
+        """Whether this cluster's servers wrote the rules' witness record within
+        ``max_age`` seconds of ``at``."""
+        cluster = f'{{cluster="{self.cluster}"}}' if self.cluster else ""
+        age = f"time() - timestamp({RULES_EVALUATED}{cluster})"
+        df, _ = await self.query(age, at)
+        return bool(len(df)) and float(df["value"].min()) <= max_age
 
     async def query(
         self,

@@ -51,6 +51,14 @@ RECORDED = {
     STARVED.sustained: "numaguard:gpu_starved:sustained",
     "slice_sm": "numaguard:mig_sm_utilization:avg",
 }
+# The record saying which clusters' servers evaluate the records above, in their group: a
+# view of several clusters (Thanos, Mimir) lists every cluster's rules, so the rules being
+# there says nothing about this cluster's records; without this one's, none is read.
+RULES_EVALUATED = "numaguard:recording:evaluated"
+
+
+def rules_evaluated(selector: str = DEFAULT_SELECTOR) -> str:
+    return f"group by (cluster) ({selected('up', selector)})"
 
 
 @dataclass(frozen=True)
