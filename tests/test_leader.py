@@ -146,6 +146,33 @@ async def test_a_leader_that_cannot_renew_stops_before_anyone_takes_over(kube):
     assert taken == 1
 
 
+async def test_a_leader_out_of_descriptors_gives_the_lease_up(kube):
+    """Seen: a leader whose descriptors a crowd of idle connections took kept renewing on
+    a connection it held open, while it could reach neither Prometheus nor its webhook's
+    callers; the standby never took over. Now, a renew deadline without a new
+    connection, it releases the Lease and takes it no more until it can connect."""
+    api, k = kube
+    t = Clocks()
+    connectable = [True]
+    a = elector(k, t, "a", can_connect=lambda: connectable[0])
+    b = elector(k, t, "b")
+    assert await a.try_acquire_or_renew()
+    connectable[0] = False
+    for _ in range(4):  # 8 s: still within its renew deadline, still renewing
+        t.now += 2
+        assert await a.try_acquire_or_renew()
+        assert not await b.try_acquire_or_renew()
+    t.now += 2
+    assert not await a.try_acquire_or_renew() and not a.leading
+    assert (await api.lease())["spec"]["holderIdentity"] == ""
+    assert await b.try_acquire_or_renew()  # at once: no expiry to wait for
+    t.now += 60
+    assert not await a.try_acquire_or_renew()
+    connectable[0] = True
+    assert not await a.try_acquire_or_renew()  # b holds it now
+    assert (await api.lease())["spec"]["holderIdentity"] == "b"
+
+
 async def test_release_on_shutdown_lets_a_successor_take_over_at_once(kube):
     api, k = kube
     t = Clocks()

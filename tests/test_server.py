@@ -21,6 +21,7 @@ import psutil
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from numaguard.exporter import webconfig
 from numaguard.exporter.collection import Collection
 from numaguard.exporter.collectors import COLLECTORS
 from numaguard.exporter.server import STUCK_CYCLES, Exporter
@@ -456,3 +457,29 @@ def test_process_metrics_agree_with_psutil_and_count_every_open_file(tmp_path):
         for fd in fds:
             os.close(fd)
     assert values()["process_open_fds"] == before["process_open_fds"]
+
+
+def test_failed_accepts_are_said_once_a_minute_with_how_many_were_not(caplog):
+    """asyncio tells the loop's exception handler of every accept that fails for want of
+    descriptors: 718,079 lines in 100 s were seen. Said once per minute, with a count;
+    anything else still reaches the handler that was there."""
+    loop = asyncio.new_event_loop()
+    others: list[dict] = []
+    loop.set_exception_handler(lambda _, context: others.append(context))
+    now = [0.0]
+    webconfig.quiet_accept_errors(loop, every=60.0, clock=lambda: now[0])
+    failed = {"message": webconfig.ACCEPT_FAILED, "exception": OSError(24, "Too many open files")}
+    try:
+        with caplog.at_level("ERROR", logger="numaguard.exporter.webconfig"):
+            for _ in range(5000):
+                loop.call_exception_handler(failed)
+                now[0] += 0.01  # 50 s of a failed accept every 10 ms
+            now[0] += 11.0  # a minute after the first was said
+            loop.call_exception_handler(failed)
+            loop.call_exception_handler({"message": "something else"})
+    finally:
+        loop.close()
+    said = [r for r in caplog.records if r.name == "numaguard.exporter.webconfig"]
+    assert [r.unsaid for r in said] == [0, 4999]
+    assert "Too many open files" in said[0].getMessage()
+    assert [c["message"] for c in others] == ["something else"]

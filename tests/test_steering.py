@@ -9,6 +9,8 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
+import resource
 import secrets
 import signal
 import ssl
@@ -472,3 +474,125 @@ async def test_run_steer_makes_its_certificate_and_every_replica_serves_it(tmp_p
         async with aiohttp.ClientSession() as session:
             await cp.request(session, "DELETE", secret)
             await cp.request(session, "DELETE", path_of("Lease", "numaguard", "steer-test"))
+
+
+def _memory_of(pid: int) -> int:
+    """A process's resident bytes now."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+async def test_a_pod_on_the_network_cannot_take_the_webhook_down(tmp_path, control_plane):
+    """Seen against a leader: 300 connections each sending all but the last byte of a
+    4 MB review took it from 129 to 1,510 MiB; 1,100 idle connections took its 1,024
+    descriptors for as long as they stayed, failing every webhook call and scrape and
+    writing 718,079 log lines. Now the port holds --web.max-connections, reads a few
+    bodies at once, each within the webhook's timeout, and says a failed accept once."""
+    cp = control_plane
+    account = "numaguard-remediator"
+    kubeconfig = cp.kubeconfig(tmp_path / "kubeconfig", cp.tokens[account], account)
+    port, metrics = free_port(), free_port()
+    log = tmp_path / "remediator.log"
+
+    def descriptors_as_the_pod_had_them() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                *("-m", "numaguard.remediator", "run", "--kubeconfig", kubeconfig),
+                *("--prometheus", f"http://127.0.0.1:{free_port()}"),  # none: no findings
+                *("--listen", f"127.0.0.1:{metrics}", "--identity", "attacked"),
+                *("--lease-namespace", "numaguard", "--lease-name", "attacked"),
+                *("--retry-period", "0.5", "--interval", "1"),
+                "--steer",
+                *("--webhook-listen", f"127.0.0.1:{port}"),
+                *("--webhook-url", f"https://127.0.0.1:{port}"),
+            ],
+            stderr=out,
+            preexec_fn=descriptors_as_the_pod_had_them,
+        )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    insecure = ssl.create_default_context()
+    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
+    review = json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {"uid": "u1", "operation": "CREATE", "object": {"spec": {}}},
+        }
+    )
+    held: list[asyncio.StreamWriter] = []
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def answers() -> bool:
+                try:
+                    url = f"https://127.0.0.1:{port}/steer/preferred/steer-a"
+                    headers = {"Content-Type": "application/json"}
+                    async with session.post(url, data=review, headers=headers, ssl=insecure) as r:
+                        return (await r.json())["response"]["uid"] == "u1"
+                except (aiohttp.ClientError, ValueError, KeyError):
+                    return False
+
+            async def scraped() -> bool:
+                try:
+                    async with session.get(f"http://127.0.0.1:{metrics}/metrics") as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await until(answers, "the webhook served", 60)
+            before = peak = _memory_of(proc.pid)
+            # bodies that never end: all but the last byte of the largest review, on as
+            # many connections as it takes to tell a read per connection from a few
+            size, crowd = steering.MAX_REVIEW_BYTES - 64, 40
+            head = (
+                f"POST /steer/preferred/steer-a HTTP/1.1\r\nHost: x\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+            ).encode()
+            for _ in range(crowd):
+                _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=insecure)
+                writer.write(head + b" " * (size - 1))
+                held.append(writer)
+                peak = max(peak, _memory_of(proc.pid))
+            # longer than a body may take: each was read in turn, or refused
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                peak = max(peak, _memory_of(proc.pid))
+            assert await answers() and await scraped()
+            # what each connection buffers (TLS and HTTP, under 1 MiB), and the bodies
+            # read at once (twice: the bytes grow as they come)
+            bound = crowd * (1 << 20) + 2 * steering.REVIEWS_READ_AT_ONCE * size
+            grown = peak - before
+            assert grown < bound, f"{grown >> 20} MiB more for {crowd} bodies that never end"
+            for writer in held:
+                writer.close()
+            held.clear()
+            # idle connections, more than the descriptors the process may open
+            for _ in range(1100):
+                with contextlib.suppress(OSError):
+                    held.append((await asyncio.open_connection("127.0.0.1", port))[1])
+            fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
+            assert fds < 1024 - 256, f"{fds} descriptors open"
+            assert await answers() and await scraped()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        for writer in held:
+            writer.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        async with aiohttp.ClientSession() as session:
+            secret = path_of("Secret", "numaguard", "numaguard-remediator-webhook")
+            await cp.request(session, "DELETE", secret)
+            await cp.request(session, "DELETE", path_of("Lease", "numaguard", "attacked"))
+    said = log.read_text().count("socket.accept() out of system resource")
+    assert said < 10, f"{said} lines for failed accepts"

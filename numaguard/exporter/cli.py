@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import resource
 import socket
 import sys
 
@@ -315,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{flag} needs the API server: give --kubeconfig or run in a cluster")
     logs.setup(args.log_format, args.log_level)
     one_malloc_arena()
-    _all_the_files()
+    webconfig.all_the_files()
     try:
         asyncio.run(serve(settings))
     except KubeconfigError as err:
@@ -328,15 +326,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"numaguard-exporter: cannot serve on {args.listen}: {err}", file=sys.stderr)
         return 1
     return 0
-
-
-def _all_the_files() -> None:
-    """The soft limit on open files up to the hard one: a node's kernel files and a
-    crowd of scrapers share it, and 1024 is a soft default, not a budget."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _positive(value: str) -> float:

@@ -168,6 +168,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    webconfig.quiet_accept_errors(loop)
 
     api = connect(settings.kubeconfig)
     if api is None and (settings.nrt or settings.web_kubernetes_auth or settings.memory_mover):

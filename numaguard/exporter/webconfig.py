@@ -21,7 +21,9 @@ non-resource URL (SubjectAccessReview: Prometheus' ClusterRole in kube-prometheu
 grants ``get`` on ``/metrics``). The component's own ServiceAccount asks, with the
 ``system:auth-delegator`` ClusterRole (deploy/components/kubernetes-auth).
 
-And the TCP site both serve on, bounded in the connections it holds (BoundedSite).
+And what bounds every port both serve on: the connections held (BoundedSite), request
+bodies read at once and how long each may take (bounded_bodies), the log of failed
+accepts (quiet_accept_errors), and the open-files limit they share (all_the_files).
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
+import logging
+import resource
 import ssl
 import time
 from pathlib import Path
@@ -62,6 +67,9 @@ REVIEW_TIMEOUT_SECONDS = 10.0
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
+ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's words
+HANDSHAKE_SECONDS = 10.0  # a TLS client that has not finished its handshake by then never will
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from numaguard.exporter.webconfig_schema import WebConfig
@@ -282,13 +290,15 @@ def secure(app: web.Application, config_file: str | None, kube_api=None) -> ssl.
 class BoundedSite(web.TCPSite):
     """aiohttp's TCP site, holding at most ``limit`` connections: past it, a new one
     closes the connection held longest that has no request in progress (or, all busy,
-    the longest held), rather than the process running out of file descriptors."""
+    the longest held), rather than the process running out of file descriptors. TLS is
+    begun on each connection once accepted (``loop.start_tls``), so that one still in
+    its handshake — or never starting it — is held, counted and closed like any other."""
 
-    __slots__ = ("_limit",)
+    __slots__ = ("_limit", "_tls")
 
     def __init__(self, runner, host: str, port: int, limit: int, ssl_context=None) -> None:
-        super().__init__(runner, host, port, ssl_context=ssl_context)
-        self._limit = limit
+        super().__init__(runner, host, port)
+        self._limit, self._tls = limit, ssl_context
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers with the runner, as TCPSite.start
@@ -300,10 +310,10 @@ class BoundedSite(web.TCPSite):
                 busy = lambda h: getattr(h.handler, "_request_in_progress", False)  # noqa: E731
                 idle = [h for h in held if not busy(h)]
                 (idle or list(held))[0].close()
-            return _Held(server(), held)
+            return _Held(server(), held, self._tls)
 
         self._server = await asyncio.get_running_loop().create_server(
-            connection, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog
+            connection, self._host, self._port, backlog=self._backlog
         )
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
@@ -312,19 +322,47 @@ class _Held(asyncio.Protocol):
     """A connection's aiohttp handler, seen from outside: ``held`` lists it from its
     accept (before the handler's own bookkeeping sees it) until it is lost."""
 
-    def __init__(self, handler, held: dict) -> None:
-        self.handler, self.held, self.transport = handler, held, None
+    def __init__(self, handler, held: dict, tls: ssl.SSLContext | None) -> None:
+        self.handler, self.held, self.tls = handler, held, tls
+        self.raw: asyncio.BaseTransport | None = None  # the TCP connection, from its accept
+        self.transport: asyncio.BaseTransport | None = None  # what the handler was given
         held[self] = None
 
     def close(self) -> None:
         self.held.pop(self, None)
         if self.transport is not None:
             self.handler.force_close()
+        elif self.raw is not None:  # still in (or before) its TLS handshake
+            self.raw.abort()
 
     def connection_made(self, transport) -> None:
         if self not in self.held:  # closed before it was made
             transport.close()
             return
+        self.raw = transport
+        if self.tls is None:
+            self._serve(transport)
+            return
+        transport.pause_reading()  # the handshake's bytes are start_tls's to read
+        self.handshake = asyncio.ensure_future(self._handshake(transport))
+
+    async def _handshake(self, raw) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            tls = await loop.start_tls(
+                raw, self, self.tls, server_side=True, ssl_handshake_timeout=HANDSHAKE_SECONDS
+            )
+        except (OSError, ssl.SSLError, TimeoutError, RuntimeError):
+            # a failed or abandoned handshake, or a connection closed meanwhile
+            self.held.pop(self, None)
+            raw.abort()
+            return
+        if self not in self.held:  # closed to make room while it shook hands
+            tls.abort()
+            return
+        self._serve(tls)
+
+    def _serve(self, transport) -> None:
         self.transport = transport
         self.handler.connection_made(transport)
 
@@ -344,3 +382,66 @@ class _Held(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.handler.resume_writing()
+
+
+def bounded_bodies(reads: int, seconds: float):
+    """A middleware reading each request's body before its handler: at most ``reads``
+    at once, each whole within ``seconds`` of asking (its wait for a turn included), or
+    408 and the connection closed. A body nobody reads waits in the kernel (aiohttp
+    stops reading a connection whose buffer is full), so slow or endless bodies on every
+    connection cost ``reads`` times the largest body allowed, not one each."""
+    turns = asyncio.Semaphore(reads)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if request.body_exists:
+            try:
+                async with asyncio.timeout(seconds), turns:
+                    await request.read()
+            except TimeoutError:
+                answer = _plain(408, f"the request's body did not come within {seconds:g}s\n")
+                answer.force_close()
+                return answer
+        return await handler(request)
+
+    return middleware
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop, every: float = 60.0, clock=time.monotonic):
+    """asyncio tells the loop's exception handler of every accept that fails for want of
+    descriptors, thousands a second while they last (378 MB of log in 100 s, seen): said
+    once per ``every`` seconds, with how many were not said since."""
+    previous = loop.get_exception_handler()
+    said: dict[str, float] = {}
+    unsaid = [0]
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        if context.get("message") != ACCEPT_FAILED:
+            if previous is None:
+                loop.default_exception_handler(context)
+            else:
+                previous(loop, context)
+            return
+        now = clock()
+        if "at" in said and now - said["at"] < every:
+            unsaid[0] += 1
+            return
+        log.error(
+            "cannot accept connections: %s (%d more failed accepts since last said)",
+            context.get("exception"),
+            unsaid[0],
+            extra={"reason": "accept_failed", "unsaid": unsaid[0]},
+        )
+        said["at"], unsaid[0] = now, 0
+
+    loop.set_exception_handler(handler)
+
+
+def all_the_files() -> None:
+    """The soft limit on open files up to the hard one: a node's kernel files, a crowd
+    of scrapers and the API server's calls share it, and 1024 is a soft default, not a
+    budget."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -253,7 +253,7 @@ def parser() -> argparse.ArgumentParser:
                 default=30.0,
                 metavar="SECONDS",
                 help="close a connection that has not sent a whole request for this long "
-                "(idle keep-alives, slow clients), as the exporter's",
+                "(idle keep-alives, slow clients), on each port, as the exporter's",
             )
             s.add_argument(
                 "--web.max-connections",
@@ -261,8 +261,9 @@ def parser() -> argparse.ArgumentParser:
                 type=int,
                 default=256,
                 metavar="N",
-                help="connections held at once; past it the longest-held idle one is closed "
-                "to make room, as the exporter's",
+                help="connections held at once on each port (metrics, the steering "
+                "webhook); past it the longest-held idle one is closed to make room, as the "
+                "exporter's",
             )
             s.add_argument(
                 "--web.kubernetes-auth",
@@ -578,6 +579,7 @@ def _table(report: CycleReport) -> str:
 async def run_command(args) -> int:
     stop = asyncio.Event()  # SIGTERM: the cycle stops at its next write
     loop = asyncio.get_running_loop()
+    webconfig.quiet_accept_errors(loop)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     kube = await _answering_kube(args.kubeconfig, stop)
@@ -665,7 +667,13 @@ async def _steering(args, kube: Kube, controller: Controller, stop: asyncio.Even
                     continue  # read back what was made, by this replica or another
             elif material is not None:
                 host, _, listen = args.webhook_listen.rpartition(":")
-                runner = await steering.serve(material, host or "0.0.0.0", int(listen))
+                runner = await steering.serve(
+                    material,
+                    host or "0.0.0.0",
+                    int(listen),
+                    args.max_connections,
+                    args.idle_timeout,
+                )
                 reached = {"namespace": namespace, "name": service, "port": int(port)}
                 controller.steering = Target(
                     args.webhook_configuration,
@@ -768,6 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     except webconfig.WebConfigError as err:
         args.subparser.error(f"--web.config.file {err}")
     logs.setup(args.log_format, args.log_level)
+    webconfig.all_the_files()
     try:
         return asyncio.run(plan_command(args) if args.command == "plan" else run_command(args))
     except KubeconfigError as err:

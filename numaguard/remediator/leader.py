@@ -9,14 +9,19 @@
   ``renew_deadline`` (< ``lease_duration``): it stops writing before anyone else may
   take the Lease.
 * On shutdown the Lease is released, so a successor need not wait for it to expire.
+* A leader that cannot open a new connection (out of descriptors) for a renew deadline
+  gives the Lease up, though its renewals may still pass on a connection kept open: it
+  can neither reach Prometheus nor answer its webhook, and a standby can.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import random
+import socket
 import time
 from datetime import UTC, datetime
 
@@ -42,6 +47,7 @@ class LeaderElector:
         clock=time.time,
         monotonic=time.monotonic,
         on_change=lambda leading: None,
+        can_connect=None,
     ) -> None:
         if not 0 < retry_period < renew_deadline < lease_duration:
             raise ValueError(
@@ -64,6 +70,8 @@ class LeaderElector:
         self._observed: tuple | None = None  # the Lease record as last seen ...
         self._observed_at = 0.0  # ... and when we saw it change
         self._was_leading = False
+        self.can_connect = can_connect or _can_open_a_socket
+        self._connectable_at = monotonic()  # when a new connection could last be opened
 
     @property
     def leading(self) -> bool:
@@ -80,6 +88,19 @@ class LeaderElector:
     async def try_acquire_or_renew(self) -> bool:
         """One attempt to take the Lease (free, released or expired as we observed it) or
         renew it (ours). True: we lead now."""
+        now = self.monotonic()
+        if self.can_connect():
+            self._connectable_at = now
+        elif now - self._connectable_at >= self.renew_deadline:
+            if self._renewed_at is not None:
+                log.error(
+                    "lease %s: no new connection could be opened for %gs: giving it up",
+                    self.name,
+                    now - self._connectable_at,
+                    extra={"reason": "no_connections", "identity": self.identity},
+                )
+                await self.release()
+            return False
         answer = await self.kube.get(f"{self.path}/{self.name}")
         now = self.monotonic()
         if answer.status == 404:
@@ -172,6 +193,17 @@ class LeaderElector:
                 "leaseTransitions": transitions,
             },
         }
+
+
+def _can_open_a_socket() -> bool:
+    """Whether this process may open one more connection now."""
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+    except OSError as err:
+        if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            return False
+        raise
+    return True
 
 
 def _format(t: float) -> str:

@@ -21,10 +21,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from numaguard.remediator.core.steering import mutation, steered_to
+from numaguard.exporter import webconfig
+from numaguard.remediator.core.steering import TIMEOUT_SECONDS, mutation, steered_to
 
 log = logging.getLogger(__name__)
-MAX_REVIEW_BYTES = 4 << 20  # a pod object is at most ~1.5 MiB in etcd
+# a pod create's review: the API server takes no request body over 3 MiB (its default
+# --max-request-bytes), and a review holds the one pod
+MAX_REVIEW_BYTES = 3 << 20
+# reviews read at once: what slow or endless bodies on every connection may hold, at
+# most this many times the largest (the API server sends each at once, and waits for
+# its answer no longer than the webhook's timeout: a body read longer helps nobody)
+REVIEWS_READ_AT_ONCE = 8
 CERTIFICATE_DAYS = 3650
 
 
@@ -125,13 +132,27 @@ async def review(request: web.Request) -> web.Response:
 
 
 def application() -> web.Application:
-    app = web.Application(client_max_size=MAX_REVIEW_BYTES)
+    app = web.Application(
+        client_max_size=MAX_REVIEW_BYTES,
+        middlewares=[webconfig.bounded_bodies(REVIEWS_READ_AT_ONCE, TIMEOUT_SECONDS)],
+    )
     app.add_routes([web.post("/steer/{mode}/{nodes}", review)])
     return app
 
 
-async def serve(material: dict[str, str], host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(application(), access_log=None, handle_signals=False)
+async def serve(
+    material: dict[str, str],
+    host: str,
+    port: int,
+    max_connections: int = 256,
+    idle_timeout: float = 30.0,
+) -> web.AppRunner:
+    """On any pod's network: bounded as the metrics port is, in connections held and
+    their idle time, and in the bodies read at once and how long each may take."""
+    runner = web.AppRunner(
+        application(), access_log=None, handle_signals=False, keepalive_timeout=idle_timeout
+    )
     await runner.setup()
-    await web.TCPSite(runner, host, port, ssl_context=ssl_context(material)).start()
+    tls = ssl_context(material)
+    await webconfig.BoundedSite(runner, host, port, max_connections, tls).start()
     return runner
