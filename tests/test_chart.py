@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import kubernetes_validate
@@ -16,6 +17,7 @@ import yaml
 
 from numaguard.simulator.controlplane import rendered
 from tests.test_deploy import CRDS, DEPLOY, K8S_VERSION
+from tests.test_move_request import namespace_admin
 
 # kubectl kustomize and helm come from the control plane's build
 pytestmark = pytest.mark.cluster
@@ -274,7 +276,11 @@ def test_two_releases_install_side_by_side_on_the_real_api_server(control_plane,
         got = json.loads(subprocess.run(argv, check=True, capture_output=True).stdout or "{}")
         return got.get("items", [got] if got.get("kind") not in (None, "List") else [])
 
-    releases = {"gpu": EVERY_SWITCH, "staging": ("remediator.replicas=1",)}
+    # both move memory: seen, each release's policy refused the other's remediator
+    releases = {
+        "gpu": EVERY_SWITCH,
+        "staging": ("remediator.replicas=1", "exporter.memoryMover=true"),
+    }
     objects: list[dict] = []
     try:
         notes = {}
@@ -294,6 +300,45 @@ def test_two_releases_install_side_by_side_on_the_real_api_server(control_plane,
         assert names(served) == names(objects)
         for doc in served:
             assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] in releases
+        # with both releases' policies in force, the acting one's remediator asks a
+        # pod's node to move its memory, and a namespace's admin may not
+        (account,) = [
+            d["metadata"]["name"]
+            for d in first
+            if d["kind"] == "ServiceAccount" and d["metadata"]["name"].endswith("-remediator")
+        ]
+        tenant = tmp_path / "tenant.yaml"
+        tenant.write_text(yaml.safe_dump_all(namespace_admin(namespace, "tenant")))
+        subprocess.run([*kubectl, "apply", "-f", str(tenant)], check=True, capture_output=True)
+        subprocess.run(
+            [*kubectl, "run", "asks", "-n", namespace, "--image=busybox", "--restart=Never"],
+            check=True,
+            capture_output=True,
+        )
+        objects.append({"kind": "Pod", "metadata": {"name": "asks", "namespace": namespace}})
+
+        def asks(who: str) -> bool:
+            token = subprocess.run(
+                [*kubectl, "create", "token", who, "-n", namespace],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            request = {"metadata": {"annotations": {"numaguard.io/move-memory": "1800000000"}}}
+            patch = ["patch", "pod", "asks", "-n", namespace, "--type=merge", "--dry-run=server"]
+            done = subprocess.run(
+                [*kubectl, f"--token={token}", *patch, "-p", json.dumps(request)],
+                capture_output=True,
+                text=True,
+            )
+            assert done.returncode == 0 or "Forbidden" in done.stderr, done.stderr
+            return done.returncode == 0
+
+        deadline = time.monotonic() + 60
+        while asks("tenant"):  # until the policies are loaded
+            assert time.monotonic() < deadline, "the admission policies never in force"
+            time.sleep(0.5)
+        assert asks(account)
     finally:
         for release in releases:
             subprocess.run(

@@ -95,7 +95,13 @@ def test_prometheus_rule_and_dashboards_equal_their_sources():
         )
 
 
+# not an API: the name the admission policies ask the authorizer about, each account its
+# own (docs/remediator.md, "How the policies know numaguard's accounts")
+IDENTITY = ("numaguard.io", "identities", "assume")
+
+
 def granted(docs: list[dict], account: str) -> set[tuple[str, str, str]]:
+    """What ``account`` may do, its identity aside (checked to be its own alone)."""
     roles = {d["metadata"]["name"]: d for d in docs if d["kind"] in ("ClusterRole", "Role")}
     out = set()
     for d in docs:
@@ -107,7 +113,10 @@ def granted(docs: list[dict], account: str) -> set[tuple[str, str, str]]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     out |= {(group, resource, verb) for verb in rule["verbs"]}
-    return out
+            if (group, resource, *rule["verbs"]) == IDENTITY:
+                assert d["kind"] == "ClusterRoleBinding", d  # a cluster-wide name
+                assert rule["resourceNames"] == [account.removeprefix("numaguard-")], rule
+    return out - {IDENTITY}
 
 
 def test_rbac_grants_exactly_what_the_code_uses():
