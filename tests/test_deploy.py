@@ -137,7 +137,17 @@ def test_rbac_grants_exactly_what_the_code_uses():
     assert granted(steering, "numaguard-remediator") == DRY_RUN_API_USE | STEERING_API_USE
     for kind, name in (("ClusterRole", "steering"), ("Role", "certificate")):
         for rule in of(steering, kind, f"numaguard-remediator-{name}")["rules"]:
-            assert rule.get("resourceNames") or rule["verbs"] == ["create"], rule
+            assert rule.get("resourceNames"), rule
+    # seen: `secrets create` (no name can limit a create) let the remediator's token
+    # mint a token Secret for any account of its namespace; the install makes the
+    # certificate's Secret empty instead, and the leader fills it
+    every = rendered(*COMPONENTS)
+    for role in (d for d in every if d["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
+            if "secrets" in rule["resources"]:
+                assert "create" not in rule["verbs"] and rule.get("resourceNames"), role
+    (secret,) = [d for d in every if d["kind"] == "Secret"]
+    assert secret["type"] == "kubernetes.io/tls" and not any(secret["data"].values())
     remediator = of(steering, "Deployment", "numaguard-remediator")["spec"]["template"]["spec"]
     assert "--steer" in remediator["containers"][0]["args"]
     webhooks = of(steering, "MutatingWebhookConfiguration", "numaguard-remediator")

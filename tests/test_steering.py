@@ -30,7 +30,7 @@ from numaguard.remediator.core.planner import nodes_to_check, plan, prepare
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.steering import Steer, Target
 from numaguard.remediator.kube import Kube, api_client
-from numaguard.simulator.controlplane import ApiError, path_of
+from numaguard.simulator.controlplane import ApiError, path_of, rendered
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import as_signals
 from tests.test_planner import healthy, instance, merge, zone
@@ -435,7 +435,6 @@ async def test_run_steer_makes_its_certificate_and_every_replica_serves_it(tmp_p
         )
         for i, port in enumerate(ports)
     ]
-    secret = path_of("Secret", "numaguard", "numaguard-remediator-webhook")
     review = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -443,11 +442,12 @@ async def test_run_steer_makes_its_certificate_and_every_replica_serves_it(tmp_p
     }
     try:
         async with aiohttp.ClientSession() as session:
-            made = await until(
-                lambda: cp.get(session, "Secret", "numaguard", "numaguard-remediator-webhook"),
-                "the certificate Secret",
-            )
-            ca = steering.from_secret(made)["ca.crt"]
+
+            async def filled():
+                got = await cp.get(session, "Secret", "numaguard", "numaguard-remediator-webhook")
+                return steering.from_secret(got or {})
+
+            ca = (await until(filled, "the certificate in its Secret"))["ca.crt"]
             context = ssl.create_default_context(cadata=ca)
 
             async def answers(port: int) -> dict | None:
@@ -472,8 +472,16 @@ async def test_run_steer_makes_its_certificate_and_every_replica_serves_it(tmp_p
                 proc.kill()
                 proc.wait()
         async with aiohttp.ClientSession() as session:
-            await cp.request(session, "DELETE", secret)
+            await empty_certificate(cp, session)
             await cp.request(session, "DELETE", path_of("Lease", "numaguard", "steer-test"))
+
+
+async def empty_certificate(cp, session) -> None:
+    """The certificate Secret as the install makes it: empty, for the next leader."""
+    (secret,) = [o for o in rendered("steering") if o["kind"] == "Secret"]
+    meta = secret["metadata"]
+    await cp.request(session, "DELETE", path_of("Secret", meta["namespace"], meta["name"]))
+    await cp.create(session, secret)
 
 
 def _memory_of(pid: int) -> int:
@@ -591,8 +599,7 @@ async def test_a_pod_on_the_network_cannot_take_the_webhook_down(tmp_path, contr
             proc.kill()
             proc.wait()
         async with aiohttp.ClientSession() as session:
-            secret = path_of("Secret", "numaguard", "numaguard-remediator-webhook")
-            await cp.request(session, "DELETE", secret)
+            await empty_certificate(cp, session)
             await cp.request(session, "DELETE", path_of("Lease", "numaguard", "attacked"))
     said = log.read_text().count("socket.accept() out of system resource")
     assert said < 10, f"{said} lines for failed accepts"

@@ -174,24 +174,19 @@ class Actuator:
                 return "failed"
         return "failed"
 
-    async def create_secret(self, namespace: str, name: str, data: dict[str, str]) -> str:
-        """Create the steering webhook's certificate Secret: ok | exists | not_leader |
-        failed (another replica may have made it first: 409 is exists)."""
+    async def fill_secret(self, secret: dict, data: dict[str, str]) -> str:
+        """Write the steering webhook's certificate into its Secret, which the install
+        made empty: ok | conflict (another replica filled it first) | not_leader | failed."""
         if not self.leading():
             return "not_leader"
-        answer = await self.writer.post(
-            f"/api/v1/namespaces/{namespace}/secrets",
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "kubernetes.io/tls",
-                "metadata": {"name": name, "namespace": namespace},
-                "data": data,
-            },
+        meta = secret["metadata"]
+        answer = await self.writer.put(
+            f"/api/v1/namespaces/{meta['namespace']}/secrets/{meta['name']}",
+            {**secret, "data": data},
         )
         if answer.ok:
             return "ok"
-        return "exists" if answer.status == 409 else "failed"
+        return "conflict" if answer.status == 409 else "failed"
 
     async def refused(self, refusal: Refusal, pod: PodInfo | None) -> None:
         if pod is not None:

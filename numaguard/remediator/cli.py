@@ -660,11 +660,11 @@ async def _steering(args, kube: Kube, controller: Controller, stop: asyncio.Even
         try:
             answer = await kube.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
             material = steering.from_secret(answer.body) if answer.ok else None
-            if answer.status == 404:
+            if answer.ok and material is None:  # as the install made it: empty
                 data = steering.secret_data(steering.certificate(hosts))
-                made = await controller.actuator.create_secret(namespace, name, data)
-                if made in ("ok", "exists"):
-                    continue  # read back what was made, by this replica or another
+                filled = await controller.actuator.fill_secret(answer.body, data)
+                if filled in ("ok", "conflict"):
+                    continue  # read back what was written, by this replica or another
             elif material is not None:
                 host, _, listen = args.webhook_listen.rpartition(":")
                 runner = await steering.serve(
@@ -683,9 +683,15 @@ async def _steering(args, kube: Kube, controller: Controller, stop: asyncio.Even
                 )
                 log.info("steering webhook served", extra={"listen": args.webhook_listen})
                 return runner
+            elif answer.status == 404:
+                log.warning(
+                    "webhook certificate Secret %s/%s is missing: deploy/components/steering "
+                    "and the chart make it (empty, for the leader to fill)",
+                    namespace,
+                    name,
+                )
             else:
-                why = f"HTTP {answer.status}" if not answer.ok else "no tls.crt and tls.key"
-                log.warning("webhook certificate %s/%s: %s", namespace, name, why)
+                log.warning("webhook certificate %s/%s: HTTP %s", namespace, name, answer.status)
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
             log.warning("steering webhook not served yet: %r", err)
         with contextlib.suppress(TimeoutError):

@@ -63,12 +63,13 @@ ENFORCE_API_USE = {
     ("apps", "statefulsets", "patch"),
 }
 # the steering component's (run --steer): its own webhook configuration and the webhook's
-# certificate Secret, each by name (deploy/components/steering)
+# certificate Secret (which the install makes empty), each by name
+# (deploy/components/steering)
 STEERING_API_USE = {
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get"),
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "update"),
     ("", "secrets", "get"),
-    ("", "secrets", "create"),
+    ("", "secrets", "update"),
 }
 API_USE = DRY_RUN_API_USE | ENFORCE_API_USE
 

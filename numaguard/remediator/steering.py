@@ -1,8 +1,8 @@
 """The steering webhook's server (opt-in, ``run --steer``): answers the API server's
 AdmissionReviews for the replacements of workloads under remediation with the node
 affinity core/steering.py writes, over TLS from a certificate every replica shares (a
-Secret in the remediator's namespace, made by the leader at first start when none is
-there). It never refuses a pod: a request it cannot read is allowed unchanged."""
+Secret in the remediator's namespace that the install makes empty and the leader fills
+at first start). It never refuses a pod: a request it cannot read is allowed unchanged."""
 
 from __future__ import annotations
 
@@ -73,11 +73,14 @@ def secret_data(material: dict[str, str]) -> dict[str, str]:
 
 
 def from_secret(secret: dict) -> dict[str, str] | None:
-    """The PEM material of a kubernetes.io/tls Secret, or None when incomplete."""
+    """The PEM material of a kubernetes.io/tls Secret, or None when incomplete (as the
+    install makes it: empty)."""
     data = secret.get("data") or {}
     try:
         out = {k: base64.b64decode(data[k]).decode() for k in ("tls.crt", "tls.key")}
     except (KeyError, ValueError):
+        return None
+    if not all(out.values()):
         return None
     ca = data.get("ca.crt")
     out["ca.crt"] = base64.b64decode(ca).decode() if ca else out["tls.crt"]

@@ -386,13 +386,14 @@ class ControlPlane:
         session: aiohttp.ClientSession,
         components: tuple[str, ...] = ("no-dry-run", "steering"),
     ) -> None:
-        """Apply deploy/'s namespace, ServiceAccounts, RBAC and admission objects as
-        kustomize renders them with ``components`` (no-dry-run: tests act; steering: its
-        webhook configuration too; memory-mover: the policy on move requests), and get a
+        """Apply deploy/'s namespace, ServiceAccounts, RBAC, admission objects and Secrets
+        as kustomize renders them with ``components`` (no-dry-run: tests act; steering: its
+        webhook configuration and its empty certificate Secret too; memory-mover: the
+        policy on move requests), and get a
         token for each of our ServiceAccounts (``self.tokens``): our components run as
         those."""
         for obj in rendered(*components):
-            if obj["kind"] in (*RBAC_KINDS, *ADMISSION_KINDS):
+            if obj["kind"] in (*RBAC_KINDS, *ADMISSION_KINDS, "Secret"):
                 await self.create(session, obj)
         for account in ACCOUNTS:
             self.tokens[account] = await self.service_account_token(session, "numaguard", account)

