@@ -55,11 +55,20 @@ def test_the_mutation_and_the_paths_it_answers():
             },
         }
     ]
-    assert steered_to("/steer/required/a,b.example") == (True, ("a", "b.example"))
-    for path in ("/steer/always/a", "/steer/preferred/A_B", "/steer/preferred/", "/other/x/y"):
-        assert steered_to(path) is None, path
-    assert steered_to("/steer/preferred/" + ",".join("n" * 8)) is not None
-    assert steered_to("/steer/preferred/" + ",".join(f"n{i}" for i in range(9))) is None
+    assert steered_to("/steer/required/200/a,b.example", 100.0) == (True, ("a", "b.example"))
+    for path in (
+        "/steer/always/200/a",
+        "/steer/preferred/200/A_B",
+        "/steer/preferred/200/",
+        "/steer/preferred/a",  # as written before deadlines: no deadline, no steering
+        "/steer/preferred/soon/a",
+        "/other/x/200/y",
+    ):
+        assert steered_to(path, 100.0) is None, path
+    assert steered_to("/steer/preferred/200/" + ",".join("n" * 8), 100.0) is not None
+    assert steered_to("/steer/preferred/200/" + ",".join(f"n{i}" for i in range(9)), 100.0) is None
+    # past its deadline an entry nobody removed steers nothing
+    assert steered_to("/steer/required/200/a", 200.0) is None
     assert json.dumps(mutation(pod, ("a",), True)).count("metadata.name") == 1
 
 
@@ -184,8 +193,8 @@ def test_the_steering_configuration_keeps_only_what_awaits_verification():
     config = {"metadata": {"name": "numaguard-remediator"}}
     first = configured(config, target, 10.0, (a, b))
     assert [w["clientConfig"]["url"] for w in first["webhooks"]] == [
-        "https://127.0.0.1:8443/steer/preferred/n1,n2",
-        "https://127.0.0.1:8443/steer/required/n3",
+        "https://127.0.0.1:8443/steer/preferred/100/n1,n2",
+        "https://127.0.0.1:8443/steer/required/200/n3",
     ]
     hook = first["webhooks"][0]
     assert hook["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ml"}}

@@ -28,13 +28,15 @@ from numaguard.remediator.cluster import nodes_of, pods_of
 from numaguard.remediator.core.findings import FindingState, update
 from numaguard.remediator.core.planner import nodes_to_check, plan, prepare
 from numaguard.remediator.core.policy import Policy
-from numaguard.remediator.core.steering import Steer, Target
+from numaguard.remediator.core.steering import Steer, Target, configured
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator.controlplane import ApiError, path_of, rendered
 from numaguard.simulator.processes import free_port, until
 from numaguard.simulator.prometheus import as_signals
 from tests.test_planner import healthy, instance, merge, zone
 
+# a webhook path's deadline, far off
+DEADLINE = int(time.time()) + 86400
 pytestmark = pytest.mark.cluster
 
 NODES = ("steer-a", "steer-b", "steer-c")
@@ -278,7 +280,8 @@ async def test_a_stopped_or_slow_webhook_never_blocks_pod_creation(stack):
     try:
         pod = await stack.replace("trainer")
         assert "affinity" not in pod["spec"]
-        assert calls == ["/steer/preferred/steer-c"]
+        ((path),) = calls
+        assert path.startswith("/steer/preferred/") and path.endswith("/steer-c"), path
         # another namespace, and another workload of the same one: never called
         await cp.create(stack.session, deployment("trainer", stack.other))
         await cp.create(stack.session, deployment("other", stack.namespace))
@@ -452,7 +455,7 @@ async def test_run_steer_makes_its_certificate_and_every_replica_serves_it(tmp_p
 
             async def answers(port: int) -> dict | None:
                 try:
-                    url = f"https://127.0.0.1:{port}/steer/preferred/steer-a"
+                    url = f"https://127.0.0.1:{port}/steer/preferred/{DEADLINE}/steer-a"
                     async with session.post(url, json=review, ssl=context) as r:
                         return await r.json()
                 except aiohttp.ClientError:
@@ -463,9 +466,33 @@ async def test_run_steer_makes_its_certificate_and_every_replica_serves_it(tmp_p
                 assert answer["uid"] == "u1" and answer["allowed"] is True
                 patch = json.loads(base64.b64decode(answer["patch"]))
                 assert patch[0]["path"] == "/spec/affinity"
+                # an entry past its deadline, which nobody removed, steers nothing
+                url = f"https://127.0.0.1:{port}/steer/preferred/{int(time.time()) - 1}/steer-a"
+                async with session.post(url, json=review, ssl=context) as r:
+                    assert (await r.json())["response"] == {"uid": "u1", "allowed": True}
+            # an entry the leader wrote (no cycle prunes it: with no Prometheus each one
+            # ends before verification): it leaves with the leader, lest the API server
+            # call a webhook nobody serves for each new pod of that workload
+            config = await cp.get(
+                session, "MutatingWebhookConfiguration", None, "numaguard-remediator"
+            )
+            target = Target("numaguard-remediator", ca, url=f"https://127.0.0.1:{ports[0]}")
+            entry = Steer("Deployment/ml/trainer", {"app": "t"}, ("steer-a",), False, DEADLINE)
+            written = configured(config, target, time.time(), (entry,))
+            await cp.call(
+                session,
+                "PUT",
+                path_of("MutatingWebhookConfiguration", None, "numaguard-remediator"),
+                written,
+            )
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         assert [proc.wait(timeout=30) for proc in procs] == [0, 0]
+        async with aiohttp.ClientSession() as session:
+            config = await cp.get(
+                session, "MutatingWebhookConfiguration", None, "numaguard-remediator"
+            )
+            assert config.get("webhooks", []) == []
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -541,7 +568,7 @@ async def test_a_pod_on_the_network_cannot_take_the_webhook_down(tmp_path, contr
 
             async def answers() -> bool:
                 try:
-                    url = f"https://127.0.0.1:{port}/steer/preferred/steer-a"
+                    url = f"https://127.0.0.1:{port}/steer/preferred/{DEADLINE}/steer-a"
                     headers = {"Content-Type": "application/json"}
                     async with session.post(url, data=review, headers=headers, ssl=insecure) as r:
                         return (await r.json())["response"]["uid"] == "u1"
@@ -561,7 +588,7 @@ async def test_a_pod_on_the_network_cannot_take_the_webhook_down(tmp_path, contr
             # many connections as it takes to tell a read per connection from a few
             size, crowd = steering.MAX_REVIEW_BYTES - 64, 40
             head = (
-                f"POST /steer/preferred/steer-a HTTP/1.1\r\nHost: x\r\n"
+                f"POST /steer/preferred/{DEADLINE}/steer-a HTTP/1.1\r\nHost: x\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
             ).encode()
             for _ in range(crowd):

@@ -609,6 +609,7 @@ async def run_command(args) -> int:
     runner, scrapers = await _serve_metrics(args, metrics, health)
     election = asyncio.create_task(elector.run(release))  # renews whatever the cycle does
     serving: asyncio.Task | None = None  # the steering webhook, once served
+    controller: Controller | None = None
     try:
         async with aiohttp.ClientSession() as session:
             controller = await _controller(args, session, kube, elector, metrics)
@@ -634,6 +635,13 @@ async def run_command(args) -> int:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), args.interval)
     finally:
+        if controller is not None and controller.steering is not None:
+            # no entry outlives the leader: every replica may be stopping (scaled to 0),
+            # and the API server would call a webhook nobody serves for each new pod
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                await controller.actuator.steer(
+                    controller.steering, time.time(), pending=frozenset(), stopping=True
+                )
         release.set()
         if serving is not None:
             webhook = await serving

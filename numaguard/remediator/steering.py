@@ -14,6 +14,7 @@ import logging
 import os
 import ssl
 import tempfile
+import time
 
 from aiohttp import web
 from cryptography import x509
@@ -109,7 +110,7 @@ async def review(request: web.Request) -> web.Response:
     except (ValueError, KeyError, TypeError):
         return web.json_response({"error": "not an AdmissionReview"}, status=400)
     answer: dict = {"uid": uid, "allowed": True}
-    steer = steered_to(request.path)
+    steer = steered_to(request.path, time.time())
     pod = req.get("object")
     if steer is not None and req.get("operation") == "CREATE" and isinstance(pod, dict):
         required, nodes = steer
@@ -139,7 +140,7 @@ def application() -> web.Application:
         client_max_size=MAX_REVIEW_BYTES,
         middlewares=[webconfig.bounded_bodies(REVIEWS_READ_AT_ONCE, TIMEOUT_SECONDS)],
     )
-    app.add_routes([web.post("/steer/{mode}/{nodes}", review)])
+    app.add_routes([web.post("/steer/{mode}/{until}/{nodes}", review)])
     return app
 
 

@@ -7,7 +7,8 @@ objectSelector: no other pod creation waits on it), with failurePolicy Ignore an
 timeout. Each webhook's path names its nodes, so any replica answers from the request
 alone; the configuration is the remediator's own object, written by the leader only, and
 is the whole of the steering state: an entry leaves it when its workload no longer awaits
-verification or its deadline passed."""
+verification or its deadline passed, or when the leader stops; and it names its deadline,
+past which it steers nothing, whoever answers."""
 
 from __future__ import annotations
 
@@ -74,7 +75,9 @@ def webhook_name(workload: str) -> str:
 
 def webhook(s: Steer, target: Target) -> dict:
     namespace = s.workload.split("/")[1]
-    path = f"{PATH}/{MODES[s.required]}/{','.join(s.nodes)}"
+    # its deadline in its path: past it, whoever answers leaves the pod as it is, though
+    # nobody removed the entry (every replica stopped, say)
+    path = f"{PATH}/{MODES[s.required]}/{int(s.until)}/{','.join(s.nodes)}"
     if target.service is not None:
         client = {"service": {**target.service, "path": path}}
     else:
@@ -156,13 +159,16 @@ def _state(config: dict) -> dict:
     return state if isinstance(state, dict) else {}
 
 
-def steered_to(path: str) -> tuple[bool, tuple[str, ...]] | None:
-    """(required, nodes) a webhook path names, or None for a path no entry has."""
+def steered_to(path: str, now: float) -> tuple[bool, tuple[str, ...]] | None:
+    """(required, nodes) a webhook path names, or None for a path no entry has or one
+    whose deadline passed."""
     parts = path.removeprefix(PATH + "/").split("/")
-    if len(parts) != 2 or parts[0] not in MODES:
+    if len(parts) != 3 or parts[0] not in MODES or not parts[1].isdigit():
         return None
-    nodes = tuple(parts[1].split(","))
+    nodes = tuple(parts[2].split(","))
     if not 0 < len(nodes) <= NODES_PER_FINDING or not all(_NODE.match(n) for n in nodes):
+        return None
+    if int(parts[1]) <= now:
         return None
     return parts[0] == "required", nodes
 
