@@ -13,13 +13,15 @@ import mmap
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from numaguard.exporter import cli as exporter_cli
 from numaguard.exporter.memory_mover import (
-    BATCH_PAGES,
+    BATCH_BYTES,
+    REQUEST_TTL_SECONDS,
     SCAN_PAGES,
     Kernel,
     KernelRefused,
@@ -257,7 +259,7 @@ async def test_the_pod_s_far_memory_moves_to_its_cpus_node_at_the_rate(fake_root
     # time, the rate checked after each; libc's pages, on node 0 already, not even asked
     span = SCAN_PAGES * PAGE  # chunks aligned in memory: the unaligned heap takes one more
     scans = (HEAP + 128 * MIB - 1) // span - HEAP // span + 1
-    assert pages.calls == scans + far // PAGE // BATCH_PAGES
+    assert pages.calls == scans + far // BATCH_BYTES
     # what the exporter sees next: the memory at home, the verdict gone
     root.write()
     await collection.run_once()
@@ -448,7 +450,7 @@ async def test_a_move_stops_after_its_batch_when_the_exporter_ends(node_with_kub
 
     mover.sleep = stopped_while_waiting
     (done,) = mover.carry_out(collection.snapshot, metadata)
-    batch = BATCH_PAGES * PAGE
+    batch = BATCH_BYTES
     assert (done["result"], done["reason"], done["bytes"]) == ("partial", "shutdown", batch)
     assert host.pods[0].containers[0].memory_by_node[1] == REMOTE_MIB * MIB - batch
     assert mover.carry_out(collection.snapshot, metadata) == []  # nothing more once stopped
@@ -471,7 +473,7 @@ async def test_the_exporter_s_shutdown_waits_only_for_the_batch_under_way(node_w
     exporter._move()
     await until(lambda: asyncio.sleep(0, pages.calls), "the move under way", timeout=30)
     await asyncio.wait_for(exporter.close(), 60)
-    assert mover.totals.results == {"partial": 1} and mover.totals.bytes == BATCH_PAGES * PAGE
+    assert mover.totals.results == {"partial": 1} and mover.totals.bytes == BATCH_BYTES
 
 
 def _shared_pool(host, root, collection, metadata):
@@ -621,3 +623,131 @@ def test_pages_numa_balancing_hid_from_move_pages_are_counted_not_moved(fake_roo
     assert (moved.pages, moved.bytes) == (0, 0)
     assert moved.failures == {"ENOENT": REMOTE_MIB * MIB // PAGE}
     assert host.pods[0].containers[0].memory_by_node[1] == REMOTE_MIB * MIB
+
+
+# -- what one tenant process could do to the mover (seen, each) -------------------------
+
+
+def test_a_reservation_untouched_but_for_a_far_page_costs_a_chunk_not_a_scan(fake_root):
+    """0.25 TiB reserved (MAP_NORESERVE) with one far page at its end: the mover asked
+    about all 64 Mi of its addresses, 16,386 calls at full CPU. Now the densest mapping
+    goes first and moves whole; the reservation is asked about one chunk, its page
+    counted unfound."""
+    host = host_with_remote_memory()
+    host.pods[0].containers[0].reserved = (256 * GIB, 1)
+    pages = FakePages(host)
+    _, moved = moving(host, fake_root, pages)
+    far = REMOTE_MIB * MIB
+    assert (moved.bytes, dict(moved.failures)) == (far, {"scan_limit": 1})
+    span = SCAN_PAGES * PAGE
+    heap_scans = (HEAP + 128 * MIB - 1) // span - HEAP // span + 1
+    assert pages.calls == heap_scans + far // BATCH_BYTES + 1
+
+
+def test_a_stop_is_heard_between_any_two_calls_scans_included(fake_root):
+    """Seen: 14.5 s from SIGTERM to the end of a scan that moved nothing (the pace was
+    asked only after moves). Told to stop, it makes no call after the one under way."""
+    host = host_with_remote_memory()
+    root = fake_root(host)
+    clock, stopping = FakeClock(), threading.Event()
+    pages = FakePages(host)
+    pod = host.pods[0]
+
+    class Stopping:
+        def move_pages(self, pid, addresses, node):
+            stopping.set()  # SIGTERM, during the first call
+            return pages.move_pages(pid, addresses, node)
+
+    moved = move_pod_memory(
+        [str(root.pod_cgroup(pod))],
+        pod.uid,
+        0,
+        Pace(64 * MIB, clock, clock.sleep, stopping),
+        Stopping(),
+        proc=str(root.root / "proc"),
+    )
+    assert (moved.stopped, moved.bytes, pages.calls) == ("shutdown", 0, 1)
+
+
+def test_hugetlb_pages_are_batched_by_bytes_paced_each_and_bounded_by_the_pool(fake_root):
+    """Seen: one call moved 256 GiB of 1 GiB pages before the first rate check (batches
+    were counted in pages); and hugetlb pages are in no memory.numa_stat figure the free
+    memory check judged by. Of 2 MiB pages, each call moves one, the rate checked after
+    it; and no more than the destination's pool has free."""
+    host = host_with_remote_memory()
+    host.page_size = 2 * MIB
+    huge = REMOTE_MIB * MIB // (2 * MIB)  # far pages
+    host.nodes[0].free_hugepages = {2 * MIB: huge - 16}
+    root = fake_root(host)
+    clock, pages, pod = FakeClock(), FakePages(host), host.pods[0]
+    rate = 64 * MIB
+    moved = move_pod_memory(
+        [str(root.pod_cgroup(pod))],
+        pod.uid,
+        0,
+        Pace(rate, clock, clock.sleep),
+        pages,
+        proc=str(root.root / "proc"),
+        sys=str(root.root / "sys"),
+    )
+    assert (moved.pages, dict(moved.failures)) == (huge - 16, {"no_free_hugepages": 16})
+    assert host.nodes[0].free_hugepages == {2 * MIB: 0}
+    assert len(clock.slept) == huge - 16
+    assert max(clock.slept) == pytest.approx(2 * MIB / rate)
+
+
+async def test_a_transient_refusal_is_asked_again_until_the_request_expires(node_with_kubelet):
+    """Seen: a request refused while the kubelet's socket restarted was handled for good,
+    and the pod evicted later — the restart the mover exists to avoid. Now it is asked
+    again each cycle (said once), carried out once the kubelet answers, and refused
+    `expired` if it never does within the request's time."""
+    host, root, collection, metadata = node_with_kubelet
+    kubelet = collection.sources.pop("pod_resources")
+    asking(metadata, host, "evict-1")
+    wall = [1000.0]
+    mover = MemoryMover(str(root.root), 64 * MIB, FakePages(host), wall=lambda: wall[0])
+    mover.clock, mover.sleep = FakeClock(), lambda seconds: None
+    await collection.run_once()
+    (first,) = mover.carry_out(collection.snapshot, metadata)
+    assert (first["result"], first["reason"]) == ("refused", "kubelet")
+    wall[0] += 60
+    assert mover.carry_out(collection.snapshot, metadata) == []  # asked again, said once
+    collection.sources["pod_resources"] = kubelet
+    await collection.run_once()
+    (done,) = mover.carry_out(collection.snapshot, metadata)
+    assert (done["result"], done["bytes"]) == ("moved", REMOTE_MIB * MIB)
+    # another request, never answered by the kubelet: expired once its time is up
+    del collection.sources["pod_resources"]
+    asking(metadata, host, "evict-2")
+    await collection.run_once()
+    assert [d["reason"] for d in mover.carry_out(collection.snapshot, metadata)] == ["kubelet"]
+    wall[0] += REQUEST_TTL_SECONDS + 1
+    (late,) = mover.carry_out(collection.snapshot, metadata)
+    assert (late["result"], late["reason"]) == ("refused", "expired")
+    assert mover.carry_out(collection.snapshot, metadata) == []  # handled for good
+
+
+def test_a_pid_given_to_another_process_meanwhile_is_left_alone(fake_root):
+    """Seen: a PID checked against the pod once, then moved for minutes. Its start time
+    is read again before every call: once the PID names another process, no more."""
+    host = host_with_remote_memory()
+    root = fake_root(host)
+    clock, pages, pod = FakeClock(), FakePages(host), host.pods[0]
+    stat = root.root / f"proc/{host.pid(pod, pod.containers[0])}/stat"
+
+    class ReusedAfterOneMove:
+        def move_pages(self, pid, addresses, node):
+            status = pages.move_pages(pid, addresses, node)
+            if node is not None:  # the process ends; another gets its PID
+                stat.write_text(stat.read_text().replace(" 4242 ", " 9999 "))
+            return status
+
+    moved = move_pod_memory(
+        [str(root.pod_cgroup(pod))],
+        pod.uid,
+        0,
+        Pace(64 * MIB, clock, clock.sleep),
+        ReusedAfterOneMove(),
+        proc=str(root.root / "proc"),
+    )
+    assert (moved.bytes, dict(moved.failures)) == (BATCH_BYTES, {"pid_reused": 1})

@@ -125,8 +125,11 @@ def test_remote_memory_moves_home_in_place_at_the_rate(pods_ran):
     assert moved["bytes"] >= touched and moved["bytes"] == moved["pages"] * 4096
     assert moved["seconds"] >= moved["bytes"] / vm_pods.MOVE_RATE
     # what stayed, the kernel refused: pages other processes map too (the interpreter's
-    # libraries: as many as the page cache put on node 1, 27 to 1,113 pages in our runs)
-    assert set(moved["failures"]) <= {"EACCES"}, moved["failures"]
+    # libraries: as many as the page cache put on node 1, 27 to 1,113 pages in our runs);
+    # and the far page at the end of its 0.25 TiB reservation, asked about one chunk
+    # (scan_limit) instead of all its 64 Mi addresses
+    assert set(moved["failures"]) <= {"EACCES", "scan_limit"}, moved["failures"]
+    assert moved["failures"]["scan_limit"] == 1
     stayed = 0.02 * touched + moved["failures"].get("EACCES", 0) * 4096
     assert (files / "remote.alive").read_text().strip() == "True"
     before = numa_maps_bytes((files / "remote.numa_maps").read_text())

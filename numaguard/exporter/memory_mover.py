@@ -45,12 +45,27 @@ REQUEST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")
 # first sees it is not carried out: after a restart the exporter would otherwise move
 # again every pod that ever asked, unrecorded by the remediator.
 REQUEST_TTL_SECONDS = 600.0
+# Refusals for what may pass (the kubelet's socket restarting, a file read mid-change, a
+# neighbour's memory freed): asked again every cycle until the request expires, where
+# handling it for good would leave the pod to an eviction, the restart a move avoids
+TRANSIENT = frozenset({"kubelet", "unknown_memory", "unknown_mems", "no_free_memory"})
 log = logging.getLogger(__name__)
 
 MPOL_MF_MOVE = 1 << 1  # <linux/mempolicy.h>: pages mapped by this process alone
 MOVE_PAGES = {"x86_64": 279, "aarch64": 239}  # the syscall's number
 SCAN_PAGES = 4096  # pages asked where they are in one call
-BATCH_PAGES = 256  # pages moved in one call: 1 MiB of 4 KiB pages, between rate checks
+# bytes moved in one call, between rate checks: 256 pages of 4 KiB, one huge page (a
+# 1 GiB page is moved alone, and the rate waits for it)
+BATCH_BYTES = 1 << 20
+# numa_maps counts a mapping's pages per node, not where they are: a mapping is scanned
+# until all its far pages are found, the densest first. A mapping reserved and untouched
+# but for a page (MAP_NORESERVE: 0.25 TiB held a mover at full CPU for minutes, seen) is
+# asked about one chunk and as many addresses again as 16 times its pages, and a request
+# about a million addresses and 16 per far page of the pod; past either, its far pages
+# are counted unfound (scan_limit).
+SCAN_PAGES_PER_PAGE = 16
+SCAN_FLOOR_PAGES = 1 << 20
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")  # a mapping of larger pages is hugetlb's
 # the call's own errors that no other process of the pod would escape: stop at once
 FATAL = {errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENODEV, errno.ENOSYS}
 # why a move stopped when its exporter was told to end: the request stays on the pod, and
@@ -60,6 +75,11 @@ SHUTDOWN = "shutdown"
 
 class KernelRefused(OSError):
     """move_pages(2) failed as a whole (not page by page)."""
+
+
+class Reused(Exception):
+    """The PID no longer names the process checked against the pod (it ended, and the
+    PID was given to another)."""
 
 
 class Kernel:
@@ -99,6 +119,11 @@ class Moved:
     processes: int = 0  # the pod's processes whose pages were looked at
     failures: Counter[str] = field(default_factory=Counter)  # pages (or calls) by errno name
     stopped: str = ""  # why it stopped before the end (an errno name, SHUTDOWN), if it did
+    scan_left: int = 0  # addresses it may still ask about
+    # hugetlb pages of each size (bytes) it may still move: the destination's free ones,
+    # as its pool said when first asked (memory.numa_stat counts none of them, so the
+    # free memory the request was judged by says nothing of them)
+    hugepages_left: dict[int, int] = field(default_factory=dict)
 
 
 def destination(
@@ -147,6 +172,7 @@ class Pace:
         self.started = clock()
 
     def after(self, moved_bytes: int) -> None:
+        """Called after every call to the kernel, a move or a scan."""
         wait = self.started + moved_bytes / self.rate - self.clock()
         if wait > 0:
             self.sleep(wait)
@@ -165,18 +191,24 @@ def move_pod_memory(
     kernel: Kernel,
     proc: str = "/proc",
     home: Iterable[int] = (),
+    far_bytes: int = 0,
+    sys: str = "/sys",
 ) -> Moved:
     """Move the pages of the pod's processes that sit on NUMA nodes outside ``home`` (its
-    CPUs' nodes; ``node`` is always one) to ``node``, at ``pace``. A process that ends
-    meanwhile is skipped (ESRCH); a refusal that no other process would escape (EPERM,
-    EACCES: no CAP_SYS_PTRACE) stops it, and so does ``pace`` when told to (SHUTDOWN)."""
+    CPUs' nodes; ``node`` is always one) to ``node``, at ``pace``, asking about at most
+    as many addresses as its ``far_bytes`` warrant. A process that ends meanwhile is
+    skipped (ESRCH), and so is one whose PID names another process by the time of a call
+    (pid_reused); a refusal that no other process would escape (EPERM, EACCES: no
+    CAP_SYS_PTRACE) stops it, and so does ``pace`` when told to (SHUTDOWN)."""
     home = frozenset(home) | {node}
-    moved = Moved()
+    far_pages = far_bytes // PAGE_SIZE
+    moved = Moved(scan_left=SCAN_FLOOR_PAGES + SCAN_PAGES_PER_PAGE * far_pages)
     for pid in _pids(cgroups):
         try:
             with open(f"{proc}/{pid}/cgroup") as f:
                 owner = parse_proc_cgroup(f.read())
-            if owner is None or owner[0] != pod_uid:
+            started = _start_time(proc, pid)
+            if owner is None or owner[0] != pod_uid or started is None:
                 moved.failures["not_the_pod"] += 1
                 continue
             with open(f"{proc}/{pid}/maps") as f:
@@ -184,11 +216,18 @@ def move_pod_memory(
             with open(f"{proc}/{pid}/numa_maps") as f:
                 mappings = parse_process_mappings(maps, f.read())
             moved.processes += 1
-            for mapping in mappings:
-                if any(n not in home and pages for n, pages in mapping.pages.items()):
-                    _move_mapping(kernel, pid, mapping, node, home, pace, moved)
+            process = _Process(kernel, proc, pid, started)
+            far = [m for m in mappings if any(n not in home and p for n, p in m.pages.items())]
+            for mapping in sorted(far, key=lambda m: -_far_share(m, home)):
+                if mapping.page_size > PAGE_SIZE and mapping.page_size not in moved.hugepages_left:
+                    moved.hugepages_left[mapping.page_size] = _free_hugepages(
+                        sys, node, mapping.page_size
+                    )
+                _move_mapping(process, mapping, node, home, pace, moved)
         except (FileNotFoundError, ProcessLookupError):
             moved.failures["ESRCH"] += 1
+        except Reused:
+            moved.failures["pid_reused"] += 1
         except PermissionError:  # its maps: the same ptrace check move_pages makes
             moved.failures["EACCES"] += 1
             moved.stopped = "EACCES"
@@ -208,9 +247,23 @@ def move_pod_memory(
     return moved
 
 
+class _Process:
+    """move_pages(2) on one process of the pod, each call made only while its PID still
+    names the process checked against the pod (the start time /proc/<pid>/stat gives,
+    read again just before): a move takes minutes, and a PID freed meanwhile may be
+    given to any other process on the node."""
+
+    def __init__(self, kernel: Kernel, proc: str, pid: int, started: int) -> None:
+        self.kernel, self.proc, self.pid, self.started = kernel, proc, pid, started
+
+    def move_pages(self, addresses: Sequence[int], node: int | None) -> list[int]:
+        if _start_time(self.proc, self.pid) != self.started:
+            raise Reused(self.pid)
+        return self.kernel.move_pages(self.pid, addresses, node)
+
+
 def _move_mapping(
-    kernel: Kernel,
-    pid: int,
+    process: _Process,
     mapping: ProcessMapping,
     node: int,
     home: frozenset[int],
@@ -218,6 +271,8 @@ def _move_mapping(
     moved: Moved,
 ) -> None:
     size, span = mapping.page_size, SCAN_PAGES * mapping.page_size
+    batch_pages = max(1, BATCH_BYTES // size)
+    scan_left = SCAN_PAGES + SCAN_PAGES_PER_PAGE * sum(mapping.pages.values())
     # pages numa_maps shows away from home that move_pages says are not there (ENOENT):
     # Debian's Linux 6.1 cannot see a page NUMA balancing marked for a hinting fault
     shown = sum(pages for n, pages in mapping.pages.items() if n not in home)
@@ -225,20 +280,36 @@ def _move_mapping(
     # chunks aligned in memory, as huge pages are: one never straddles two chunks (its
     # pages in the next one would be home already when that one is asked, and uncounted)
     for edge in range(mapping.start // span * span, mapping.end, span):
+        if found >= shown:
+            break  # every far page numa_maps counted is found: the rest is home or empty
         first = max(edge, mapping.start)
         addresses = range(first, min(mapping.end, edge + span), size)
-        where = kernel.move_pages(pid, addresses, None)
+        if len(addresses) > min(scan_left, moved.scan_left):
+            moved.failures["scan_limit"] += shown - found
+            found = shown  # not found, and counted so
+            break
+        scan_left -= len(addresses)
+        moved.scan_left -= len(addresses)
+        where = process.move_pages(addresses, None)
+        pace.after(moved.bytes)  # a stop is heard between any two calls
         far = [a for a, at in zip(addresses, where, strict=True) if at >= 0 and at not in home]
         found += len(far)
         unseen += where.count(-errno.ENOENT)
-        for i in range(0, len(far), BATCH_PAGES):
-            batch = far[i : i + BATCH_PAGES]
-            status = kernel.move_pages(pid, batch, node)
+        for i in range(0, len(far), batch_pages):
+            batch = far[i : i + batch_pages]
+            if size in moved.hugepages_left:  # hugetlb: no more than its pool has free
+                left = moved.hugepages_left[size]
+                moved.failures["no_free_hugepages"] += len(batch[left:])
+                batch = batch[:left]
+                moved.hugepages_left[size] -= len(batch)
+                if not batch:
+                    continue
+            status = process.move_pages(batch, node)
             # a transparent huge page moves whole with its first address; the kernel says
             # EBUSY for its others in the same call: where they are now tells
             busy = [a for a, at in zip(batch, status, strict=True) if at == -errno.EBUSY]
             if busy:
-                now = dict(zip(busy, kernel.move_pages(pid, busy, None), strict=True))
+                now = dict(zip(busy, process.move_pages(busy, None), strict=True))
                 status = [now.get(a, at) for a, at in zip(batch, status, strict=True)]
             for at in status:
                 if at == node:
@@ -251,6 +322,34 @@ def _move_mapping(
             pace.after(moved.bytes)
     if found < shown and unseen:
         moved.failures["ENOENT"] += min(unseen, shown - found)
+
+
+def _free_hugepages(sys: str, node: int, size: int) -> int:
+    """The free pages of ``size`` bytes in ``node``'s hugetlb pool; 0 if unreadable."""
+    path = f"{sys}/devices/system/node/node{node}/hugepages/hugepages-{size // 1024}kB"
+    try:
+        with open(f"{path}/free_hugepages") as f:
+            return max(0, int(f.read()))
+    except (OSError, ValueError):
+        return 0
+
+
+def _far_share(mapping: ProcessMapping, home: frozenset[int]) -> float:
+    """The share of the mapping's addresses that numa_maps says are far from home."""
+    far = sum(pages for n, pages in mapping.pages.items() if n not in home)
+    return far * mapping.page_size / max(1, mapping.end - mapping.start)
+
+
+def _start_time(proc: str, pid: int) -> int | None:
+    """The process's start time (/proc/<pid>/stat's 22nd field, in clock ticks since
+    boot): with its PID, what names one process for good; None if it has ended."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            # what follows the command name, which is in parentheses and may hold any
+            fields = f.read().rpartition(b")")[2].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _pids(cgroups: Iterable[str]) -> list[int]:
@@ -357,6 +456,7 @@ class MemoryMover:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.proc = os.path.join(host_root, "proc")
+        self.sys = os.path.join(host_root, "sys")
         # set at shutdown: the move under way stops after its batch, its wait cut short
         self.stopping = threading.Event()
         self.rate, self.clock, self.wall = rate, clock, wall
@@ -364,6 +464,8 @@ class MemoryMover:
         self.kernel = kernel
         self.totals = MoveTotals()
         self.handled: dict[str, str] = {}  # pod uid -> the request last carried out
+        # (pod uid, request) -> when first seen, and the transient refusal last said
+        self.seen: dict[tuple[str, str], tuple[float, str]] = {}
 
     def stop(self) -> None:
         """Stop the move under way (from another thread): it ends after its batch."""
@@ -372,14 +474,25 @@ class MemoryMover:
     def carry_out(self, snapshot, metadata: Mapping[str, PodMeta]) -> list[dict]:
         """Every new request of ``snapshot``'s pods: what was decided and done, each as
         the JSON log's fields."""
-        done = []
-        for order in orders(snapshot, metadata, self.handled):
+        done, asked = [], orders(snapshot, metadata, self.handled)
+        current = {(o.uid, o.request) for o in asked}  # of pods gone or asking anew: forgotten
+        self.seen = {k: v for k, v in self.seen.items() if k in current}
+        for order in asked:
             if self.stopping.is_set():
                 break
-            if order.request.isdigit() and self.wall() - int(order.request) > REQUEST_TTL_SECONDS:
+            key, now = (order.uid, order.request), self.wall()
+            first, said = self.seen.setdefault(key, (now, ""))
+            made = int(order.request) if order.request.isdigit() else first
+            if now - min(made, first) > REQUEST_TTL_SECONDS:
                 order = replace(order, refused="expired")
             decision = self._one(order, snapshot)
-            self.handled[order.uid] = order.request
+            if decision["result"] == "refused" and decision["reason"] in TRANSIENT:
+                if decision["reason"] == said:
+                    continue  # asked again next cycle; said once
+                self.seen[key] = (first, decision["reason"])
+            else:
+                self.handled[order.uid] = order.request
+                self.seen.pop(key, None)
             self.totals.results[decision["result"]] += 1
             if decision["result"] == "refused":
                 self.totals.refusals[decision["reason"]] += 1
@@ -413,7 +526,15 @@ class MemoryMover:
             self.kernel = Kernel()
         pace = Pace(self.rate, self.clock, self.sleep, self.stopping)
         moved = move_pod_memory(
-            order.cgroups, order.uid, node, pace, self.kernel, self.proc, order.cpu_nodes
+            order.cgroups,
+            order.uid,
+            node,
+            pace,
+            self.kernel,
+            self.proc,
+            order.cpu_nodes,
+            order.far_bytes,
+            self.sys,
         )
         t = self.totals
         t.pages, t.bytes, t.seconds = (

@@ -42,6 +42,11 @@ class FakeContainer:
     memory_pinned: tuple[int, ...] = ()
     devices: dict[str, list[str]] = field(default_factory=dict)
     claims: list[FakeClaim] = field(default_factory=list)
+    # its main process's start time (clock ticks since boot): another is another process
+    started: int = 4242
+    # a mapping of that many bytes reserved (MAP_NORESERVE) and untouched but for its last
+    # page, on that NUMA node: numa_maps counts one page, the scan finds it at the end
+    reserved: tuple[int, int] | None = None
 
 
 @dataclass
@@ -69,6 +74,8 @@ class FakeNumaNode:
     socket: int
     memory_total_bytes: int = 64 * GIB
     memory_free_bytes: int = 32 * GIB
+    # free pages of its hugetlb pools, by page size in bytes (hugepages-<kB>kB)
+    free_hugepages: dict[int, int] = field(default_factory=dict)
     numastat: dict[str, int] = field(
         default_factory=lambda: {
             "numa_hit": 0,
@@ -200,6 +207,8 @@ class FakeHostRoot:
             _put(d / "distance", " ".join(map(str, row)))
             _put(d / "meminfo", _node_meminfo(i, n))
             _put(d / "numastat", "".join(f"{k} {v}\n" for k, v in n.numastat.items()))
+            for size, free in n.free_hugepages.items():
+                _put(d / f"hugepages/hugepages-{size // 1024}kB/free_hugepages", str(free))
 
     def _write_pci(self) -> None:
         for address, node in self.host.pci_devices.items():
@@ -233,6 +242,7 @@ class FakeHostRoot:
                     maps, numa_maps = process_mappings(ctr, h.page_size)
                     _put(self.root / f"proc/{pid}/maps", maps)
                     _put(self.root / f"proc/{pid}/numa_maps", numa_maps)
+                    _put(self.root / f"proc/{pid}/stat", process_stat(pid, ctr.started))
         for d in _dirs(self.root / "proc"):
             if d.name.isdigit() and d.name not in wanted:
                 shutil.rmtree(d)
@@ -474,7 +484,22 @@ def _node_meminfo(i: int, n: FakeNumaNode) -> str:
 # mapping at HEAP, and two pages of the C library at LIBC, on node 0 and mapped by every
 # process: as move_pages(2) without MPOL_MF_MOVE_ALL, those never move.
 HEAP = 0x7F0000100000  # 1 MiB past a 2 MiB boundary, as a heap often starts
+
+
+def heap_at(page_size: int) -> int:
+    """Where the heap of pages of that size starts: HEAP, or the next page boundary (a
+    mapping of huge pages is aligned to their size)."""
+    return -(-HEAP // page_size) * page_size
+
+
 LIBC = 0x7FF000000000
+RESERVED = 0x7E0000000000  # FakeContainer.reserved's mapping
+BASE_PAGE = 4096  # pages above this size are hugetlb's (a THP's numa_maps says 4 kB)
+
+
+def process_stat(pid: int, started: int) -> str:
+    """/proc/<pid>/stat: its start time (clock ticks since boot) is the 22nd field."""
+    return f"{pid} (main) S 1 {pid} {pid} 0 -1 4194560" + " 0" * 12 + f" {started}" + " 0" * 30
 
 
 def process_mappings(ctr: FakeContainer, page_size: int) -> tuple[str, str]:
@@ -485,11 +510,16 @@ def process_mappings(ctr: FakeContainer, page_size: int) -> tuple[str, str]:
     maps = [f"{LIBC:x}-{LIBC + 2 * page_size:x} r-xp 00000000 fe:00 4242 /usr/lib/libc.so.6"]
     numa_maps = [f"{LIBC:x} default file=/usr/lib/libc.so.6 mapped=2 N0=2 kernelpagesize_kB={kb}"]
     if total:
-        maps.insert(0, f"{HEAP:x}-{HEAP + total * page_size:x} rw-p 00000000 00:00 0")
+        heap = heap_at(page_size)
+        maps.insert(0, f"{heap:x}-{heap + total * page_size:x} rw-p 00000000 00:00 0")
         nodes = " ".join(f"N{n}={p}" for n, p in pages.items())
         numa_maps.insert(
-            0, f"{HEAP:x} default anon={total} dirty={total} {nodes} kernelpagesize_kB={kb}"
+            0, f"{heap:x} default anon={total} dirty={total} {nodes} kernelpagesize_kB={kb}"
         )
+    if ctr.reserved is not None:
+        size, node = ctr.reserved
+        maps.insert(0, f"{RESERVED:x}-{RESERVED + size:x} rw-p 00000000 00:00 0")
+        numa_maps.insert(0, f"{RESERVED:x} default anon=1 dirty=1 N{node}=1 kernelpagesize_kB={kb}")
     return "\n".join(maps), "\n".join(numa_maps)
 
 
@@ -535,10 +565,19 @@ class FakePages:
                 raise KernelRefused(errno.EACCES, f"node {node} is outside cpuset.mems")
         status = []
         moved_now: set[int] = set()  # folios this call moved
+        reserved = ctr.reserved or (0, 0)
+        last = RESERVED + reserved[0] - size  # the reservation's one page
         for address in addresses:
-            page = (address - HEAP) // size
+            page = (address - heap_at(size)) // size
             folio = (address // size) // self.folio_pages  # folios align in memory
-            if LIBC <= address < LIBC + 2 * size:
+            if RESERVED <= address < RESERVED + reserved[0]:
+                if address != last:
+                    status.append(-errno.ENOENT)  # never touched: no page there
+                else:
+                    if node is not None:
+                        ctr.reserved = (reserved[0], node)
+                    status.append(ctr.reserved[1])
+            elif LIBC <= address < LIBC + 2 * size:
                 status.append(0 if node in (None, 0) else -errno.EACCES)
             elif address % size or not 0 <= page < len(heap):
                 status.append(-errno.EFAULT)
@@ -549,14 +588,25 @@ class FakePages:
             elif node is None or heap[page] == node:
                 status.append(heap[page])
             else:
-                first = folio * self.folio_pages - HEAP // size
+                first = folio * self.folio_pages - heap_at(size) // size
                 pages = range(max(0, first), min(len(heap), first + self.folio_pages))
-                if nodes[node].memory_free_bytes < len(pages) * size:
+                # a hugetlb page comes from the node's pool, a base page from its memory
+                pool = nodes[node].free_hugepages if size > BASE_PAGE else None
+                if (
+                    pool.get(size, 0) < len(pages)
+                    if pool is not None
+                    else nodes[node].memory_free_bytes < len(pages) * size
+                ):
                     status.append(-errno.ENOMEM)
                     continue
                 for p in pages:
-                    nodes[heap[p]].memory_free_bytes += size
-                    nodes[node].memory_free_bytes -= size
+                    if pool is not None:
+                        away = nodes[heap[p]].free_hugepages
+                        away[size] = away.get(size, 0) + 1
+                        pool[size] -= 1
+                    else:
+                        nodes[heap[p]].memory_free_bytes += size
+                        nodes[node].memory_free_bytes -= size
                     ctr.memory_by_node[heap[p]] -= size
                     ctr.memory_by_node[node] = ctr.memory_by_node.get(node, 0) + size
                     heap[p] = node
