@@ -422,18 +422,14 @@ async def test_run_steer_makes_its_certificate_and_every_replica_serves_it(tmp_p
     kubeconfig = cp.kubeconfig(tmp_path / "kubeconfig", cp.tokens[account], account)
     ports = [free_port(), free_port()]
     procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                *("-m", "numaguard.remediator", "run", "--kubeconfig", kubeconfig),
-                *("--prometheus", f"http://127.0.0.1:{free_port()}"),  # none: no findings
-                *("--listen", f"127.0.0.1:{free_port()}", "--identity", f"replica-{i}"),
-                *("--lease-namespace", "numaguard", "--lease-name", "steer-test"),
-                *("--retry-period", "0.5", "--interval", "1", "--log-level", "error"),
-                "--steer",
-                *("--webhook-listen", f"127.0.0.1:{port}"),
-                *("--webhook-url", f"https://127.0.0.1:{port}"),
-            ],
+        steering_replica(
+            kubeconfig,
+            f"replica-{i}",
+            "steer-test",
+            port,
+            free_port(),
+            "--log-level",
+            "error",
             stderr=subprocess.DEVNULL,
         )
         for i, port in enumerate(ports)
@@ -494,13 +490,40 @@ async def test_run_steer_makes_its_certificate_and_every_replica_serves_it(tmp_p
             )
             assert config.get("webhooks", []) == []
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        async with aiohttp.ClientSession() as session:
-            await empty_certificate(cp, session)
-            await cp.request(session, "DELETE", path_of("Lease", "numaguard", "steer-test"))
+        await stopped(cp, procs, "steer-test")
+
+
+def steering_replica(
+    kubeconfig: str, identity: str, lease: str, port: int, metrics: int, *args: str, **popen
+) -> subprocess.Popen:
+    """`remediator run --steer` as a replica of deploy/'s Deployment, its webhook on
+    ``port``, with no Prometheus (so no findings)."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            *("-m", "numaguard.remediator", "run", "--kubeconfig", kubeconfig),
+            *("--prometheus", f"http://127.0.0.1:{free_port()}"),
+            *("--listen", f"127.0.0.1:{metrics}", "--identity", identity),
+            *("--lease-namespace", "numaguard", "--lease-name", lease),
+            *("--retry-period", "0.5", "--interval", "1", *args),
+            "--steer",
+            *("--webhook-listen", f"127.0.0.1:{port}"),
+            *("--webhook-url", f"https://127.0.0.1:{port}"),
+        ],
+        **popen,
+    )
+
+
+async def stopped(cp, procs: list[subprocess.Popen], lease: str) -> None:
+    """The replicas ended (killed if still running), their Lease gone and the
+    certificate's Secret as the install makes it."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    async with aiohttp.ClientSession() as session:
+        await empty_certificate(cp, session)
+        await cp.request(session, "DELETE", path_of("Lease", "numaguard", lease))
 
 
 async def empty_certificate(cp, session) -> None:
@@ -536,18 +559,12 @@ async def test_a_pod_on_the_network_cannot_take_the_webhook_down(tmp_path, contr
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                *("-m", "numaguard.remediator", "run", "--kubeconfig", kubeconfig),
-                *("--prometheus", f"http://127.0.0.1:{free_port()}"),  # none: no findings
-                *("--listen", f"127.0.0.1:{metrics}", "--identity", "attacked"),
-                *("--lease-namespace", "numaguard", "--lease-name", "attacked"),
-                *("--retry-period", "0.5", "--interval", "1"),
-                "--steer",
-                *("--webhook-listen", f"127.0.0.1:{port}"),
-                *("--webhook-url", f"https://127.0.0.1:{port}"),
-            ],
+        proc = steering_replica(
+            kubeconfig,
+            "attacked",
+            "attacked",
+            port,
+            metrics,
             stderr=out,
             preexec_fn=descriptors_as_the_pod_had_them,
         )
@@ -622,11 +639,6 @@ async def test_a_pod_on_the_network_cannot_take_the_webhook_down(tmp_path, contr
     finally:
         for writer in held:
             writer.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        async with aiohttp.ClientSession() as session:
-            await empty_certificate(cp, session)
-            await cp.request(session, "DELETE", path_of("Lease", "numaguard", "attacked"))
+        await stopped(cp, [proc], "attacked")
     said = log.read_text().count("socket.accept() out of system resource")
     assert said < 10, f"{said} lines for failed accepts"
