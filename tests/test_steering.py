@@ -642,3 +642,63 @@ async def test_a_pod_on_the_network_cannot_take_the_webhook_down(tmp_path, contr
         await stopped(cp, [proc], "attacked")
     said = log.read_text().count("socket.accept() out of system resource")
     assert said < 10, f"{said} lines for failed accepts"
+
+
+async def test_the_remediator_s_token_writes_only_its_own_kind_of_webhook(control_plane):
+    """With RBAC alone its token could point an entry of its webhook configuration at a
+    server of its own and mutate any pod that entry selects, kube-system's included. The
+    steering component's policy holds each entry to the remediator's own Service (or a
+    loopback URL), pod creations in one namespace outside kube-*, never blocking."""
+    cp = control_plane
+    token = cp.tokens["numaguard-remediator"]
+    path = path_of("MutatingWebhookConfiguration", None, "numaguard-remediator") + "?dryRun=All"
+    entry = Steer("Deployment/ml/trainer", {"app": "trainer"}, ("n1",), False, DEADLINE)
+    service = {"namespace": "numaguard", "name": "numaguard-remediator-webhook", "port": 443}
+    async with aiohttp.ClientSession() as session:
+        config = await cp.get(session, "MutatingWebhookConfiguration", None, "numaguard-remediator")
+
+        def written(target: Target, **change) -> dict:
+            out = configured(config, target, time.time(), (entry,))
+            out["webhooks"][0].update(change)
+            return out
+
+        async def put(body: dict) -> tuple[int, str]:
+            status, answer = await cp.request(session, "PUT", path, body, token)
+            return status, answer.get("message", "")
+
+        ours = Target("numaguard-remediator", "PEM", service=service)
+        theirs = Target("numaguard-remediator", "PEM", url="https://attacker.example/")
+        refused = {
+            "another server": written(theirs),
+            "another namespace's Service": written(
+                Target("numaguard-remediator", "PEM", service={**service, "namespace": "ml"})
+            ),
+            "every resource": written(
+                ours,
+                rules=[
+                    {
+                        "apiGroups": ["*"],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["*"],
+                    }
+                ],
+            ),
+            "kube-system": written(
+                ours,
+                namespaceSelector={"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            ),
+            "every namespace": written(ours, namespaceSelector={}),
+            "blocking": written(ours, failurePolicy="Fail"),
+        }
+
+        async def in_force() -> bool:  # the API server loads a policy within seconds
+            return (await put(refused["another server"]))[0] == 403
+
+        await until(in_force, "the steering policy in force", 60)
+        for what, body in refused.items():
+            status, message = await put(body)
+            assert status == 403 and "numaguard's remediator" in message, (what, message)
+        for target in (ours, Target("numaguard-remediator", "PEM", url="https://127.0.0.1:8443")):
+            status, message = await put(written(target))
+            assert status == 200, (target, message)
