@@ -9,7 +9,8 @@ Each cycle the exporter's view is computed from the simulation (placement verdic
 free capacity per NUMA zone, as the exporters would report them, fresh, from each
 node's own target), the real findings code and planner decide (with the nodes as the
 real API server describes them), and evictions go through the real Eviction API.
-Measured: the share of remediable findings (an aligned zone existed) fixed within three
+Measured: the share of remediable findings (an aligned zone existed, and a pod holding
+exclusive CPUs: one in the shared pool is advised, never evicted) fixed within three
 cycles, evictions per fix, guard violations (actions on protected pods), which must be
 zero, and the share of replacements the scheduler placed on a node the plan found to fit
 — each scenario run twice, with the remediator's steering webhook (served over TLS, its
@@ -325,8 +326,10 @@ async def run_cycles(
         nodes = await nodes_of(remediator.kube, wanted)
         result = plan(findings, infos, signals, policy, history, at, nodes, prepared)
         no_fit = {r.finding.pod_uid for r in result.refusals if r.guard == "no_fit"}
+        # advised, not acted on: a pod of the shared CPU pool has no placement to fix
+        advised = {a.finding.pod_uid for a in result.actions if a.kind == "recommend"}
         for f in findings:
-            if f.pod_uid not in protected and f.pod_uid not in no_fit:
+            if f.pod_uid not in protected and f.pod_uid not in no_fit | advised:
                 remediable.add(infos[f.pod_uid].workload)
         for action in result.actions:
             if action.kind != "evict":
