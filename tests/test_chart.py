@@ -4,11 +4,11 @@ base and overlays do (but the Namespace, which `helm install --create-namespace`
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import kubernetes_validate
@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from numaguard.simulator.controlplane import rendered
+from numaguard.simulator.processes import until
 from tests.test_deploy import CRDS, DEPLOY, K8S_VERSION
 from tests.test_move_request import namespace_admin
 
@@ -334,10 +335,10 @@ def test_two_releases_install_side_by_side_on_the_real_api_server(control_plane,
             assert done.returncode == 0 or "Forbidden" in done.stderr, done.stderr
             return done.returncode == 0
 
-        deadline = time.monotonic() + 60
-        while asks("tenant"):  # until the policies are loaded
-            assert time.monotonic() < deadline, "the admission policies never in force"
-            time.sleep(0.5)
+        async def refused() -> bool:
+            return not await asyncio.to_thread(asks, "tenant")
+
+        asyncio.run(until(refused, "the admission policies in force", 60))
         assert asks(account)
     finally:
         for release in releases:
