@@ -124,16 +124,7 @@ async def test_the_remediator_writes_only_numaguard_s_fields_and_nothing_in_kube
             image = [
                 {"op": "replace", "path": "/spec/containers/0/image", "value": "attacker.example/x"}
             ]
-            async with session.patch(
-                cp.url + at,
-                json=image,
-                headers={
-                    "Authorization": f"Bearer {token}",
-                    "Content-Type": "application/json-patch+json",
-                },
-                ssl=cp.ssl_context(),
-            ) as r:
-                status, answer = r.status, await r.json()
+            status, answer = await cp.request(session, "PATCH", at, image, token)
             assert status == 403 and "no pod's spec" in answer["message"], answer.get("message")
             ours = {"metadata": {"annotations": {"numaguard.io/move-memory": "1800000000"}}}
             assert (await cp.request(session, "PATCH", at, ours, token))[0] == 200

@@ -325,6 +325,7 @@ class _Held(asyncio.Protocol):
     def __init__(self, handler, held: dict, tls: ssl.SSLContext | None) -> None:
         self.handler, self.held, self.tls = handler, held, tls
         self.raw: asyncio.BaseTransport | None = None  # the TCP connection, from its accept
+        self.handshake: asyncio.Future | None = None  # TLS begun on it, when served so
         self.transport: asyncio.BaseTransport | None = None  # what the handler was given
         held[self] = None
 

@@ -151,15 +151,15 @@ class Actuator:
         now: float,
         add: tuple[Steer, ...] = (),
         pending: frozenset[str] | None = None,
-        stopping: bool = False,
+        last: bool = False,
     ) -> str:
         """Bring the steering webhook configuration up to date (core/steering.py
         ``configured``): ok | not_leader | failed. Asked again once if another write came
-        between its read and its own (409). ``stopping``: the leader's last write, as it
-        stops, while it still leads."""
+        between its read and its own (409). ``last``: the leader's last write, as it stops,
+        while it still leads."""
         path = f"{_WEBHOOKS}/{target.configuration}"
         for _ in range(2):
-            if not self.leading() or (self.stopping() and not stopping):
+            if not self.leading() or (self.stopping() and not last):
                 return "not_leader"
             got = await self.kube.get(path)
             if not got.ok:

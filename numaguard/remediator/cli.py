@@ -640,7 +640,7 @@ async def run_command(args) -> int:
             # and the API server would call a webhook nobody serves for each new pod
             with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
                 await controller.actuator.steer(
-                    controller.steering, time.time(), pending=frozenset(), stopping=True
+                    controller.steering, time.time(), pending=frozenset(), last=True
                 )
         release.set()
         if serving is not None:

@@ -452,10 +452,14 @@ class ControlPlane:
     async def request(
         self, session: aiohttp.ClientSession, method: str, path: str, body=None, token=None
     ) -> tuple[int, dict]:
-        """One request as the admin (or ``token``'s owner); (status, JSON body)."""
+        """One request as the admin (or ``token``'s owner); (status, JSON body). A PATCH's
+        body is a merge patch, or a JSON patch when it is a list of operations."""
         headers = {"Authorization": f"Bearer {token or self.admin_token}"}
         if body is not None:
-            json_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
+            json_type = "application/json"
+            if method == "PATCH":
+                kind = "json-patch" if isinstance(body, list) else "merge-patch"
+                json_type = f"application/{kind}+json"
             headers["Content-Type"] = json_type
         async with session.request(
             method,
