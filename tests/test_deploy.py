@@ -16,6 +16,7 @@ from alerts.rules import rules_document
 from deploy import generate
 from grafana import dashboards
 from numaguard.exporter.publishers.nrt import API_USE as NRT_API_USE
+from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
 from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE, STEERING_API_USE
@@ -262,6 +263,39 @@ def test_the_exporter_mounts_only_what_it_reads_and_the_pods_are_confined():
     assert [p["port"] for p in policy["ingress"][0]["ports"]] == [9847, 9848]
     # numaguard's pods only: others sharing the namespace are left alone
     assert policy["podSelector"] == {"matchLabels": {"app.kubernetes.io/part-of": "numaguard"}}
+
+
+def test_the_mover_s_capability_sits_in_a_container_that_does_nothing_else():
+    """components/memory-mover: the exporter keeps no capability; a container of its
+    own holds CAP_SYS_PTRACE and nothing more, serves no port, mounts no kubelet socket,
+    and shares a memory-backed folder with the exporter alone, where its socket is the
+    one the exporter asks by default. In no rendering has any other container a
+    capability."""
+    for docs in (rendered("memory-mover"), rendered(*COMPONENTS)):
+        spec = of(docs, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
+        exporter, helper = spec["containers"]
+        assert exporter["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert helper["name"] == "memory-mover" and helper["image"] == exporter["image"]
+        assert helper["command"] == ["numaguard-memory-mover"]
+        security = helper["securityContext"]
+        assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+        assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+        assert "ports" not in helper and "env" not in helper
+        mounts = {m["mountPath"]: m.get("readOnly", False) for m in helper["volumeMounts"]}
+        assert mounts == {"/host/sys": True, "/host/proc": True, "/run/numaguard": False}
+        assert "/run/numaguard" in {m["mountPath"] for m in exporter["volumeMounts"]}
+        (shared,) = [v for v in spec["volumes"] if v["name"] == "memory-mover"]
+        assert shared["emptyDir"]["medium"] == "Memory"
+        socket = f"--socket={Settings().memory_mover_socket}"
+        assert socket in helper["args"] and "--memory-mover" in exporter["args"]
+        held = [
+            (doc["metadata"]["name"], c["name"])
+            for doc in docs
+            if doc["kind"] in ("DaemonSet", "Deployment")
+            for c in doc["spec"]["template"]["spec"]["containers"]
+            if c.get("securityContext", {}).get("capabilities", {}).get("add")
+        ]
+        assert held == [("numaguard-exporter", "memory-mover")]
 
 
 def test_resctrl_is_writable_only_with_its_component_and_only_where_it_exists():

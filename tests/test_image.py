@@ -83,8 +83,10 @@ def test_the_product_built_as_the_image_builds_it_runs_without_the_simulator(tmp
     scripts = (tmp_path / "installed" / entry_points).read_text()
     assert re.search(r"^numaguard-exporter = numaguard.exporter.cli:main$", scripts, re.M)
     assert re.search(r"^numaguard-remediator = numaguard.remediator.cli:main$", scripts, re.M)
+    helper = r"^numaguard-memory-mover = numaguard.exporter.mover.helper:main$"
+    assert re.search(helper, scripts, re.M)
 
-    # every product module imports, and both commands answer --help, from the wheel's
+    # every product module imports, and every command answers --help, from the wheel's
     # files alone, with the simulator (and the rest of this repository) unimportable;
     # the exporter without the remediator's extra, which the remediator asks for by name
     probe = f"""
@@ -116,6 +118,8 @@ def answers_help(main):
 every_module("numaguard.exporter")
 from numaguard.exporter import cli as exporter_cli
 answers_help(exporter_cli.main)
+from numaguard.exporter.mover import helper
+answers_help(helper.main)
 try:
     import numaguard.remediator
 except ImportError as err:
@@ -134,4 +138,5 @@ print("ok")
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.splitlines()[-1] == "ok"
     assert "usage: numaguard-exporter" in run.stdout
+    assert "usage: numaguard-memory-mover" in run.stdout
     assert "usage: numaguard-remediator" in run.stdout

@@ -12,8 +12,9 @@ import pytest
 import pytest_asyncio
 
 from numaguard.exporter.memory_mover import REQUEST_ANNOTATION
+from numaguard.exporter.mover.helper import CAP_SYS_PTRACE
 from numaguard.simulator.controlplane import path_of
-from numaguard.simulator.kubenode import HELD_MIB
+from numaguard.simulator.kubenode import EXPORTER_PID, HELD_MIB, MOVER_PID
 from numaguard.simulator.node_loop import (
     KEEP,
     MOVE_RATE,
@@ -171,6 +172,15 @@ async def test_remote_memory_is_moved_home_in_place_without_a_restart(loop):
         if n == "numaguard_memory_move_failures_total" and v
     }
     assert failures <= {"EACCES"}, failures
+    # while it moved, the exporter held no capability; its helper CAP_SYS_PTRACE alone
+    held = {
+        process: await loop.node.sh(f"grep CapEff /proc/$(cat {pid_file})/status")
+        for process, pid_file in (("exporter", EXPORTER_PID), ("helper", MOVER_PID))
+    }
+    assert {p: int(line.split()[1], 16) for p, line in held.items()} == {
+        "exporter": 0,
+        "helper": 1 << CAP_SYS_PTRACE,
+    }, held
     # what a person watching is told
     events = await loop.cp.items(loop.session, "Event", NS)
     on_pod = [e for e in events if e["involvedObject"]["name"] == name]

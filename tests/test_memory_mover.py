@@ -1,7 +1,8 @@
-"""Moving a pod's memory in place (exporter/memory_mover.py): the readers of a process's
-mappings, the choice of node, the pace, and the move itself — against this machine's
-kernel where one NUMA node is enough, against the fake host's move_pages elsewhere. The
-two-node proof on a real kernel is tests/test_node_vm.py's."""
+"""Moving a pod's memory in place (exporter/memory_mover.py, exporter/mover/): the readers
+of a process's mappings, the choice of node, the pace, the move itself, and the helper
+that alone holds the capability, over its real socket — against this machine's kernel
+where one NUMA node is enough, against the fake host's move_pages elsewhere. The two-node
+proof on a real kernel is tests/test_node_vm.py's and tests/test_kubenode_loop.py's."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import dataclasses
 import errno
 import mmap
 import os
+import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -19,15 +22,16 @@ from pathlib import Path
 import pytest
 
 from numaguard.exporter import cli as exporter_cli
-from numaguard.exporter.memory_mover import (
+from numaguard.exporter.memory_mover import REQUEST_TTL_SECONDS, MemoryMover, destination
+from numaguard.exporter.mover import wire
+from numaguard.exporter.mover.helper import Helper
+from numaguard.exporter.mover.helper import main as helper_cli
+from numaguard.exporter.mover.pages import (
     BATCH_BYTES,
-    REQUEST_TTL_SECONDS,
     SCAN_PAGES,
     Kernel,
     KernelRefused,
-    MemoryMover,
     Pace,
-    destination,
     move_pod_memory,
 )
 from numaguard.exporter.readers import ParseError
@@ -373,12 +377,45 @@ def asking(metadata: dict, host: FakeHost, request: str) -> None:
     metadata[uid] = dataclasses.replace(metadata[uid], move_memory=request)
 
 
-def mover_for(host: FakeHost, root, pages: FakePages | None = None) -> MemoryMover:
-    clock = FakeClock()
-    return MemoryMover(str(root.root), 64 * MIB, pages or FakePages(host), clock, clock.sleep)
+@pytest.fixture
+def helper_at(tmp_path_factory):
+    """``helper_at(helper)``: the exporter's client of ``helper``, which serves on a real
+    Unix socket in a thread until the test ends."""
+    running = []
+
+    def start(helper: Helper) -> wire.HelperClient:
+        path = str(tmp_path_factory.mktemp("mover", numbered=True) / "mover.sock")
+        server = helper.serve(path)
+        thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+        thread.start()
+        running.append((helper, server, thread))
+        return wire.HelperClient(path)
+
+    yield start
+    for helper, server, thread in running:
+        helper.stop()
+        server.shutdown()
+        thread.join()
+        server.server_close()
 
 
-async def test_a_request_is_carried_out_once_and_shown(node_with_kubelet):
+@pytest.fixture
+def mover_for(helper_at):
+    """``mover_for(host, root, pages, helper)``: the exporter's mover and its helper, by
+    default one moving through ``pages`` at 64 MiB/s of a fake clock."""
+
+    def make(
+        host: FakeHost, root, pages: FakePages | None = None, helper: Helper | None = None
+    ) -> MemoryMover:
+        clock = FakeClock()
+        if helper is None:
+            helper = Helper(str(root.root), 64 * MIB, pages or FakePages(host), clock, clock.sleep)
+        return MemoryMover(helper_at(helper))
+
+    return make
+
+
+async def test_a_request_is_carried_out_once_and_shown(node_with_kubelet, mover_for):
     host, root, collection, metadata = node_with_kubelet
     mover = mover_for(host, root)
     collection.moves = lambda: mover.totals
@@ -419,7 +456,7 @@ async def test_a_request_is_carried_out_once_and_shown(node_with_kubelet):
     assert (again["result"], again["reason"]) == ("refused", "nothing_remote")
 
 
-async def test_a_request_of_long_ago_is_not_carried_out(node_with_kubelet):
+async def test_a_request_of_long_ago_is_not_carried_out(node_with_kubelet, mover_for):
     """The remediator's requests are Unix times: one seen first over 10 minutes later (an
     exporter restarted long after it) is refused, and a new one is carried out."""
     host, root, collection, metadata = node_with_kubelet
@@ -435,20 +472,21 @@ async def test_a_request_of_long_ago_is_not_carried_out(node_with_kubelet):
     assert done["result"] == "moved" and done["bytes"] == REMOTE_MIB * MIB
 
 
-async def test_a_move_stops_after_its_batch_when_the_exporter_ends(node_with_kubelet):
+async def test_a_move_stops_after_its_batch_when_the_exporter_ends(node_with_kubelet, mover_for):
     """Told to stop mid-move (SIGTERM), it stops after the batch under way and says so;
     the request stays on the pod, and the next exporter carries it on."""
     host, root, collection, metadata = node_with_kubelet
     asking(metadata, host, "evict-1")
     await collection.run_once()
-    mover = mover_for(host, root)
-    pace = mover.sleep
+    clock = FakeClock()
 
     def stopped_while_waiting(seconds: float) -> None:
-        pace(seconds)
-        mover.stop()
+        clock.sleep(seconds)
+        mover.stop()  # the exporter half-closes; the helper hears it before its next call
+        assert helper.current is not None and helper.current.wait(30)
 
-    mover.sleep = stopped_while_waiting
+    helper = Helper(str(root.root), 64 * MIB, FakePages(host), clock, stopped_while_waiting)
+    mover = mover_for(host, root, helper=helper)
     (done,) = mover.carry_out(collection.snapshot, metadata)
     batch = BATCH_BYTES
     assert (done["result"], done["reason"], done["bytes"]) == ("partial", "shutdown", batch)
@@ -461,14 +499,44 @@ async def test_a_move_stops_after_its_batch_when_the_exporter_ends(node_with_kub
     assert host.pods[0].containers[0].memory_by_node[1] == 0
 
 
-async def test_the_exporter_s_shutdown_waits_only_for_the_batch_under_way(node_with_kubelet):
+async def test_a_move_its_helper_cut_short_is_carried_on(node_with_kubelet, helper_at):
+    """The helper's container restarts mid-move (SIGTERM, then a new one): the exporter,
+    which goes on, asks again until the new helper has moved the rest."""
+    host, root, collection, metadata = node_with_kubelet
+    asking(metadata, host, "evict-1")
+    await collection.run_once()
+    clock = FakeClock()
+
+    def ended_while_waiting(seconds: float) -> None:
+        clock.sleep(seconds)
+        ending.stop()
+
+    ending = Helper(str(root.root), 64 * MIB, FakePages(host), clock, ended_while_waiting)
+    mover = MemoryMover(helper_at(ending))
+    (cut,) = mover.carry_out(collection.snapshot, metadata)
+    assert (cut["result"], cut["reason"], cut["bytes"]) == ("partial", "shutdown", BATCH_BYTES)
+    (gone,) = mover.carry_out(collection.snapshot, metadata)
+    assert (gone["result"], gone["reason"]) == ("refused", "no_helper")
+    assert mover.carry_out(collection.snapshot, metadata) == []  # said once
+    mover.helper = helper_at(Helper(str(root.root), 64 * MIB, FakePages(host), clock, clock.sleep))
+    root.write()
+    await collection.run_once()
+    (rest,) = mover.carry_out(collection.snapshot, metadata)
+    assert (rest["result"], rest["bytes"]) == ("moved", REMOTE_MIB * MIB - BATCH_BYTES)
+    assert mover.totals.results == {"partial": 1, "refused": 1, "moved": 1}
+
+
+async def test_the_exporter_s_shutdown_waits_only_for_the_batch_under_way(
+    node_with_kubelet, mover_for
+):
     """At the rate given, this move would take an hour; closing the exporter stops it
     after its first batch, its wait for the rate cut short."""
     host, root, collection, metadata = node_with_kubelet
     asking(metadata, host, "evict-1")
     await collection.run_once()
     pages = FakePages(host)
-    mover = MemoryMover(str(root.root), REMOTE_MIB * MIB / 3600, pages)  # real clock, sleep
+    helper = Helper(str(root.root), REMOTE_MIB * MIB / 3600, pages)  # real clock, sleep
+    mover = mover_for(host, root, helper=helper)
     exporter = Exporter(Settings(), collection, mover=mover)
     exporter._move()
     await until(lambda: asyncio.sleep(0, pages.calls), "the move under way", timeout=30)
@@ -507,7 +575,9 @@ def _kubelet_silent(host, root, collection, metadata):
         (_kubelet_silent, "kubelet"),
     ],
 )
-async def test_a_request_without_a_home_to_move_to_is_refused(node_with_kubelet, change, reason):
+async def test_a_request_without_a_home_to_move_to_is_refused(
+    node_with_kubelet, change, reason, mover_for
+):
     host, root, collection, metadata = node_with_kubelet
     change(host, root, collection, metadata)
     root.write()
@@ -543,30 +613,25 @@ def test_the_request_is_the_annotation_s_value_when_it_is_one(annotations, expec
     assert (uid, meta.move_memory) == ("u1", expected)
 
 
-@pytest.mark.parametrize(
-    ("argv", "said"),
-    [
-        (["--memory-mover"], "--memory-mover needs the API server"),
-        (["--memory-mover.rate", "0"], "--memory-mover.rate: must be positive"),
-    ],
-)
-def test_the_mover_s_flags_are_checked_before_anything_starts(
-    argv, said, tmp_path, monkeypatch, capsys
-):
+def test_the_mover_s_flags_are_checked_before_anything_starts(tmp_path, monkeypatch, capsys):
     for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
     with pytest.raises(SystemExit) as exited:
-        exporter_cli.main([*argv, "--host-root", str(tmp_path)])
+        exporter_cli.main(["--memory-mover", "--host-root", str(tmp_path)])
     assert exited.value.code == 2
-    assert said in capsys.readouterr().err
+    assert "--memory-mover needs the API server" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        helper_cli(["--rate", "0"])
+    assert exited.value.code == 2
+    assert "--rate: must be positive" in capsys.readouterr().err
 
 
 # -- the one capability it takes ----------------------------------------------------
 
 PROBE = """
 import errno, sys
-from numaguard.exporter.memory_mover import Kernel, KernelRefused
+from numaguard.exporter.mover.pages import Kernel, KernelRefused
 pid = int(sys.argv[1])
 try:
     open(f"/proc/{pid}/numa_maps").read()
@@ -590,8 +655,9 @@ except KernelRefused as e:
     ],
 )
 def test_another_user_s_pages_take_cap_sys_ptrace_not_cap_sys_nice(cap, expected):
-    """This machine's kernel: a pod's process (root, every capability) and the mover as
-    the exporter runs (uid 0, every capability dropped) with the one its overlay adds."""
+    """This machine's kernel: a pod's process (root, every capability) and the mover's
+    helper as its container runs it (uid 0, every capability dropped but the one it
+    adds)."""
     target = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
@@ -696,7 +762,9 @@ def test_hugetlb_pages_are_batched_by_bytes_paced_each_and_bounded_by_the_pool(f
     assert max(clock.slept) == pytest.approx(2 * MIB / rate)
 
 
-async def test_a_transient_refusal_is_asked_again_until_the_request_expires(node_with_kubelet):
+async def test_a_transient_refusal_is_asked_again_until_the_request_expires(
+    node_with_kubelet, mover_for
+):
     """Seen: a request refused while the kubelet's socket restarted was handled for good,
     and the pod evicted later — the restart the mover exists to avoid. Now it is asked
     again each cycle (said once), carried out once the kubelet answers, and refused
@@ -705,8 +773,8 @@ async def test_a_transient_refusal_is_asked_again_until_the_request_expires(node
     kubelet = collection.sources.pop("pod_resources")
     asking(metadata, host, "evict-1")
     wall = [1000.0]
-    mover = MemoryMover(str(root.root), 64 * MIB, FakePages(host), wall=lambda: wall[0])
-    mover.clock, mover.sleep = FakeClock(), lambda seconds: None
+    mover = mover_for(host, root)
+    mover.wall = lambda: wall[0]
     await collection.run_once()
     (first,) = mover.carry_out(collection.snapshot, metadata)
     assert (first["result"], first["reason"]) == ("refused", "kubelet")
@@ -751,3 +819,172 @@ def test_a_pid_given_to_another_process_meanwhile_is_left_alone(fake_root):
         proc=str(root.root / "proc"),
     )
     assert (moved.bytes, dict(moved.failures)) == (BATCH_BYTES, {"pid_reused": 1})
+
+
+# -- the helper: the one process that holds the capability, and what it takes on trust --
+
+
+def order_for(root, host: FakeHost, **change) -> wire.MoveOrder:
+    """The order the exporter sends for the remote pod: its container's cgroup, node 0."""
+    pod = host.pods[0]
+    folder = root.pod_cgroup(pod) / root._container_dir(pod, pod.containers[0])
+    order = wire.MoveOrder(pod.uid, (str(folder),), 0, frozenset({0}), REMOTE_MIB * MIB)
+    return dataclasses.replace(order, **change)
+
+
+def _another_pod_s_uid(root, host):
+    return {"pod_uid": host.pods[1].uid}
+
+
+def _another_pod_s_folder(root, host):
+    web = host.pods[1]
+    return {"cgroups": (str(root.pod_cgroup(web) / root._container_dir(web, web.containers[0])),)}
+
+
+def _out_of_the_cgroup_mount(root, host):
+    # a folder named as a pod's container is, elsewhere: the host's /proc would walk
+    folder = root.root / "proc" / root.pod_cgroup(host.pods[0]).relative_to(root.root)
+    folder = folder / root._container_dir(host.pods[0], host.pods[0].containers[0])
+    folder.mkdir(parents=True)
+    return {"cgroups": (str(folder),)}
+
+
+def _up_and_out(root, host):
+    (folder,) = order_for(root, host).cgroups
+    return {"cgroups": (f"{folder}/../../../../..",)}
+
+
+def _the_pod_s_own_folder(root, host):
+    # above its containers: the walk would take whatever the pod's folder holds
+    return {"cgroups": (str(root.pod_cgroup(host.pods[0])),)}
+
+
+def _a_node_it_may_not_use(root, host):
+    host.pods[0].containers[0].mems = "0"
+    root.write()
+    return {"node": 1, "home": frozenset({1})}
+
+
+@pytest.mark.parametrize(
+    ("forge", "reason"),
+    [
+        (_another_pod_s_uid, "not_the_pod_s_cgroup"),
+        (_another_pod_s_folder, "not_the_pod_s_cgroup"),
+        (_out_of_the_cgroup_mount, "not_the_pod_s_cgroup"),
+        (_up_and_out, "not_the_pod_s_cgroup"),
+        (_the_pod_s_own_folder, "not_the_pod_s_cgroup"),
+        (_a_node_it_may_not_use, "mems"),
+    ],
+)
+def test_a_forged_order_moves_nothing(fake_root, helper_at, forge, reason):
+    """What a subverted exporter could send: the helper checks every order against the
+    node's own files, and moves nothing for one that is not a pod's own move home."""
+    host = host_with_remote_memory()
+    root = fake_root(host)
+    pages, clock = FakePages(host), FakeClock()
+    client = helper_at(Helper(str(root.root), 64 * MIB, pages, clock, clock.sleep))
+    with pytest.raises(wire.Refused) as refused:
+        client.move(order_for(root, host, **forge(root, host)))
+    assert refused.value.reason == reason
+    assert pages.calls == 0
+    # the true order, over the same socket: carried out
+    moved = client.move(order_for(root, host))
+    assert moved.bytes == REMOTE_MIB * MIB
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"not json\n",
+        b"[]\n",
+        b'{"pod_uid": "u"}\n',
+        # every field, one of the wrong type (JSON's true is no node)
+        b'{"pod_uid": "u", "cgroups": ["/x"], "node": true, "home": [], "far_bytes": 0, '
+        b'"namespace": "", "pod": "", "request": ""}\n',
+        b"x" * (wire.LINE_BYTES + 10) + b"\n",
+        b'{"pod_uid": "u", "cgroups": ["/"]',  # no end of line: the exporter went
+    ],
+)
+def test_a_line_that_is_not_an_order_is_refused(fake_root, helper_at, line):
+    host = host_with_remote_memory()
+    root = fake_root(host)
+    pages = FakePages(host)
+    client = helper_at(Helper(str(root.root), 64 * MIB, pages))
+    with socket.socket(socket.AF_UNIX) as connection:
+        connection.connect(client.path)
+        connection.sendall(line)
+        connection.shutdown(socket.SHUT_WR)
+        answer = connection.makefile("rb").readline()
+    with pytest.raises(wire.Refused, match="bad_order"):
+        wire.decode_answer(answer)
+    assert pages.calls == 0
+
+
+async def test_a_helper_not_there_yet_is_asked_again_until_it_is(
+    node_with_kubelet, helper_at, tmp_path
+):
+    """The helper's container starts after the exporter's, or restarts: the request is
+    refused `no_helper` (said once), and carried out once the helper listens."""
+    host, root, collection, metadata = node_with_kubelet
+    asking(metadata, host, "evict-1")
+    await collection.run_once()
+    clock = FakeClock()
+    started = helper_at(Helper(str(root.root), 64 * MIB, FakePages(host), clock, clock.sleep))
+    mover = MemoryMover(wire.HelperClient(str(tmp_path / "not-yet.sock")))
+    (first,) = mover.carry_out(collection.snapshot, metadata)
+    assert (first["result"], first["reason"]) == ("refused", "no_helper")
+    assert mover.carry_out(collection.snapshot, metadata) == []  # said once
+    mover.helper = started
+    (done,) = mover.carry_out(collection.snapshot, metadata)
+    assert (done["result"], done["bytes"]) == ("moved", REMOTE_MIB * MIB)
+
+
+def test_the_helper_imports_no_server_nor_client_library():
+    """What the capability's process runs is what it needs: no HTTP, NVML, gRPC or
+    Kubernetes client, none of the exporter's sources or collectors."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, numaguard.exporter.mover.helper; print(*sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout.split()
+    foreign = ("aiohttp", "prometheus_client", "pynvml", "grpc", "kubernetes", "pandas")
+    assert [m for m in loaded if m.split(".")[0] in foreign] == []
+    ours = {m for m in loaded if m.startswith("numaguard.")}
+    assert {
+        m
+        for m in ours
+        if not m.startswith(("numaguard.exporter.mover", "numaguard.exporter.readers"))
+    } == {"numaguard.exporter", "numaguard.exporter.logs"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs as root with one capability")
+def test_the_helper_starts_with_cap_sys_ptrace_alone_and_ends_on_sigterm(tmp_path):
+    """As its container runs it: every capability dropped but CAP_SYS_PTRACE, it
+    listens, answers, and on SIGTERM ends at once, its socket removed; without the
+    capability it says what it needs and does not start."""
+    path = tmp_path / "mover.sock"
+    run = ("setpriv", "--inh-caps=-all", "--ambient-caps=-all")
+    command = (sys.executable, "-m", "numaguard.exporter.mover", "--socket", str(path))
+    refused = subprocess.run(
+        [*run, "--bounding-set=-all", *command], capture_output=True, text=True, cwd=ROOT
+    )
+    assert refused.returncode == 2 and "needs CAP_SYS_PTRACE" in refused.stderr
+    helper = subprocess.Popen(
+        [*run, "--bounding-set=-all,+sys_ptrace", *command, "--host-root", str(tmp_path)],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        asyncio.run(until(lambda: asyncio.sleep(0, path.exists()), "the helper listening", 60))
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        with pytest.raises(wire.Refused, match="not_the_pod_s_cgroup"):
+            wire.HelperClient(str(path)).move(wire.MoveOrder("u", ("/",), 0))
+        helper.terminate()
+        assert helper.wait(60) == 0
+    finally:
+        helper.kill()
+    assert not path.exists()
+    assert '"message": "memory move refused"' in helper.stderr.read()

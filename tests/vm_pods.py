@@ -125,12 +125,12 @@ async def main(out: str) -> None:
             child.kill()
 
 
-# the remote pod's memory moved home by the mover as the exporter runs it (uid 0, every
-# capability dropped) with the one its overlay adds; first with CAP_SYS_NICE instead,
-# which the kernel refuses
+# the remote pod's memory moved home by the mover's helper as its container runs it
+# (uid 0, every capability dropped but the one it adds); first with CAP_SYS_NICE
+# instead, which the kernel refuses
 MOVE = """
 import dataclasses, json, sys
-from numaguard.exporter.memory_mover import Kernel, Pace, move_pod_memory
+from numaguard.exporter.mover.pages import Kernel, Pace, move_pod_memory
 moved = move_pod_memory([sys.argv[1]], sys.argv[2], 0, Pace(MOVE_RATE), Kernel())
 print(json.dumps({**dataclasses.asdict(moved), "failures": dict(moved.failures)}))
 """

@@ -832,7 +832,10 @@ MEMORY_MOVE_REFUSALS = _m(
     "no home), unknown_memory, kubelet (the Memory Manager's pinning unknown), "
     "nothing_remote, mems (cpuset.mems excludes its CPUs' nodes), unknown_mems, "
     "memory_manager (pinned elsewhere), no_free_memory, expired (a request of a Unix time "
-    "over 10 minutes old when first seen, as after a restart).",
+    "over 10 minutes old when first seen, as after a restart), no_helper (the memory "
+    "mover's helper not listening yet: asked again), and the helper's own: "
+    "not_the_pod_s_cgroup, bad_order (an order it would not take: a defect, or a "
+    "subverted exporter).",
     ("reason",),
     "memory_mover",
 )

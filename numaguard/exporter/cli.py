@@ -215,17 +215,17 @@ def parser() -> argparse.ArgumentParser:
         "annotation the remediator writes): the pages of its own processes that sit on NUMA "
         "nodes none of its exclusive CPUs is on, moved with move_pages(2) to its CPUs' node "
         "with most free memory that its cpuset.mems allows, never against the Memory "
-        "Manager's pinning; needs the API server, hostPID and CAP_SYS_PTRACE "
-        "(deploy/components/memory-mover)",
+        "Manager's pinning; needs the API server, hostPID and the memory mover's helper "
+        "(numaguard-memory-mover, which alone holds CAP_SYS_PTRACE: "
+        "deploy/components/memory-mover)",
     )
     p.add_argument(
-        "--memory-mover.rate",
-        dest="memory_mover_rate",
-        type=_positive_int,
-        default=256 << 20,
-        metavar="BYTES",
-        help="bytes moved a second at most, so that the node's memory bandwidth is not taken "
-        "from its neighbours",
+        "--memory-mover.socket",
+        dest="memory_mover_socket",
+        default="/run/numaguard/memory-mover.sock",
+        metavar="PATH",
+        help="the memory mover's helper's Unix socket (its --socket); the helper moves at "
+        "its own --rate",
     )
     for name, collector in COLLECTORS.items():
         p.add_argument(
@@ -277,7 +277,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         nrt=args.nrt,
         nrt_kubelet_config=args.nrt_kubelet_config,
         memory_mover=args.memory_mover,
-        memory_mover_rate_bytes=args.memory_mover_rate,
+        memory_mover_socket=args.memory_mover_socket,
     )
 
 
@@ -330,13 +330,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _positive(value: str) -> float:
     number = float(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return number
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return number

@@ -18,6 +18,7 @@ from numaguard.exporter.collection import Collection, Source
 from numaguard.exporter.collectors import COLLECTORS, Collector
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from numaguard.exporter.memory_mover import MemoryMover
+from numaguard.exporter.mover.wire import HelperClient
 from numaguard.exporter.process import settle_garbage_collector
 from numaguard.exporter.publishers.nrt import NrtPublisher
 from numaguard.exporter.settings import Settings
@@ -182,9 +183,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         NrtPublisher(api, settings.host_root, settings.nrt_kubelet_config) if settings.nrt else None
     )
     mover = (
-        MemoryMover(settings.host_root, settings.memory_mover_rate_bytes)
-        if settings.memory_mover
-        else None
+        MemoryMover(HelperClient(settings.memory_mover_socket)) if settings.memory_mover else None
     )
     collection = Collection(
         settings.node_name,

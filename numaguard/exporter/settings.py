@@ -45,4 +45,4 @@ class Settings:
     nrt_kubelet_config: str = "/var/lib/kubelet/config.yaml"  # under the host root
     # carry out the requests to move a pod's memory home its node's pods carry
     memory_mover: bool = False
-    memory_mover_rate_bytes: int = 256 << 20  # a second: the neighbours' memory bandwidth
+    memory_mover_socket: str = "/run/numaguard/memory-mover.sock"  # the helper's

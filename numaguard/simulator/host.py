@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from numaguard.exporter.memory_mover import KernelRefused
+from numaguard.exporter.mover.pages import KernelRefused
 from numaguard.exporter.readers import format_id_list, parse_id_list
 from numaguard.exporter.records import PodMeta
 

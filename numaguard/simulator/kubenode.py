@@ -288,6 +288,11 @@ def guaranteed_spec(cpus: int, command: str, memory: str, gpus: int = 0) -> dict
 
 FRESH_MEMORY_STATE = "/run/numaguard-fresh-memory-state"  # in the guest: see NODE_SCRIPT
 EXPORTER_PID = "/run/numaguard-exporter.pid"  # in the guest: the exporter's process
+MOVER_PID = "/run/numaguard-memory-mover.pid"  # and the memory mover's helper's
+MOVER_SOCKET = "/run/numaguard/memory-mover.sock"
+# each process with the capabilities its container has (deploy/components/memory-mover):
+# the exporter none, the helper CAP_SYS_PTRACE alone
+CAPABILITIES = "setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all"
 # a guest CPU stuck this long (the kernel's soft-lockup watchdog on its console): hung
 HUNG_SECONDS = 180
 _STUCK = re.compile(r"soft lockup - CPU#\d+ stuck for (\d+)s")
@@ -508,20 +513,39 @@ class KubeNode:
 
         await until(healthy, "the kubelet healthy again", timeout=timeout, every=1)
 
-    async def restart_exporter(self, *extra: str) -> None:
+    async def restart_exporter(self, *extra: str, confined: bool = False) -> None:
         """Restart the guest's exporter with ``extra`` arguments besides its own, as a
-        DaemonSet rolled out with other flags would; returns once the new one is ready."""
+        DaemonSet rolled out with other flags would (``confined``: with no capability, as
+        its container runs it); returns once the new one is ready."""
         assert self.exporter_url, "the node runs no exporter"
         (self.job / "exporter.args").write_text(" ".join((*self._exporter_args, *extra)))
         module = "numaguard.exporter"
         if self.gpus is not None:
             module = "numaguard.simulator.exporter /mnt/gpus.json"
         await self.sh(
-            f"pid=$(cat {EXPORTER_PID}); kill $pid; while kill -0 $pid 2>/dev/null; do "
-            f"sleep 0.2; done; {sys.executable} -m {module} $(cat /mnt/exporter.args) "
+            f"{_ended(EXPORTER_PID)}; {CAPABILITIES if confined else ''} "
+            f"{sys.executable} -m {module} $(cat /mnt/exporter.args) "
             f">> /mnt/exporter.log 2>&1 & echo $! > {EXPORTER_PID}"
         )
         await wait_ok(f"{self.exporter_url}/readyz", 300, self._ended)
+
+    async def memory_mover(self, rate: int | None) -> None:
+        """The memory mover's helper as its container runs it (uid 0, CAP_SYS_PTRACE
+        alone) on MOVER_SOCKET at ``rate`` bytes a second, or none (``rate`` None);
+        returns once it listens."""
+        await self.sh(f"[ ! -e {MOVER_PID} ] || {{ {_ended(MOVER_PID)}; rm {MOVER_PID}; }}")
+        if rate is None:
+            return
+        await self.sh(
+            f"mkdir -p {os.path.dirname(MOVER_SOCKET)}; {CAPABILITIES},+sys_ptrace "
+            f"{sys.executable} -m numaguard.exporter.mover --host-root=/ "
+            f"--socket={MOVER_SOCKET} --rate={rate} >> /mnt/memory-mover.log 2>&1 & "
+            f"echo $! > {MOVER_PID}"
+        )
+        await until(self._listening, "the memory mover's helper listening", 300, every=0.5)
+
+    async def _listening(self) -> bool:
+        return (await self.sh(f"[ -S {MOVER_SOCKET} ] && echo yes || echo no")).strip() == "yes"
 
     async def sh(self, script: str, timeout: float = 300.0) -> str:
         """Run ``script`` (sh) on the node as root; its output. AssertionError when it
@@ -535,3 +559,8 @@ class KubeNode:
         out = at.with_suffix(".out").read_text(errors="replace")
         assert rc.read_text().strip() == "0", f"{script!r} on the node failed: {out}"
         return out
+
+
+def _ended(pid_file: str) -> str:
+    """sh: end the process ``pid_file`` names, and wait until it has."""
+    return f"pid=$(cat {pid_file}); kill $pid; while kill -0 $pid 2>/dev/null; do sleep 0.2; done"

@@ -40,6 +40,7 @@ from numaguard.simulator.controlplane import ControlPlane, path_of
 from numaguard.simulator.kubenode import (
     HELD_MIB,
     HOLD,
+    MOVER_SOCKET,
     SLEEP,
     KubeletPolicy,
     KubeNode,
@@ -55,7 +56,7 @@ from numaguard.simulator.prometheus import PrometheusServer
 SHAPE = vm.Shape(cores=4)
 NS = "vm-loop"
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
-# the exporter's memory mover's rate when on, bytes a second: slow enough that moving
+# the memory mover's helper's rate when on, bytes a second: slow enough that moving
 # some 100 MiB takes seconds to measure
 MOVE_RATE = 32 * 2**20
 WINDOW = "8s"  # the exporter collects every 2 s in an emulated guest
@@ -133,10 +134,15 @@ class NodeLoop:
     mover_on: bool = False  # the exporter runs --memory-mover
 
     async def mover(self, on: bool) -> None:
-        """The exporter's memory mover on or off (the exporter restarted if need be)."""
+        """The exporter's memory mover on or off (the exporter restarted if need be): on,
+        as deploy/components/memory-mover runs it, the exporter with no capability and
+        the helper beside it with CAP_SYS_PTRACE alone."""
         if on != self.mover_on:
-            rate = ("--memory-mover", "--memory-mover.rate", str(MOVE_RATE))
-            await self.node.restart_exporter(*(rate if on else ()))
+            await self.node.memory_mover(MOVE_RATE if on else None)
+            socket = f"--memory-mover.socket={MOVER_SOCKET}"
+            await self.node.restart_exporter(
+                *(("--memory-mover", socket) if on else ()), confined=on
+            )
             self.mover_on = on
 
     def controller(self, **policy) -> Controller:

@@ -1,0 +1,5 @@
+import sys
+
+from numaguard.exporter.mover.helper import main
+
+sys.exit(main())
