@@ -20,6 +20,7 @@ FREE_FORM = re.compile(
     r"|tlsConfig|basicAuth|config)$"
 )
 ENUMS = {"image.pullPolicy": ["", "Always", "IfNotPresent", "Never"]}
+POSITIVE = {"exporter.memoryMoverHelper.rate"}  # 0 would not start
 # a switch that needs another value set
 REQUIRED_WHEN_ON = {"networkPolicy": ("enabled", "prometheusNamespace")}
 
@@ -45,7 +46,7 @@ def _schema(value, path: str) -> dict:
     if isinstance(value, bool):
         return {"type": "boolean"}
     if isinstance(value, int):
-        return {"type": "integer", "minimum": 0}
+        return {"type": "integer", "minimum": int(path in POSITIVE)}
     if isinstance(value, str):
         return {"type": "string"}
     raise TypeError(f"{path}: no schema for {value!r}")

@@ -150,7 +150,8 @@ def test_every_object_validates_with_every_switch_on():
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     daemonset, rdt = [d for d in docs if d["kind"] == "DaemonSet"]  # resctrlManage: two
     assert rdt["metadata"]["name"] == "numaguard-exporter-rdt"
-    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    container, helper = daemonset["spec"]["template"]["spec"]["containers"]  # memoryMover
+    assert helper["name"] == "memory-mover" and helper["image"] == container["image"]
     # both run the same exporter; only the -rdt one's resctrl is writable
     assert rdt["spec"]["template"]["spec"]["containers"][0]["args"] == container["args"]
     assert "--web.config.file=/etc/numaguard/web/web-config.yml" in container["args"]

@@ -288,14 +288,14 @@ def test_the_mover_s_capability_sits_in_a_container_that_does_nothing_else():
         assert shared["emptyDir"]["medium"] == "Memory"
         socket = f"--socket={Settings().memory_mover_socket}"
         assert socket in helper["args"] and "--memory-mover" in exporter["args"]
-        held = [
-            (doc["metadata"]["name"], c["name"])
+        held = {
+            (doc["kind"], c["name"])
             for doc in docs
             if doc["kind"] in ("DaemonSet", "Deployment")
             for c in doc["spec"]["template"]["spec"]["containers"]
             if c.get("securityContext", {}).get("capabilities", {}).get("add")
-        ]
-        assert held == [("numaguard-exporter", "memory-mover")]
+        }
+        assert held == {("DaemonSet", "memory-mover")}  # with resctrl-manage, in both
 
 
 def test_resctrl_is_writable_only_with_its_component_and_only_where_it_exists():
@@ -364,8 +364,9 @@ def test_the_readme_s_kustomization_renders_what_it_says(tmp_path, uncommented):
     docs = kustomized(tmp_path)
     exporter = of(docs, "DaemonSet", "numaguard-exporter")["spec"]["template"]["spec"]
     remediator = of(docs, "Deployment", "numaguard-remediator")["spec"]["template"]["spec"]
-    (container,) = exporter["containers"]
+    container, *helper = exporter["containers"]  # and the memory mover's, when on
     assert container["image"] == "registry.example.com/numaguard-exporter:0.1.0"
+    assert [c["image"] for c in helper] == [container["image"]] * uncommented
     assert remediator["containers"][0]["image"] == "registry.example.com/numaguard-remediator:0.1.0"
     assert "--nrt" in container["args"]
     rdt = of(docs, "DaemonSet", "numaguard-exporter-rdt")["spec"]["template"]["spec"]

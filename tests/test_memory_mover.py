@@ -7,6 +7,7 @@ proof on a real kernel is tests/test_node_vm.py's and tests/test_kubenode_loop.p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import dataclasses
 import errno
@@ -23,6 +24,7 @@ import pytest
 
 from numaguard.exporter import cli as exporter_cli
 from numaguard.exporter.memory_mover import REQUEST_TTL_SECONDS, MemoryMover, destination
+from numaguard.exporter.mover import pages as mover_pages
 from numaguard.exporter.mover import wire
 from numaguard.exporter.mover.helper import Helper
 from numaguard.exporter.mover.helper import main as helper_cli
@@ -625,6 +627,10 @@ def test_the_mover_s_flags_are_checked_before_anything_starts(tmp_path, monkeypa
         helper_cli(["--rate", "0"])
     assert exited.value.code == 2
     assert "--rate: must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        exporter_cli.main(["--memory-mover.rate", "1000"])
+    assert exited.value.code == 2
+    assert "the memory mover's helper's now: its --rate" in capsys.readouterr().err
 
 
 # -- the one capability it takes ----------------------------------------------------
@@ -988,3 +994,95 @@ def test_the_helper_starts_with_cap_sys_ptrace_alone_and_ends_on_sigterm(tmp_pat
         helper.kill()
     assert not path.exists()
     assert '"message": "memory move refused"' in helper.stderr.read()
+
+
+def test_orders_sent_again_and_again_do_not_outrun_the_rate(fake_root):
+    """A subverted exporter stops each move as soon as the helper waits for the rate, and
+    asks again: the helper owes the wait across orders, so the second order and every
+    one after waits first, and stopped while waiting, moves nothing."""
+    host = host_with_remote_memory()
+    root = fake_root(host)
+    clock, waits = FakeClock(), []
+
+    def cut_short(seconds: float) -> None:  # the exporter half-closes: no time passes
+        waits.append(seconds)
+        stops[-1].set()
+
+    helper = Helper(str(root.root), 64 * MIB, FakePages(host), clock, cut_short)
+    stops: list[threading.Event] = []
+    moved = []
+    for _ in range(10):
+        stops.append(threading.Event())
+        moved.append(helper.carry_out(order_for(root, host), stops[-1]).bytes)
+    assert moved == [BATCH_BYTES] + [0] * 9
+    assert waits == [pytest.approx(BATCH_BYTES / (64 * MIB))] * 10
+
+
+async def test_a_connection_that_sends_no_order_holds_the_helper_seconds_not_forever(
+    fake_root, helper_at
+):
+    """One order at a time: a connection that never ends its line is dropped after
+    ORDER_SECONDS, and the next order is carried out."""
+    host = host_with_remote_memory()
+    root = fake_root(host)
+    clock = FakeClock()
+    client = helper_at(Helper(str(root.root), 64 * MIB, FakePages(host), clock, clock.sleep))
+    with socket.socket(socket.AF_UNIX) as silent:
+        silent.connect(client.path)
+        silent.sendall(b'{"pod_uid": ')
+        # in a thread: without the bound, it would wait for ever
+        moving = asyncio.to_thread(client.move, order_for(root, host))
+        assert (await asyncio.wait_for(moving, 60)).bytes == REMOTE_MIB * MIB
+        assert b"bad_order" in silent.makefile("rb").readline()
+
+
+async def test_a_defect_in_the_helper_is_an_answer_and_the_next_order_is_served(
+    fake_root, helper_at
+):
+    host = host_with_remote_memory()
+    root = fake_root(host)
+    clock = FakeClock()
+
+    class Failing(FakePages):
+        def move_pages(self, pid, addresses, node):
+            raise RuntimeError("a defect")
+
+    failing = Helper(str(root.root), 64 * MIB, Failing(host), clock, clock.sleep)
+    client = helper_at(failing)
+    serving = threading.active_count()
+    with contextlib.ExitStack() as kept:  # connections their exporter keeps open
+        for _ in range(3):
+            connection = kept.enter_context(socket.socket(socket.AF_UNIX))
+            connection.connect(client.path)
+            connection.sendall(wire.encode_order(order_for(root, host)))
+            with pytest.raises(wire.Refused, match="helper_error"):
+                wire.decode_answer(connection.makefile("rb").readline())
+        # each order's watcher of its connection ends with the order, not the connection
+        watchers = lambda: asyncio.sleep(0, threading.active_count() == serving)  # noqa: E731
+        await until(watchers, "the watchers gone")
+
+
+def test_a_pid_reused_between_its_start_time_and_its_cgroup_is_left_alone(fake_root, monkeypatch):
+    """The cgroup read between two reads of the start time: a PID that named the pod's
+    process at the first and another at the second is not moved."""
+    host = host_with_remote_memory()
+    root = fake_root(host)
+    pod = host.pods[0]
+    stat = root.root / f"proc/{host.pid(pod, pod.containers[0])}/stat"
+    clock, pages = FakeClock(), FakePages(host)
+
+    def opening(path, *args, **kwargs):
+        if str(path).endswith("/cgroup"):  # the process ends now; another gets its PID
+            stat.write_text(stat.read_text().replace(" 4242 ", " 9999 "))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(mover_pages, "open", opening, raising=False)
+    moved = move_pod_memory(
+        [str(root.pod_cgroup(pod))],
+        pod.uid,
+        0,
+        Pace(64 * MIB, clock, clock.sleep),
+        pages,
+        proc=str(root.root / "proc"),
+    )
+    assert (moved.bytes, dict(moved.failures), pages.calls) == (0, {"pid_reused": 1}, 0)

@@ -227,6 +227,8 @@ def parser() -> argparse.ArgumentParser:
         help="the memory mover's helper's Unix socket (its --socket); the helper moves at "
         "its own --rate",
     )
+    # an earlier release's flag: said where it went, rather than "unrecognized"
+    p.add_argument("--memory-mover.rate", dest="memory_mover_rate", help=argparse.SUPPRESS)
     for name, collector in COLLECTORS.items():
         p.add_argument(
             f"--collector.{name}",
@@ -308,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--web.max-connections, --web.idle-timeout and --max-pods want positive numbers")
     if args.web_kubernetes_auth and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
         p.error("--web.kubernetes-auth needs the API server: give --kubeconfig or run in a cluster")
+    if args.memory_mover_rate is not None:
+        p.error("--memory-mover.rate is the memory mover's helper's now: its --rate")
     for flag, on in (("--nrt", args.nrt), ("--memory-mover", args.memory_mover)):
         if on and not (find_kubeconfig(args.kubeconfig) or in_cluster()):
             p.error(f"{flag} needs the API server: give --kubeconfig or run in a cluster")

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import socketserver
 import sys
 import threading
@@ -37,6 +38,8 @@ CAP_SYS_PTRACE = 19  # <linux/capability.h>
 NOT_THE_POD_S = "not_the_pod_s_cgroup"  # a folder outside the pod's containers' cgroups
 MEMS = "mems"  # a node the pod's cpuset.mems does not allow
 BAD_ORDER = "bad_order"
+HELPER_ERROR = wire.HELPER_ERROR
+ORDER_SECONDS = 5.0  # an order's line comes at once, or the connection is dropped
 
 
 class Helper:
@@ -58,6 +61,9 @@ class Helper:
         self.cgroup_root = os.path.realpath(os.path.join(host_root, "sys", "fs", "cgroup"))
         self.stopping = threading.Event()
         self.current: threading.Event | None = None  # the stop of the move under way
+        # when what earlier moves moved is paid for at the rate: an order cut short and
+        # sent again waits for it, so no exporter outruns the rate by asking anew
+        self.owed_until = 0.0
 
     def stop(self) -> None:
         self.stopping.set()
@@ -82,8 +88,8 @@ class Helper:
         self.current = stop
         if self.stopping.is_set():
             stop.set()
+        pace = Pace(self.rate, self.clock, self.sleep or stop.wait, stop, self.owed_until)
         try:
-            pace = Pace(self.rate, self.clock, self.sleep or stop.wait, stop)
             return move_pod_memory(
                 cgroups,
                 order.pod_uid,
@@ -96,7 +102,7 @@ class Helper:
                 self.sys,
             )
         finally:
-            self.current = None
+            self.current, self.owed_until = None, pace.owed_until()
 
     def _container_folder(self, folder: str) -> tuple[str, str | None]:
         """The folder, links and '..' resolved, and the pod whose container's cgroup it
@@ -123,9 +129,30 @@ class Helper:
 
 
 class _Handler(socketserver.StreamRequestHandler):
+    timeout = ORDER_SECONDS  # for the order's line; then none: a move takes minutes
+
     def handle(self) -> None:
+        try:
+            line = self.rfile.readline(wire.LINE_BYTES + 1)
+        except TimeoutError:
+            line = b""
+        self.connection.settimeout(None)
+        # the exporter half-closes (or goes) to stop the move: heard between any two calls
+        stop = threading.Event()
+        watcher = threading.Thread(target=_until_closed, args=(self.connection, stop))
+        watcher.start()
+        try:
+            self._carry_out(line, stop)
+        except Exception:  # a defect: said, and the helper serves the next order
+            log.exception("memory move order failed")
+            self._say(wire.encode_refused(HELPER_ERROR))
+        finally:
+            with contextlib.suppress(OSError):  # ends the watcher's wait
+                self.connection.shutdown(socket.SHUT_RDWR)
+            watcher.join()
+
+    def _carry_out(self, line: bytes, stop: threading.Event) -> None:
         helper: Helper = self.server.helper  # type: ignore[attr-defined]
-        line = self.rfile.readline(wire.LINE_BYTES + 1)
         try:
             order = wire.decode_order(line)
         except wire.BadOrder as err:
@@ -139,9 +166,6 @@ class _Handler(socketserver.StreamRequestHandler):
             "request": order.request,
             "numa_node": order.node,
         }
-        stop = threading.Event()
-        # the exporter half-closes (or goes) to stop the move: heard between any two calls
-        threading.Thread(target=_until_closed, args=(self.connection, stop), daemon=True).start()
         try:
             moved = helper.carry_out(order, stop)
         except wire.Refused as refused:
@@ -238,18 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"numaguard-memory-mover: cannot listen on {args.socket}: {err}", file=sys.stderr)
         return 1
-    ending = threading.Event()
-
-    def end(signum, frame) -> None:
-        helper.stop()
-        ending.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, end)
+    # the signals go to this thread alone, taken with sigwait: nothing runs in a handler
+    ending = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, ending)
     serving = threading.Thread(target=server.serve_forever, args=(0.5,))
     serving.start()
     log.info("memory mover listening", extra={"socket": args.socket, "rate": args.rate})
-    ending.wait()
+    signal.sigwait(ending)
+    helper.stop()
     server.shutdown()  # once the move under way has answered
     serving.join()
     server.server_close()

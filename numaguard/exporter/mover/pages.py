@@ -112,8 +112,9 @@ class Stopped(Exception):
 
 
 class Pace:
-    """At most ``rate`` bytes a second since the first call: ``after(n)`` waits until the
-    ``n`` bytes moved so far are due, or raises Stopped once ``stopping`` is set."""
+    """At most ``rate`` bytes a second since the first call, or since ``owed_until`` (when
+    what earlier moves moved is paid for): ``after(n)`` waits until the ``n`` bytes moved
+    so far are due, or raises Stopped once ``stopping`` is set."""
 
     def __init__(
         self,
@@ -121,19 +122,27 @@ class Pace:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] = time.sleep,
         stopping: threading.Event | None = None,
+        owed_until: float = 0.0,
     ) -> None:
         if not rate > 0:
             raise ValueError(f"rate must be positive, got {rate!r}")
         self.rate, self.clock, self.sleep, self.stopping = rate, clock, sleep, stopping
         self.started = clock()
+        self.due = max(self.started, owed_until)
+        self.moved = 0
 
     def after(self, moved_bytes: int) -> None:
         """Called after every call to the kernel, a move or a scan."""
-        wait = self.started + moved_bytes / self.rate - self.clock()
+        self.moved = moved_bytes
+        wait = self.owed_until() - self.clock()
         if wait > 0:
             self.sleep(wait)
         if self.stopping is not None and self.stopping.is_set():
             raise Stopped
+
+    def owed_until(self) -> float:
+        """When what has moved so far is paid for: the next move's ``owed_until``."""
+        return self.due + self.moved / self.rate
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -161,12 +170,16 @@ def move_pod_memory(
     moved = Moved(scan_left=SCAN_FLOOR_PAGES + SCAN_PAGES_PER_PAGE * far_pages)
     for pid in _pids(cgroups):
         try:
+            # the start time read before and after the cgroup: the same both times, the
+            # cgroup read is of the process the start time names
+            started = _start_time(proc, pid)
             with open(f"{proc}/{pid}/cgroup") as f:
                 owner = parse_proc_cgroup(f.read())
-            started = _start_time(proc, pid)
             if owner is None or owner[0] != pod_uid or started is None:
                 moved.failures["not_the_pod"] += 1
                 continue
+            if _start_time(proc, pid) != started:
+                raise Reused(pid)
             with open(f"{proc}/{pid}/maps") as f:
                 maps = f.read()
             with open(f"{proc}/{pid}/numa_maps") as f:

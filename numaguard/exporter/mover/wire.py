@@ -29,6 +29,8 @@ STOP_GRACE_SECONDS = 10.0
 # why an order was not carried out, besides the helper's own refusals
 NO_HELPER = "no_helper"  # its socket is not there or refuses: asked again next cycle
 HELPER_LOST = "helper_lost"  # it ended mid-move without an answer
+HELPER_ERROR = "helper_error"  # it failed on the order, or answered nonsense: a defect
+CONNECT_SECONDS = 5.0  # a helper whose backlog is full for this long is not there
 
 
 class BadOrder(ValueError):
@@ -71,7 +73,7 @@ def decode_order(line: bytes) -> MoveOrder:
         raise BadOrder(f"an order is one line of at most {LINE_BYTES} bytes")
     try:
         fields = json.loads(line)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise BadOrder(f"not JSON: {err}") from None
     names = {f for f in MoveOrder.__dataclass_fields__}
     if not isinstance(fields, dict) or set(fields) != names:
@@ -107,7 +109,7 @@ def decode_answer(line: bytes) -> Moved:
             raise Refused(str(answer["refused"]))
         moved = answer["moved"]
         return Moved(**{**moved, "failures": Counter(moved["failures"])})
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
         raise BadOrder(f"not an answer: {err}") from None
 
 
@@ -143,6 +145,7 @@ class HelperClient:
         """What the helper moved; Refused when it moved nothing, NO_HELPER included."""
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            connection.settimeout(CONNECT_SECONDS)
             try:
                 connection.connect(self.path)
             except OSError:
@@ -155,7 +158,10 @@ class HelperClient:
                 connection.sendall(encode_order(order))
             except OSError:  # stopped meanwhile, or the helper went
                 raise Refused(NO_HELPER) from None
-            return decode_answer(self._answer(connection))
+            try:
+                return decode_answer(self._answer(connection))
+            except BadOrder:
+                raise Refused(HELPER_ERROR) from None
         finally:
             with self._lock:
                 self._connection = None
