@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from numaguard.exporter import catalogue as c
+from numaguard.contract import catalogue as c
 from numaguard.remediator.core.findings import Detection
 from numaguard.remediator.core.queries import (
     DEFAULT_SELECTOR,

@@ -32,8 +32,8 @@ import pynvml
 
 import bench.series as series_bill
 import numaguard.exporter.sources as sources
+from numaguard.common.process import one_malloc_arena, settle_garbage_collector
 from numaguard.exporter.collection import Collection
-from numaguard.exporter.process import one_malloc_arena, settle_garbage_collector
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource

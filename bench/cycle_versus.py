@@ -80,7 +80,7 @@ collection = col.Collection("reference", sources, **extra)
 settle_garbage_collector = lambda: None  # noqa: E731
 try:
     if layout == "namespace":
-        from numaguard.exporter.process import one_malloc_arena, settle_garbage_collector
+        from numaguard.common.process import one_malloc_arena, settle_garbage_collector
     else:
         from exporter.cli import _one_malloc_arena as one_malloc_arena
 except ImportError:

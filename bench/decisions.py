@@ -32,10 +32,11 @@ from numaguard.exporter.readers import parse_id_list
 from numaguard.remediator import steering
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.cluster import nodes_of, placement_of
+from numaguard.remediator.core.actions import PodInfo, after_action
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.findings import FindingState, update
-from numaguard.remediator.core.history import WorkloadHistory, after_action, after_verification
-from numaguard.remediator.core.planner import PodInfo, nodes_to_check, plan, prepare
+from numaguard.remediator.core.history import WorkloadHistory, after_verification
+from numaguard.remediator.core.planner import nodes_to_check, plan, prepare
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import REQUIRED_LABELS
 from numaguard.remediator.core.steering import Steer, Target

@@ -15,9 +15,10 @@ import random
 import statistics
 import time
 
+from numaguard.remediator.core.actions import PodInfo
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.findings import FindingState, update
-from numaguard.remediator.core.planner import PodInfo, plan
+from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import expressions
 from numaguard.remediator.core.reach import Placement

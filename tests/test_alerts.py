@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from alerts import rules
-from numaguard.exporter.catalogue import series_names
+from numaguard.contract.catalogue import series_names
 from numaguard.remediator.core.queries import EXPORTER_JOB
 from numaguard.simulator.prometheus import VERSIONS, binary
 from tests.test_queries import metric_names

@@ -12,8 +12,8 @@ from pathlib import Path
 import pynvml
 from prometheus_client.parser import text_string_to_metric_families
 
+from numaguard.contract.catalogue import CATALOGUE
 from numaguard.exporter import docs
-from numaguard.exporter.catalogue import CATALOGUE
 from numaguard.exporter.memory_mover import MoveTotals
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource

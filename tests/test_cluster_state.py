@@ -10,17 +10,12 @@ import json
 
 import pytest
 
+from numaguard.contract.names import HISTORY_ANNOTATION, PENDING_LABEL
 from numaguard.remediator.actuator import Actuator
-from numaguard.remediator.cluster import (
-    HISTORY_ANNOTATION,
-    PENDING_LABEL,
-    pending_workloads,
-    pods_of,
-    workload_pods,
-)
+from numaguard.remediator.cluster import pending_workloads, pods_of, workload_pods
+from numaguard.remediator.core.actions import Action
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import Pending, WorkloadHistory
-from numaguard.remediator.core.planner import Action
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster

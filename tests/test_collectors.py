@@ -22,7 +22,7 @@ from tests.conftest import NODE, samples, series
 # A collector of the host's uptime: its collector module (registered by being in the
 # collectors package) and its source module, and nothing else.
 UPTIME_COLLECTOR = """
-from numaguard.exporter.catalogue import MetricSpec
+from numaguard.contract.catalogue import MetricSpec
 from numaguard.exporter.exposition import Family
 from numaguard.exporter.collectors import Collector
 

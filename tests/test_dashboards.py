@@ -17,7 +17,7 @@ import pytest
 
 from alerts import rules
 from grafana import dashboards
-from numaguard.exporter.catalogue import series_names
+from numaguard.contract.catalogue import series_names
 from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.exporter.server import serve
 from numaguard.exporter.settings import Settings

@@ -12,8 +12,8 @@ import contextlib
 import aiohttp
 import pytest
 
+from numaguard.common.apiserver import connect
 from numaguard.exporter.records import PodMeta
-from numaguard.exporter.sources.apiserver import connect
 from numaguard.exporter.sources.dra import DraWatch
 from numaguard.simulator import dra, presets
 from numaguard.simulator.cluster import one_node

@@ -11,7 +11,7 @@ from prometheus_client.openmetrics import exposition as om_exposition
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from numaguard.exporter import catalogue as c
+from numaguard.contract import catalogue as c
 from numaguard.exporter import exposition
 from numaguard.exporter.collectors import host_numa, pod_placement
 from numaguard.exporter.exposition import Family, LabelPrefix, render

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 import numaguard.exporter.sources as sources
-from numaguard.exporter.catalogue import CATALOGUE, NUMASTAT
+from numaguard.contract.catalogue import CATALOGUE, NUMASTAT
 from numaguard.simulator import presets
 from numaguard.simulator.host import GIB, MIB, SANDBOX, FakeContainer, FakeHostRoot
 from tests.conftest import make_collection, metadata_of, samples, series

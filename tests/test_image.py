@@ -76,6 +76,8 @@ def test_the_product_built_as_the_image_builds_it_runs_without_the_simulator(tmp
     assert {t for t in top if not t.endswith(".dist-info")} == {"numaguard"}
     packages = {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
     assert {p for p in packages if p.count("/") == 1} == {
+        "numaguard/common",
+        "numaguard/contract",
         "numaguard/exporter",
         "numaguard/remediator",
     }
@@ -115,6 +117,8 @@ def answers_help(main):
     except SystemExit as done:
         assert done.code == 0, done.code
 
+every_module("numaguard.contract")
+every_module("numaguard.common")
 every_module("numaguard.exporter")
 from numaguard.exporter import cli as exporter_cli
 answers_help(exporter_cli.main)

@@ -13,7 +13,7 @@ import sys
 import aiohttp
 import pytest
 
-from numaguard.exporter.sources.apiserver import KubeconfigError, connect
+from numaguard.common.apiserver import KubeconfigError, connect
 from numaguard.exporter.sources.kube import PodMetadataWatch
 from numaguard.simulator import presets
 from numaguard.simulator.cluster import SimulatedCluster
@@ -142,7 +142,7 @@ def test_the_exporter_never_loads_the_kubernetes_package_nor_grpcio():
     (~10 MiB more, and threads of its own)."""
     probe = (
         "import sys\n"
-        "import numaguard.exporter.cli, numaguard.exporter.server, numaguard.exporter.webconfig\n"
+        "import numaguard.exporter.cli, numaguard.exporter.server, numaguard.common.webconfig\n"
         "import numaguard.exporter.sources.kubelet\n"
         "loaded = {m.split('.')[0] for m in sys.modules}\n"
         "print(sorted(loaded & {'kubernetes', 'pydantic', 'grpc'}))\n"

@@ -15,8 +15,9 @@ import grpc
 import pynvml
 import pytest
 
+from numaguard.contract.reasons import STARVED_THRESHOLDS
 from numaguard.exporter.collection import Collection
-from numaguard.exporter.model.thresholds import STARVED_THRESHOLDS, Thresholds
+from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.readers.dra import Allocated
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource

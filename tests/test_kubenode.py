@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.contract.names import mig_resource
 from numaguard.simulator import vm
 from numaguard.simulator.controlplane import ControlPlane
 from numaguard.simulator.kubenode import (

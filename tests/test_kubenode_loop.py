@@ -11,7 +11,7 @@ import sys
 import pytest
 import pytest_asyncio
 
-from numaguard.exporter.memory_mover import REQUEST_ANNOTATION
+from numaguard.contract.names import REQUEST_ANNOTATION
 from numaguard.exporter.mover.helper import CAP_SYS_PTRACE
 from numaguard.simulator.controlplane import path_of
 from numaguard.simulator.kubenode import EXPORTER_PID, HELD_MIB, MOVER_PID

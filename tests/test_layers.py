@@ -46,6 +46,12 @@ def imports(source: str) -> set[str]:
 
 # (modules the rule covers, what they must not import, except what they may)
 RULES = [
+    # the contract both halves agree on imports nothing of theirs; what both run, only it
+    ("numaguard.contract", ("numaguard.",), ("numaguard.contract",)),
+    ("numaguard.common", ("numaguard.",), ("numaguard.common", "numaguard.contract")),
+    # the two halves never import each other: what they share is the contract's
+    ("numaguard.exporter", ("numaguard.remediator",), ()),
+    ("numaguard.remediator", ("numaguard.exporter",), ()),
     (
         "numaguard.exporter.readers",
         ("numaguard.",),
@@ -58,7 +64,7 @@ RULES = [
             "numaguard.exporter.traffic",
             "numaguard.exporter.collectors",
             "numaguard.exporter.exposition",
-            "numaguard.exporter.catalogue",
+            "numaguard.contract.catalogue",
             "numaguard.exporter.nrt",
         ),
         ("numaguard.exporter.sources",),
@@ -116,6 +122,95 @@ def test_a_forbidden_import_is_caught():
     ]
     assert broken("numaguard.remediator.core.new", {"numaguard.remediator.core.kinds"}) == []
     assert broken("numaguard.exporter.readers.cgroup", {"numaguard.exporter.readers"}) == []
+    assert broken("numaguard.remediator.core.kinds", {"numaguard.exporter.catalogue"}) == [
+        "numaguard.exporter.catalogue"
+    ]
+    assert broken("numaguard.exporter.collection", {"numaguard.remediator.metrics"}) == [
+        "numaguard.remediator.metrics"
+    ]
+    assert broken("numaguard.contract.catalogue", {"numaguard.exporter.model"}) == [
+        "numaguard.exporter.model"
+    ]
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module -> the modules of ``modules`` it imports, anywhere in it: at the top, in
+    a function, or for type checking alone (an import circle closed only by a type is
+    still a record in the wrong file). A package counts as the module it names."""
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {
+        module: {m for name in imports(path.read_text()) if (m := known(name))} - {module}
+        for module, path in modules.items()
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected parts of more than one
+    module (Tarjan's), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            part = []
+            while not part or part[-1] != module:
+                part.append(stack.pop())
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_product_module_imports_itself_round_a_circle():
+    assert circles(import_graph(PRODUCT)) == []
+
+
+def test_a_circle_closed_by_a_type_alone_is_caught(tmp_path):
+    (tmp_path / "a.py").write_text("from p.b import B\nclass A: ...\n")
+    (tmp_path / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.c import C\nB = 1\n"
+    )
+    (tmp_path / "c.py").write_text("def f():\n    from p.a import A\n")
+    (tmp_path / "d.py").write_text("import p.a\n")
+    planted = {f"p.{m}": tmp_path / f"{m}.py" for m in "abcd"}
+    assert circles(import_graph(planted)) == [["p.a", "p.b", "p.c"]]
+
+
+def test_the_remediator_s_core_loads_no_client():
+    """The pure core runs on answers alone: importing it loads no Kubernetes or HTTP
+    client, nor the exporter."""
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, numaguard.remediator.core.planner, numaguard.remediator.core.rounds; "
+            "print(*sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout.split()
+    clients = ("kubernetes", "aiohttp", "grpc", "numaguard.exporter")
+    assert [m for m in loaded if m.startswith(clients)] == []
 
 
 def write_requests(source: str) -> list[str]:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from numaguard.exporter.memory_mover import REQUEST_ANNOTATION
+from numaguard.contract.names import REQUEST_ANNOTATION
 from numaguard.remediator.controller import Controller
-from numaguard.remediator.core.history import Pending, WorkloadHistory, after_action
+from numaguard.remediator.core.actions import after_action
+from numaguard.remediator.core.history import Pending, WorkloadHistory, described
 from numaguard.remediator.core.kinds import MIGRATE_MEMORY
-from numaguard.remediator.core.outcome import Activity, described, gain, judged
+from numaguard.remediator.core.outcome import Activity, gain, judged
 from numaguard.remediator.core.policy import Policy
 from tests.test_planner import (
     NOW,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.contract.names import mig_resource
 from numaguard.remediator.core.findings import Detection, sizing_findings
 from numaguard.remediator.core.mig import FAMILIES, family_of, geometry
 from numaguard.simulator.prometheus import as_signals

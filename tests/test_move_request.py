@@ -15,9 +15,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from numaguard.exporter.memory_mover import REQUEST, REQUEST_ANNOTATION
+from numaguard.contract.names import REQUEST, REQUEST_ANNOTATION
 from numaguard.remediator.actuator import Actuator
-from numaguard.remediator.core.planner import PodInfo
+from numaguard.remediator.core.actions import PodInfo
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator.controlplane import (
     ADMISSION_KINDS,

@@ -9,7 +9,7 @@ import time
 import aiohttp
 import pytest
 
-from numaguard.exporter import catalogue as c
+from numaguard.contract import catalogue as c
 from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.outcome import activities, gain
 from numaguard.remediator.signals import Prometheus

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numaguard.remediator.core import queries as q
+from numaguard.remediator.core.actions import PodInfo
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
 from numaguard.remediator.core.evidence import Evidence
@@ -24,7 +25,7 @@ from numaguard.remediator.core.history import (
     WorkloadHistory,
 )
 from numaguard.remediator.core.kinds import KINDS
-from numaguard.remediator.core.planner import GUARDS, PodInfo, plan
+from numaguard.remediator.core.planner import GUARDS, plan
 from numaguard.remediator.core.policy import Enforcement, Policy
 from numaguard.remediator.core.queries import REQUIRED_LABELS, Windows
 from numaguard.remediator.core.reach import Placement

@@ -8,7 +8,7 @@ from __future__ import annotations
 import promql_parser
 import pytest
 
-from numaguard.exporter.catalogue import series_names
+from numaguard.contract.catalogue import series_names
 from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.queries import Windows, expressions, verification_expressions
 

@@ -9,16 +9,16 @@ from dataclasses import replace
 
 import pytest
 
+from numaguard.contract.names import STEER_ANNOTATION, STEERING_ANNOTATION
 from numaguard.remediator.cluster import node_facts, placement_of, requests_of
 from numaguard.remediator.controller import Controller
+from numaguard.remediator.core.actions import Action
 from numaguard.remediator.core.findings import FindingState, update
 from numaguard.remediator.core.history import Pending, WorkloadHistory, landing
-from numaguard.remediator.core.planner import Action, plan
+from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.reach import UNSCHEDULABLE_TAINT, NodeFacts, Placement, excluded
 from numaguard.remediator.core.steering import (
-    MODE_ANNOTATION,
-    STATE_ANNOTATION,
     Steer,
     Target,
     configured,
@@ -214,7 +214,7 @@ def test_the_steering_configuration_keeps_only_what_awaits_verification():
         webhook_name(b.workload),
     ]
     garbage = json.loads(json.dumps(first))
-    garbage["metadata"]["annotations"][STATE_ANNOTATION] = "[1"
+    garbage["metadata"]["annotations"][STEERING_ANNOTATION] = "[1"
     assert configured(garbage, target, 20.0)["webhooks"] == []
 
 
@@ -298,7 +298,7 @@ async def test_an_eviction_is_steered_before_it_is_made_and_only_where_it_can_be
     controller.actuator = Actuator()
     controller.steering = Target("numaguard-remediator", "PEM", url="https://127.0.0.1:8443")
     labels = {"app": "a", "pod-template-hash": "h"}
-    pod = pod_info("a", selector=labels, workload_annotations={MODE_ANNOTATION: "required"})
+    pod = pod_info("a", selector=labels, workload_annotations={STEER_ANNOTATION: "required"})
     await controller._steer(Action("evict", None, pod, "evict", False, ("n2", "n3")), 100.0)
     assert calls == [(Steer("Deployment/ml/a", labels, ("n2", "n3"), True, 3700.0),)]
     # a selector with expressions (none read), or steering off: nothing written

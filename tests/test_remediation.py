@@ -576,7 +576,7 @@ async def test_run_in_dry_run_records_and_stops_cleanly(cluster, tmp_path):
     assert proc.returncode == 0, err.decode()[-2000:]
     assert 'numaguard_remediator_actions_total{kind="evict",result="dry_run"}' in metrics
     assert "numaguard_remediator_leader 1.0" in metrics
-    from numaguard.exporter.catalogue import CATALOGUE
+    from numaguard.contract.catalogue import CATALOGUE
 
     served = {
         f.name + ("_total" if f.type == "counter" else "")

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from numaguard.exporter.sources.apiserver import find_kubeconfig
+from numaguard.common.apiserver import find_kubeconfig
 from numaguard.simulator.processes import free_port
 
 

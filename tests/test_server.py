@@ -21,7 +21,7 @@ import psutil
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from numaguard.exporter import webconfig
+from numaguard.common import webconfig
 from numaguard.exporter.collection import Collection
 from numaguard.exporter.collectors import COLLECTORS
 from numaguard.exporter.server import STUCK_CYCLES, Exporter
@@ -435,7 +435,7 @@ async def test_collectors_turned_off_are_not_run(fake_root):
 def test_process_metrics_agree_with_psutil_and_count_every_open_file(tmp_path):
     """process_* as psutil sees this process; the descriptor count by /proc/self/fd's
     size (or a listing) follows files opened and closed."""
-    from numaguard.exporter.process import ProcessCollector
+    from numaguard.common.process import ProcessCollector
 
     def values() -> dict[str, float]:
         return {
@@ -470,7 +470,7 @@ def test_failed_accepts_are_said_once_a_minute_with_how_many_were_not(caplog):
     webconfig.quiet_accept_errors(loop, every=60.0, clock=lambda: now[0])
     failed = {"message": webconfig.ACCEPT_FAILED, "exception": OSError(24, "Too many open files")}
     try:
-        with caplog.at_level("ERROR", logger="numaguard.exporter.webconfig"):
+        with caplog.at_level("ERROR", logger="numaguard.common.webconfig"):
             for _ in range(5000):
                 loop.call_exception_handler(failed)
                 now[0] += 0.01  # 50 s of a failed accept every 10 ms
@@ -479,7 +479,7 @@ def test_failed_accepts_are_said_once_a_minute_with_how_many_were_not(caplog):
             loop.call_exception_handler({"message": "something else"})
     finally:
         loop.close()
-    said = [r for r in caplog.records if r.name == "numaguard.exporter.webconfig"]
+    said = [r for r in caplog.records if r.name == "numaguard.common.webconfig"]
     assert [r.unsaid for r in said] == [0, 4999]
     assert "Too many open files" in said[0].getMessage()
     assert [c["message"] for c in others] == ["something else"]

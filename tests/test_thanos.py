@@ -28,7 +28,7 @@ import yaml
 from aiohttp import web
 
 from numaguard.remediator.controller import Controller
-from numaguard.remediator.core.planner import Plan
+from numaguard.remediator.core.actions import Plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import RECORDED, Windows
 from numaguard.remediator.kube import Kube, api_client

@@ -8,7 +8,7 @@ import os
 import re
 import socket
 
-from numaguard.exporter.catalogue import NUMASTAT
+from numaguard.contract.catalogue import NUMASTAT
 from numaguard.simulator.processes import exporter_process, get
 from tests.conftest import samples
 

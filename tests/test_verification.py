@@ -10,17 +10,9 @@ from dataclasses import replace
 import pytest
 
 from numaguard.remediator.controller import Controller
-from numaguard.remediator.core.history import Pending, WorkloadHistory
-from numaguard.remediator.core.outcome import (
-    FLOOR,
-    Activity,
-    activities,
-    described,
-    gain,
-    judged,
-    mean,
-)
-from numaguard.remediator.core.planner import PodInfo
+from numaguard.remediator.core.actions import PodInfo
+from numaguard.remediator.core.history import Pending, WorkloadHistory, described
+from numaguard.remediator.core.outcome import FLOOR, Activity, activities, gain, judged, mean
 from numaguard.remediator.core.policy import FixGain, Policy
 from numaguard.remediator.core.queries import (
     Windows,

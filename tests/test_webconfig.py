@@ -17,7 +17,7 @@ import bcrypt
 import pytest
 import yaml
 
-from numaguard.exporter.webconfig import NEW_TOKENS_BURST, NEW_TOKENS_PER_SECOND
+from numaguard.common.webconfig import NEW_TOKENS_BURST, NEW_TOKENS_PER_SECOND
 from numaguard.simulator import presets
 from numaguard.simulator.controlplane import path_of, rendered
 from numaguard.simulator.processes import exporter_process, free_port, until, wait_ok

@@ -8,13 +8,15 @@ import os
 import socket
 import sys
 
-from numaguard.exporter import __version__, logs, webconfig
+from numaguard.common import logs, webconfig
+from numaguard.common.apiserver import KubeconfigError, find_kubeconfig, in_cluster
+from numaguard.common.process import one_malloc_arena
+from numaguard.contract.reasons import STARVED_REASONS, STARVED_THRESHOLDS
+from numaguard.exporter import __version__
 from numaguard.exporter.collectors import COLLECTORS
-from numaguard.exporter.model.thresholds import STARVED_REASONS, STARVED_THRESHOLDS, Thresholds
-from numaguard.exporter.process import one_malloc_arena
+from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.server import serve
 from numaguard.exporter.settings import Settings
-from numaguard.exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
 from numaguard.exporter.sources.gpu import GpuBackendError
 from numaguard.exporter.sources.kubelet import DEFAULT_SOCKET
 from numaguard.exporter.sources.resctrl import MODES

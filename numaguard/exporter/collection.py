@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from numaguard.common.process import ProcessCollector
+from numaguard.contract import catalogue as c
 from numaguard.exporter import __version__, sources
-from numaguard.exporter import catalogue as c
 from numaguard.exporter.collectors import COLLECTORS, METADATA, Collector, pod_placement
 from numaguard.exporter.exposition import Families, Family, render
 from numaguard.exporter.model import NodeSnapshot, build_snapshot
 from numaguard.exporter.model.thresholds import Thresholds
-from numaguard.exporter.process import ProcessCollector
 from numaguard.exporter.readers.dra import DraView
 from numaguard.exporter.records import Issue, PodMeta
 

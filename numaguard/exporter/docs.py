@@ -10,7 +10,8 @@ import os
 import re
 from pathlib import Path
 
-from numaguard.exporter import catalogue, cli
+from numaguard.contract import catalogue
+from numaguard.exporter import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 HELP_BLOCK = re.compile(r"(<!-- exporter-help:start -->\n).*?(<!-- exporter-help:end -->)", re.S)
@@ -30,7 +31,7 @@ def metrics_markdown() -> str:
     lines = [
         "# Metrics",
         "",
-        "Generated from `numaguard/exporter/catalogue.py` by `make docs`; do not edit.",
+        "Generated from `numaguard/contract/catalogue.py` by `make docs`; do not edit.",
         f"Every series also carries `{catalogue.NODE_LABEL}`. Metrics marked *detail* are",
         "exported only with the exporter's `--detail`: breakdowns a fleet need not pay for",
         "(every container's series, every pod's CPUs per NUMA node, per-L3-domain traffic",

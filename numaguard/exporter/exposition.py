@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from numaguard.exporter.catalogue import CATALOGUE, NODE_LABEL, MetricSpec
+from numaguard.contract.catalogue import CATALOGUE, NODE_LABEL, MetricSpec
 
 CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 CONTENT_TYPE_OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"

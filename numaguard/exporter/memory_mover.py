@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections import Counter
@@ -27,12 +26,6 @@ from numaguard.exporter.mover.wire import (
 )
 from numaguard.exporter.records import PodMeta
 
-# A pod asks its node's exporter to move its memory home by carrying this annotation; its
-# value names the request (the remediator's action), so that each is carried out once.
-# Whoever writes it, the move is bounded as above: the annotated pod's own memory, to its
-# own CPUs' node.
-REQUEST_ANNOTATION = "numaguard.io/move-memory"
-REQUEST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")
 # A request that is a Unix time (the remediator's) this much older than when this process
 # first sees it is not carried out: after a restart the exporter would otherwise move
 # again every pod that ever asked, unrecorded by the remediator.

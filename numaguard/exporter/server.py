@@ -13,16 +13,16 @@ from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
-from numaguard.exporter import webconfig
+from numaguard.common import webconfig
+from numaguard.common.apiserver import KubeconfigError, connect
+from numaguard.common.process import settle_garbage_collector
 from numaguard.exporter.collection import Collection, Source
 from numaguard.exporter.collectors import COLLECTORS, Collector
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from numaguard.exporter.memory_mover import MemoryMover
 from numaguard.exporter.mover.wire import HelperClient
-from numaguard.exporter.process import settle_garbage_collector
 from numaguard.exporter.publishers.nrt import NrtPublisher
 from numaguard.exporter.settings import Settings
-from numaguard.exporter.sources.apiserver import KubeconfigError, connect
 from numaguard.exporter.sources.dra import DraWatch
 from numaguard.exporter.sources.kube import PodMetadataWatch
 

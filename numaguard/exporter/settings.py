@@ -10,7 +10,7 @@ from numaguard.exporter.collectors import COLLECTORS
 from numaguard.exporter.model.thresholds import Thresholds
 
 if TYPE_CHECKING:
-    from numaguard.exporter.sources.resctrl import ResctrlOps
+    from numaguard.exporter.sources.resctrl_ops import ResctrlOps
 
 
 @dataclass(frozen=True)

@@ -18,20 +18,21 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from numaguard.exporter.memory_mover import REQUEST_ANNOTATION
-from numaguard.exporter.readers.nvml import mig_resource
-from numaguard.remediator.cluster import HISTORY_ANNOTATION, PENDING_LABEL
+from numaguard.contract.names import (
+    HISTORY_ANNOTATION,
+    PENDING_LABEL,
+    REQUEST_ANNOTATION,
+    mig_resource,
+)
+from numaguard.remediator.core.actions import Action, PodInfo, Refusal
 from numaguard.remediator.core.history import DONE, WorkloadHistory
 from numaguard.remediator.core.kinds import MIGRATE_MEMORY
-from numaguard.remediator.core.planner import HISTORY_OWNERS, Action, PodInfo, Refusal
+from numaguard.remediator.core.planner import HISTORY_OWNERS
 from numaguard.remediator.core.rejections import RejectedPod
 from numaguard.remediator.core.steering import Steer, Target, configured
 from numaguard.remediator.kube import Answer, Kube
-
-if TYPE_CHECKING:
-    from numaguard.remediator.leader import LeaderElector
 
 log = logging.getLogger(__name__)
 COMPONENT = "numaguard-remediator"
@@ -62,8 +63,15 @@ class Writer:
         return await self.kube.call("DELETE", path, body=body)
 
 
+class Elected(Protocol):
+    """Whether this replica leads (leader.LeaderElector; it writes its Lease through the
+    Writer above)."""
+
+    leading: bool
+
+
 class Actuator:
-    def __init__(self, kube: Kube, elector: LeaderElector | None, clock=time.time) -> None:
+    def __init__(self, kube: Kube, elector: Elected | None, clock=time.time) -> None:
         self.kube = kube
         self.writer = Writer(kube)
         self.elector = elector

@@ -26,8 +26,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter, ValidationError
 
-from numaguard.exporter import __version__, logs, webconfig
-from numaguard.exporter.sources.apiserver import KubeconfigError, connect
+from numaguard import __version__
+from numaguard.common import logs, webconfig
+from numaguard.common.apiserver import KubeconfigError, connect
 from numaguard.remediator import steering
 from numaguard.remediator.controller import Controller, CycleReport
 from numaguard.remediator.core.findings import Detection

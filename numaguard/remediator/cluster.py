@@ -9,16 +9,15 @@ import math
 from collections import Counter
 from datetime import datetime
 
+from numaguard.contract.names import HISTORY_ANNOTATION, PENDING_LABEL
+from numaguard.remediator.core.actions import DRA, PodInfo
 from numaguard.remediator.core.capacity import Need
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import WorkloadHistory
-from numaguard.remediator.core.planner import DRA, HISTORY_OWNERS, PodInfo
+from numaguard.remediator.core.planner import HISTORY_OWNERS
 from numaguard.remediator.core.reach import NodeFacts, Placement
 from numaguard.remediator.core.rejections import ADMISSION_REJECTIONS, RejectedPod
 from numaguard.remediator.kube import Kube, parse_quantity
-
-HISTORY_ANNOTATION = "numaguard.io/history"  # the workload's history, JSON
-PENDING_LABEL = "numaguard.io/pending"  # "true" while an action awaits verification
 
 _CONCURRENCY = 16
 _APPS = "/apis/apps/v1/namespaces"

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import aiohttp
 
-from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.contract.names import STEER_ANNOTATION, mig_resource
 from numaguard.remediator.actuator import RECORDED_FIRST, Actuator
 from numaguard.remediator.cluster import (
     ClusterError,
@@ -26,6 +26,7 @@ from numaguard.remediator.cluster import (
     workload_pods,
 )
 from numaguard.remediator.core import queries as q
+from numaguard.remediator.core.actions import Action, Plan, PodInfo, after_action
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity
 from numaguard.remediator.core.evidence import Evidence
@@ -34,33 +35,18 @@ from numaguard.remediator.core.history import (
     DONE,
     Pending,
     WorkloadHistory,
-    after_action,
     after_verification,
+    described,
     landing,
     measured_uid,
 )
 from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR, RESIZED
-from numaguard.remediator.core.outcome import (
-    Activity,
-    Gain,
-    activities,
-    described,
-    gain,
-    judged,
-    mean,
-)
-from numaguard.remediator.core.planner import (
-    Action,
-    Plan,
-    PodInfo,
-    nodes_to_check,
-    plan,
-    prepare,
-)
+from numaguard.remediator.core.outcome import Activity, Gain, activities, gain, judged, mean
+from numaguard.remediator.core.planner import nodes_to_check, plan, prepare
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.rejections import Storm, describe, storms
 from numaguard.remediator.core.rounds import Round, Sizing, rounds
-from numaguard.remediator.core.steering import MODE_ANNOTATION, Steer, Target, steerable
+from numaguard.remediator.core.steering import Steer, Target, steerable
 from numaguard.remediator.kube import Kube
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
@@ -296,7 +282,7 @@ class Controller:
             pod.workload,
             pod.selector,
             action.nodes,
-            pod.workload_annotations.get(MODE_ANNOTATION) == "required",
+            pod.workload_annotations.get(STEER_ANNOTATION) == "required",
             now + self.policy.verify_deadline_seconds,
         )
         result = steerable(steer)

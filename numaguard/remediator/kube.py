@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from kubernetes.aio import client, config
 from kubernetes.utils import parse_quantity  # noqa: F401 (the client's, for cluster.py)
 
-from numaguard.exporter.sources.apiserver import KubeconfigError, find_kubeconfig, in_cluster
+from numaguard.common.apiserver import KubeconfigError, find_kubeconfig, in_cluster
 
 REQUEST_TIMEOUT_SECONDS = 15.0
 

@@ -27,10 +27,10 @@ from datetime import UTC, datetime
 
 import aiohttp
 
+from numaguard.contract.names import PAUSE_ANNOTATION
 from numaguard.remediator.actuator import Writer
 from numaguard.remediator.kube import Kube
 
-PAUSE_ANNOTATION = "numaguard.io/paused"
 log = logging.getLogger(__name__)
 
 

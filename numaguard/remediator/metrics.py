@@ -11,8 +11,8 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-from numaguard.exporter import catalogue as c
-from numaguard.exporter.process import ProcessCollector
+from numaguard.common.process import ProcessCollector
+from numaguard.contract import catalogue as c
 from numaguard.remediator.core.history import LANDINGS
 from numaguard.remediator.core.kinds import KINDS
 from numaguard.remediator.core.planner import GUARDS

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from numaguard.exporter import webconfig
+from numaguard.common import webconfig
 from numaguard.remediator.core.steering import TIMEOUT_SECONDS, mutation, steered_to
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import time
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from numaguard.exporter import logs
+from numaguard.common import logs
 from numaguard.exporter.server import serve
 from numaguard.exporter.settings import Settings
 from numaguard.simulator import presets

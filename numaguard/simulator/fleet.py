@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TextIO
 
-from numaguard.exporter import catalogue as c
-from numaguard.remediator.core.planner import PodInfo
+from numaguard.contract import catalogue as c
+from numaguard.remediator.core.actions import PodInfo
 from numaguard.remediator.core.reach import NodeFacts, Placement
 
 GIB = 1 << 30

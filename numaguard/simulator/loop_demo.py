@@ -22,7 +22,7 @@ from collections import Counter
 import aiohttp
 
 from alerts import rules
-from numaguard.exporter import logs
+from numaguard.common import logs
 from numaguard.remediator import steering
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.core.planner import LASTING_GUARDS

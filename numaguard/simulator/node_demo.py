@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from numaguard.exporter import logs
+from numaguard.common import logs
 from numaguard.simulator.node_loop import (
     fixed,
     misaligned_again,

@@ -28,10 +28,11 @@ from pathlib import Path
 
 import aiohttp
 
-from numaguard.exporter.catalogue import NUMA_MEMORY_FREE
+from numaguard.contract.catalogue import NUMA_MEMORY_FREE
+from numaguard.contract.names import OPT_OUT
 from numaguard.exporter.readers import parse_id_list
 from numaguard.remediator.controller import Controller, CycleReport
-from numaguard.remediator.core.policy import OPT_OUT, Policy
+from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.signals import Prometheus

@@ -23,7 +23,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from numaguard.exporter.sources.resctrl import GROUP_PREFIX, ResctrlOps
+from numaguard.exporter.sources.resctrl import GROUP_PREFIX
+from numaguard.exporter.sources.resctrl_ops import ResctrlOps
 from numaguard.simulator.host import FakeHost
 
 EVENTS = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")

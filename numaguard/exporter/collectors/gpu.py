@@ -3,7 +3,7 @@ per slice with what each can measure, and which pod container uses which device.
 
 from __future__ import annotations
 
-from numaguard.exporter import catalogue as c
+from numaguard.contract import catalogue as c
 from numaguard.exporter.collectors import Collector
 from numaguard.exporter.exposition import Families, Family
 from numaguard.exporter.model import NodeSnapshot

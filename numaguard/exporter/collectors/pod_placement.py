@@ -3,7 +3,7 @@ remote memory, throttling, pressure, and the cross-NUMA verdicts."""
 
 from __future__ import annotations
 
-from numaguard.exporter import catalogue as c
+from numaguard.contract import catalogue as c
 from numaguard.exporter.collectors import METADATA, Collector
 from numaguard.exporter.exposition import Families, Family, LabelPrefix
 from numaguard.exporter.model import NodeSnapshot

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from numaguard.exporter import catalogue as c
+from numaguard.contract import catalogue as c
 from numaguard.exporter.collectors import Collector
 from numaguard.exporter.exposition import Families, Family
 from numaguard.exporter.model import NodeSnapshot

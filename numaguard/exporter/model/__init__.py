@@ -115,7 +115,7 @@ def build_snapshot(
         uses = tuple(replace(u, pod_state=by_uid.get(u.pod_uid)) for u in uses)
         starvation = starvation_of(
             uses,
-            previous,
+            previous.pods if previous else (),
             timestamp - previous.timestamp if previous else None,
             traffic,
             thresholds,

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from numaguard.contract.names import mig_resource
 from numaguard.exporter.model.placement import PodState
 from numaguard.exporter.readers.dra import DraView, device_plugin_id
-from numaguard.exporter.readers.nvml import mig_resource
 from numaguard.exporter.readers.podresources import ContainerResources
 from numaguard.exporter.records import GpuReading, GpuRecord, PodMeta, SliceRecord
 

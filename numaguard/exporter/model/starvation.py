@@ -3,17 +3,14 @@ pod's host side held it back, for each reason of thresholds.STARVED_REASONS."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from numaguard.contract.reasons import STARVED_REASONS
 from numaguard.exporter.model.devices import DeviceUse
 from numaguard.exporter.model.placement import PodState
-from numaguard.exporter.model.thresholds import STARVED_REASONS, Thresholds
+from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.traffic import ResctrlState
-
-if TYPE_CHECKING:
-    from numaguard.exporter.model import NodeSnapshot
 
 
 @dataclass(slots=True)
@@ -29,12 +26,12 @@ class Starvation:
 
 def starvation_of(
     uses: tuple[DeviceUse, ...],
-    previous: NodeSnapshot | None,
+    previous: Iterable[PodState],
     interval: float | None,
     traffic: ResctrlState | None,
     thresholds: Thresholds,
 ) -> tuple[Starvation, ...]:
-    before = {p.uid: p for p in previous.pods} if previous else {}
+    before = {p.uid: p for p in previous}
     out = []
     for use in uses:
         unit = use.mig or use.gpu

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from numaguard import __version__
-from numaguard.exporter import logs
+from numaguard.common import logs
 from numaguard.exporter.mover import wire
 from numaguard.exporter.mover.pages import Kernel, Moved, Pace, allowed_mems, move_pod_memory
 from numaguard.exporter.readers.cgroup import container_of, pod_uid_of

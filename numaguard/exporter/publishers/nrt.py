@@ -15,12 +15,12 @@ import os
 
 import aiohttp
 
+from numaguard.common.apiserver import ApiServer
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.nrt import PATH, node_resource_topology
 from numaguard.exporter.readers.kubeletconfig import topology_manager
 from numaguard.exporter.records import Issue
 from numaguard.exporter.sources import read_parsed
-from numaguard.exporter.sources.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 

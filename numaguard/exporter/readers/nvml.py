@@ -37,13 +37,6 @@ def parse_profile_name(name: str | bytes) -> str:
     return m[1]
 
 
-def mig_resource(profile: str) -> str:
-    """The extended resource the device plugin's ``mixed`` strategy names a profile's
-    slices by: ``nvidia.com/mig-1g.10gb``; a ``+`` is not allowed there and becomes ``.``
-    (``1g.10gb+me`` -> ``nvidia.com/mig-1g.10gb.me``), a ``-`` stays."""
-    return f"nvidia.com/mig-{profile.replace('+', '.')}"
-
-
 def sysfs_pci_address(bus_id: str | bytes) -> str:
     """NVML's bus id (``00000000:18:00.0``) -> the sysfs name (``0000:18:00.0``)."""
     text = bus_id.decode("ascii", "replace") if isinstance(bus_id, bytes) else bus_id

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from numaguard.common.apiserver import ApiServer
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.readers.dra import (
     Allocated,
@@ -24,7 +25,6 @@ from numaguard.exporter.readers.dra import (
     read_resource_slice,
 )
 from numaguard.exporter.records import PodMeta
-from numaguard.exporter.sources.apiserver import ApiServer
 from numaguard.exporter.sources.kube import REQUEST_TIMEOUT_SECONDS, ListWatch
 
 log = logging.getLogger(__name__)

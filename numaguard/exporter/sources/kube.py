@@ -13,10 +13,10 @@ from typing import Generic, TypeVar
 
 import aiohttp
 
-from numaguard.exporter.memory_mover import REQUEST, REQUEST_ANNOTATION
+from numaguard.common.apiserver import ApiServer
+from numaguard.contract.names import REQUEST, REQUEST_ANNOTATION
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.records import PodMeta
-from numaguard.exporter.sources.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 

@@ -40,6 +40,7 @@ from numaguard.exporter.readers.resctrl import (
 )
 from numaguard.exporter.records import Issue, PodsReading, ResctrlReading
 from numaguard.exporter.sources import read_parsed, subdirs
+from numaguard.exporter.sources.resctrl_ops import ResctrlOps
 
 if TYPE_CHECKING:
     from numaguard.exporter.settings import Settings
@@ -53,32 +54,6 @@ _NOT_GROUPS = frozenset({"info", "mon_groups", "mon_data"})
 MBM_EVENTS = ("mbm_total_bytes", "mbm_local_bytes")  # what ABMC counters count
 # cycles between two full task syncs of a group whose pod's thread lists did not change
 RESYNC_CYCLES = 10
-
-
-class ResctrlOps:
-    """The writes a managed resctrl tree needs, done on the real kernel files."""
-
-    def mkdir(self, path: str) -> None:
-        os.mkdir(path)
-
-    def rmdir(self, path: str) -> None:
-        os.rmdir(path)
-
-    def move_task(self, tasks_file: str, tid: int) -> None:
-        # One id per write: older kernels take no lists.
-        _write_file(tasks_file, str(tid))
-
-    def assign(self, assignments_file: str, line: str) -> None:
-        """One ``event:domain=state;...`` line to a group's ``mbm_L3_assignments``."""
-        _write_file(assignments_file, line)
-
-
-def _write_file(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.contract.names import mig_resource
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding

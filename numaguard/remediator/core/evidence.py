@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from numaguard.exporter import catalogue as c
-from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.contract import catalogue as c
+from numaguard.contract.names import mig_resource
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.kinds import (
@@ -22,7 +22,7 @@ from numaguard.remediator.core.kinds import (
 )
 
 if TYPE_CHECKING:
-    from numaguard.remediator.core.planner import PodInfo
+    from numaguard.remediator.core.actions import PodInfo
 
 
 class Evidence:

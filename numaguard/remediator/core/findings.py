@@ -250,3 +250,13 @@ def _rows(df: pd.DataFrame):
     if df.empty:
         return []
     return df.to_dict("records")
+
+
+def shared_pool_advice(f: Finding) -> str:
+    """For a placement finding on a pod without exclusive CPUs: no kubelet gives a pod of
+    the shared CPU pool a NUMA zone, so no eviction can align it."""
+    return (
+        "in the shared CPU pool, which no kubelet places on one NUMA node: give it whole "
+        "CPUs (Guaranteed QoS, integer CPU requests, the static CPU manager) to have it "
+        f"aligned ({f.kind}: {f.reason})"
+    )

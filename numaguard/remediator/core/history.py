@@ -7,19 +7,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StringConstraints, TypeAdapter, ValidationError
 
 from numaguard.remediator.core.findings import Finding
-from numaguard.remediator.core.kinds import KINDS, MIGRATE_MEMORY
-from numaguard.remediator.core.outcome import Activity
+from numaguard.remediator.core.kinds import KINDS, MIGRATE_MEMORY, NOISY_NEIGHBOUR, RESIZED
+from numaguard.remediator.core.outcome import Activity, Gain
 from numaguard.remediator.core.reach import NODES_PER_FINDING
 from numaguard.remediator.core.validation import FORBID_EXTRA, Count, Seconds
-
-if TYPE_CHECKING:
-    from numaguard.remediator.core.planner import Action
-
 
 # A history is written by the remediator and may be rewritten by whoever can patch the
 # workload: its size is bounded, so that no tenant can make verifying it costly. The
@@ -115,35 +111,6 @@ class WorkloadHistory:
 _HISTORY = TypeAdapter(WorkloadHistory)
 
 
-def after_action(
-    h: WorkloadHistory | None,
-    action: Action,
-    result: str,
-    now: float,
-    before: Activity | None = None,
-) -> WorkloadHistory:
-    """The workload's history once ``action`` ended in ``result``; ``before``: what the
-    pod whose activity judges the fix did before it."""
-    h = h or WorkloadHistory()
-    f = action.finding
-    if result == DONE.get(action.kind):
-        pending = Pending(
-            f.kind,
-            f.reason,
-            now,
-            action.pod.uid,
-            f.recommended,
-            measured_uid(f),
-            before,
-            action.nodes,
-            action.kind == MIGRATE_MEMORY,
-        )
-        return replace(h, last_action=now, pending=(*h.pending, pending), pdb_refusals=0)
-    if result == "pdb_blocked":
-        return replace(h, pdb_refusals=h.pdb_refusals + 1, last_refusal=now)
-    return h
-
-
 def after_verification(h: WorkloadHistory, pending: Pending, outcome: str) -> WorkloadHistory:
     """The history once ``pending`` was judged: a fix that held resets the failures; one
     that did not hold, or could not be verified, adds one (longer cooldown, then give up)."""
@@ -167,3 +134,21 @@ def measured_uid(f: Finding) -> str:
     """The pod whose activity says whether a fix of ``f`` paid off: the pod moved or
     resized (its replacements, after), or the feeder a noisy neighbour crowded out."""
     return getattr(f, KINDS[f.kind].measured)
+
+
+def described(pending: Pending, g: Gain, after: Activity | None) -> str:
+    """The gain as the verification's Event says it, e.g. "GPU activity 0.15 -> 0.82
+    after moving to gpu-a NUMA node 1: gain 5.47"."""
+    if g.ratio is None:
+        return g.detail
+    kind = pending.kind
+    if pending.in_place:
+        how = " after its memory moved home in place"
+    elif kind in RESIZED:
+        how = " after the resize"
+    elif kind == NOISY_NEIGHBOUR.name:
+        how = " after its noisy neighbour left"
+    else:
+        numa = f" NUMA node {after.numa_nodes}" if after.numa_nodes else ""
+        how = f" after moving to {after.node}{numa}"
+    return f"{g.detail}{how}: gain {g.ratio:.2f}"

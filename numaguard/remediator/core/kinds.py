@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from numaguard.exporter import catalogue as c
-from numaguard.exporter.model.thresholds import CROSS_NUMA_REASONS, STARVED_REASONS
-from numaguard.exporter.readers.nvml import mig_resource
-
-if TYPE_CHECKING:
-    from numaguard.remediator.core.findings import Finding
+from numaguard.contract import catalogue as c
+from numaguard.contract.names import mig_resource
+from numaguard.contract.reasons import CROSS_NUMA_REASONS, STARVED_REASONS
 
 # The action that moves a pod's remote memory home in place (its node's exporter does,
 # asked by an annotation on the pod): the remedy for remote memory where it can work
@@ -32,7 +28,7 @@ class Kind:
     intent: str
     enforced_as: str  # its field in policy.enforcement
     min_gain: float  # the default of its field in policy.min_fix_gain
-    advice: Callable[[Finding], str]  # what the recommendation says
+    advice: Callable[..., str]  # of a Finding (findings.py): what the recommendation says
     age: str  # the query saying how old the newest sample saying so is
     age_of: tuple[str, ...]  # the finding's fields that name its row there
     verified_by: c.MetricSpec  # the verdict verification reads for a replacement
@@ -135,13 +131,3 @@ KINDS = {k.name: k for k in (CROSS_NUMA, STARVED, NOISY_NEIGHBOUR, OVERSIZED, UN
 # the kinds whose verdicts the exporter writes: found from their sustained and seen queries
 PLACEMENT = tuple(k for k in KINDS.values() if k.seen)
 RESIZED = tuple(k.name for k in KINDS.values() if k.intent == "resize")
-
-
-def shared_pool_advice(f: Finding) -> str:
-    """For a placement finding on a pod without exclusive CPUs: no kubelet gives a pod of
-    the shared CPU pool a NUMA zone, so no eviction can align it."""
-    return (
-        "in the shared CPU pool, which no kubelet places on one NUMA node: give it whole "
-        "CPUs (Guaranteed QoS, integer CPU requests, the static CPU manager) to have it "
-        f"aligned ({f.kind}: {f.reason})"
-    )

@@ -13,13 +13,8 @@ the fix is judged by its finding alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
-from numaguard.remediator.core.kinds import NOISY_NEIGHBOUR, RESIZED
 from numaguard.remediator.core.validation import FORBID_EXTRA, NonNegative, Text
-
-if TYPE_CHECKING:
-    from numaguard.remediator.core.history import Pending
 
 Measure = NonNegative | None
 # Busy SMs under this share of the devices' SMs before the action count as that much,
@@ -144,21 +139,3 @@ def judged(outcome: str, g: Gain, least: float) -> str:
     if outcome == "held" and g.ratio is not None and g.ratio < least:
         return "no_gain"
     return outcome
-
-
-def described(pending: Pending, g: Gain, after: Activity | None) -> str:
-    """The gain as the verification's Event says it, e.g. "GPU activity 0.15 -> 0.82
-    after moving to gpu-a NUMA node 1: gain 5.47"."""
-    if g.ratio is None:
-        return g.detail
-    kind = pending.kind
-    if pending.in_place:
-        how = " after its memory moved home in place"
-    elif kind in RESIZED:
-        how = " after the resize"
-    elif kind == NOISY_NEIGHBOUR.name:
-        how = " after its noisy neighbour left"
-    else:
-        numa = f" NUMA node {after.numa_nodes}" if after.numa_nodes else ""
-        how = f" after moving to {after.node}{numa}"
-    return f"{g.detail}{how}: gain {g.ratio:.2f}"

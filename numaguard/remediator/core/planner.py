@@ -10,26 +10,25 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from numaguard.exporter.memory_mover import REQUEST_ANNOTATION
+from numaguard.contract.names import AUTO_RESIZE_ANNOTATION, OPT_OUT, REQUEST_ANNOTATION
+from numaguard.remediator.core.actions import DRA, Action, Plan, PodInfo, Refusal
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
 from numaguard.remediator.core.evidence import Evidence
-from numaguard.remediator.core.findings import Finding
+from numaguard.remediator.core.findings import Finding, shared_pool_advice
 from numaguard.remediator.core.history import WorkloadHistory
 from numaguard.remediator.core.kinds import (
     CROSS_NUMA,
     KINDS,
     MIGRATE_MEMORY,
     NOISY_NEIGHBOUR,
-    shared_pool_advice,
 )
-from numaguard.remediator.core.policy import OPT_OUT, Policy
-from numaguard.remediator.core.reach import NODES_PER_FINDING, NodeFacts, Placement, excluded
+from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.reach import NODES_PER_FINDING, NodeFacts, excluded
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 GUARDS = (
@@ -79,71 +78,6 @@ HISTORY_OWNERS = {
     "StatefulSet": "statefulsets",
     "ReplicaSet": "replicasets",
 }
-
-
-DRA = "resource.k8s.io"  # in PodInfo.resources: the pod has ResourceClaims
-
-
-@dataclass(frozen=True)
-class PodInfo:
-    """What the API server says about a pod, as far as the guards need it."""
-
-    namespace: str
-    name: str
-    uid: str
-    node: str
-    created: float  # seconds since the epoch
-    owner_kind: str = ""  # of the controller owner reference; "" for a bare pod
-    owner_name: str = ""
-    workload: str = ""  # kind/namespace/name of the top owner (Deployment, StatefulSet...)
-    workload_annotations: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    priority: int = 0
-    priority_class: str = ""
-    local_storage: bool = False  # emptyDir or hostPath volumes
-    mirror: bool = False  # a static pod's mirror
-    phase: str = "Running"
-    mismatch: str = ""  # why the API server's objects contradict each other (owner uids)
-    history: WorkloadHistory | None = None  # as kept on its workload
-    # extended resources its containers request (nvidia.com/gpu, nvidia.com/mig-...), and
-    # DRA when it has ResourceClaims
-    resources: frozenset[str] = frozenset()
-    # where its replacement may be scheduled (its owner's template); None: unknown
-    placement: Placement | None = None
-    requests: dict[str, float] = field(default_factory=dict)  # its own, given back once gone
-    # the matchLabels of the controller that makes its replacements (steering finds them
-    # by it); empty when its selector has expressions
-    selector: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Action:
-    kind: str  # evict | resize | migrate_memory | recommend
-    finding: Finding
-    pod: PodInfo | None
-    detail: str
-    dry_run: bool
-    # an eviction's: the nodes whose zones fit and that its replacement may reach,
-    # roomiest first (where steering sends it)
-    nodes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Refusal:
-    finding: Finding
-    guard: str
-    detail: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    actions: tuple[Action, ...]
-    refusals: tuple[Refusal, ...]
-    ignored: tuple[Finding, ...] = ()  # of kinds the policy says to ignore
-
-    @property
-    def unremediable(self) -> tuple[Finding, ...]:
-        return tuple(r.finding for r in self.refusals if r.guard == "no_fit")
 
 
 def plan(
@@ -431,7 +365,7 @@ def _opted_in(pod: PodInfo | None) -> bool:
     return bool(
         pod
         and pod.workload.split("/")[0] in ("Deployment", "StatefulSet")
-        and pod.workload_annotations.get("numaguard.io/auto-resize") == "true"
+        and pod.workload_annotations.get(AUTO_RESIZE_ANNOTATION) == "true"
     )
 
 

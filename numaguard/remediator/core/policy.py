@@ -28,8 +28,6 @@ from numaguard.remediator.core.validation import (
 # dry-run), only recommend (an Event and the log say what would help), or ignore it.
 Mode = Literal["act", "recommend", "ignore"]
 MODES: tuple[str, ...] = get_args(Mode)
-# A pod's annotation that, set to "false", keeps the remediator from acting on it
-OPT_OUT = "numaguard.io/remediate"
 
 
 @dataclass(frozen=True)

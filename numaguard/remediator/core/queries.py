@@ -23,7 +23,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from numaguard.exporter import catalogue as c
+from numaguard.contract import catalogue as c
 from numaguard.remediator.core.kinds import CROSS_NUMA, KINDS, PLACEMENT, RESIZED, STARVED
 from numaguard.remediator.core.validation import FORBID_EXTRA, Duration
 

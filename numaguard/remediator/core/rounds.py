@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, replace
 
-from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.contract.names import mig_resource
 from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.answers import Signals, merged
 from numaguard.remediator.core.capacity import CAPACITY_DEPENDS_ON, Need, holdings, need_of

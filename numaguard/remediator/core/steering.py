@@ -19,13 +19,10 @@ import json
 import re
 from dataclasses import dataclass
 
+from numaguard.contract.names import STEERING_ANNOTATION
 from numaguard.remediator.core.reach import NODES_PER_FINDING
 
 PATH = "/steer"
-# on the workload: "required" makes the node affinity required, not preferred
-MODE_ANNOTATION = "numaguard.io/steer"
-# on the webhook configuration: webhook name -> {"workload": ..., "until": ...}
-STATE_ANNOTATION = "numaguard.io/steering"
 MODES = ("preferred", "required")
 TIMEOUT_SECONDS = 2  # pod creation never waits longer on it (failurePolicy Ignore)
 # what may go into a path, a label selector and a CEL-free configuration unquoted
@@ -142,7 +139,7 @@ def configured(
     if not add and names == list(kept) and state == before:
         return None  # entries kept are kept as the API server defaulted them
     out = copy.deepcopy(config)
-    out.setdefault("metadata", {}).setdefault("annotations", {})[STATE_ANNOTATION] = json.dumps(
+    out.setdefault("metadata", {}).setdefault("annotations", {})[STEERING_ANNOTATION] = json.dumps(
         state, sort_keys=True, separators=(",", ":")
     )
     out["webhooks"] = webhooks
@@ -151,7 +148,7 @@ def configured(
 
 def _state(config: dict) -> dict:
     """Webhook name -> {workload, until}, as written; {} when unreadable."""
-    text = ((config.get("metadata") or {}).get("annotations") or {}).get(STATE_ANNOTATION)
+    text = ((config.get("metadata") or {}).get("annotations") or {}).get(STEERING_ANNOTATION)
     try:
         state = json.loads(text) if text else {}
     except ValueError:

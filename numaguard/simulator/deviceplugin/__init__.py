@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from numaguard.exporter.readers.nvml import mig_resource
+from numaguard.contract.names import mig_resource
 from numaguard.simulator.deviceplugin import api_pb2 as api
 from numaguard.simulator.deviceplugin import api_pb2_grpc as rpc
 from numaguard.simulator.nvml import FakeNvml

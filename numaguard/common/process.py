@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from prometheus_client import process_collector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from numaguard.exporter import catalogue as c
+from numaguard.contract import catalogue as c
 
 
 class ProcessCollector(process_collector.ProcessCollector):

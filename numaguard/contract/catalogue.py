@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from numaguard.exporter.model.thresholds import STARVED_REASONS
+from numaguard.contract.reasons import STARVED_REASONS
 
 PREFIX = "numaguard_"
 NODE_LABEL = "node"
@@ -72,7 +72,7 @@ CONTAINER = ("namespace", "pod", "container", "pod_uid", "container_id")
 POD = ("namespace", "pod", "pod_uid")
 COLLECTOR = ("collector",)
 
-# -- the process (both components; read by numaguard/exporter/process.py) --------------------
+# -- the process (both components; read by numaguard/common/process.py) --------------------
 PROCESS_CPU = _process(
     "process_cpu_seconds_total", "counter", "User and system CPU time the process spent."
 )

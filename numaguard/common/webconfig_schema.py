@@ -3,11 +3,26 @@ imported only when a file is given."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from numaguard.exporter.webconfig import CLIENT_AUTH, TLS_VERSIONS
+# exporter-toolkit's names -> what the handshake asks of a client. Its two that take a
+# certificate unverified (RequestClientCert, RequireAnyClientCert) are refused: the
+# standard library verifies every certificate it is given.
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
 
 
 class TlsServerConfig(BaseModel):

@@ -46,14 +46,6 @@ import bcrypt
 import yaml
 from aiohttp import web
 
-# exporter-toolkit's names -> what the handshake asks of a client. Its two that take a
-# certificate unverified (RequestClientCert, RequireAnyClientCert) are refused: the
-# standard library verifies every certificate it is given.
-CLIENT_AUTH = {
-    "NoClientCert": ssl.CERT_NONE,
-    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
-}
 OPEN_PATHS = ("/healthz", "/readyz")  # the kubelet's probes carry no credentials
 REVIEW_TTL_SECONDS = 60.0  # how long the API server's word on a token and path holds
 REVIEWS_KEPT = 1024  # of tokens the API server knows, and apart, of those it does not
@@ -72,19 +64,11 @@ HANDSHAKE_SECONDS = 10.0  # a TLS client that has not finished its handshake by 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from numaguard.exporter.webconfig_schema import WebConfig
+    from numaguard.common.webconfig_schema import WebConfig
 
 
 class ApiUnavailable(Exception):
     """The API server answered a review with an error."""
-
-
-TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
 
 
 class WebConfigError(Exception):
@@ -96,7 +80,7 @@ def load(path: str) -> WebConfig:
     # config file needs it
     from pydantic import ValidationError
 
-    from numaguard.exporter.webconfig_schema import WebConfig
+    from numaguard.common.webconfig_schema import WebConfig
 
     try:
         text = Path(path).read_text()
@@ -125,6 +109,8 @@ def load(path: str) -> WebConfig:
 
 def ssl_context(config: WebConfig, path: str = "") -> ssl.SSLContext | None:
     """The server's TLS context, or None for plain HTTP."""
+    from numaguard.common.webconfig_schema import CLIENT_AUTH, TLS_VERSIONS
+
     tls = config.tls_server_config
     if tls is None:
         return None
