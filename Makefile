@@ -14,7 +14,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo demo-node test test-fast bench lint docs proto image push image-check system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd thanos node-vm clean FORCE
+.PHONY: demo demo-node test test-fast bench lint docs golden proto image push image-check system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd thanos node-vm clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -198,6 +198,11 @@ bench: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(THANOS)/
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends prometheus-node-exporter wrk >/dev/null; }
 	$(PY) bench/all.py
+
+# The reference node's whole exposition, as tests/test_golden.py compares it: after a
+# metric changes on purpose, rewrite it and review the diff.
+golden: $(VENV)/.installed
+	$(PY) -m tests.golden.reference
 
 docs: $(VENV)/.installed
 	$(PY) -m numaguard.exporter.docs
