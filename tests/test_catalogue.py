@@ -3,13 +3,16 @@ there with its labels, names follow Prometheus conventions, and the doc is curre
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pynvml
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.contract.catalogue import CATALOGUE
@@ -164,3 +167,28 @@ def test_readme_configuration_block_is_the_current_help():
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     assert docs.readme_with_help(readme) == readme, "run: make docs"
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    from numaguard.exporter.cli import parser as exporter_parser
+    from numaguard.exporter.mover.helper import parser as helper_parser
+    from numaguard.remediator.cli import parser as remediator_parser
+
+    out = {"numaguard-exporter": exporter_parser(), "numaguard-memory-mover": helper_parser()}
+    remediator = remediator_parser()
+    (commands,) = [a for a in remediator._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, sub in commands.choices.items():
+        out[f"numaguard-remediator {name}"] = sub
+    return out
+
+
+@pytest.mark.parametrize("command", sorted(_parsers()))
+def test_every_flag_says_what_it_does_and_its_default_plainly(command):
+    """No "(default: None)" or "(default: )", no byte count in raw digits, and no flag
+    without a word of help (argparse then shows neither help nor default)."""
+    parser = _parsers()[command]
+    text = " ".join(parser.format_help().split())
+    assert "(default: None)" not in text and "(default: )" not in text
+    assert not re.search(r"default: \d{7,}", text)
+    silent = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+    assert silent == []

@@ -962,7 +962,12 @@ def test_the_helper_imports_no_server_nor_client_library():
         m
         for m in ours
         if not m.startswith(("numaguard.exporter.mover", "numaguard.exporter.readers"))
-    } == {"numaguard.exporter", "numaguard.common", "numaguard.common.logs"}
+    } == {
+        "numaguard.exporter",
+        "numaguard.common",
+        "numaguard.common.logs",
+        "numaguard.common.help_text",
+    }
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs as root with one capability")

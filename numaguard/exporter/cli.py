@@ -10,6 +10,7 @@ import sys
 
 from numaguard.common import logs, webconfig
 from numaguard.common.apiserver import KubeconfigError, find_kubeconfig, in_cluster
+from numaguard.common.help_text import DefaultsShown
 from numaguard.common.process import one_malloc_arena
 from numaguard.contract.reasons import STARVED_REASONS, STARVED_THRESHOLDS
 from numaguard.exporter import __version__
@@ -33,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
             "Scrapes are served from bytes rendered at the end of the last collection "
             "cycle, so they never wait on the kernel."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsShown,
     )
     p.add_argument(
         "--host-root",

@@ -29,6 +29,7 @@ from pydantic import TypeAdapter, ValidationError
 from numaguard import __version__
 from numaguard.common import logs, webconfig
 from numaguard.common.apiserver import KubeconfigError, connect
+from numaguard.common.help_text import DefaultsShown
 from numaguard.remediator import steering
 from numaguard.remediator.controller import Controller, CycleReport
 from numaguard.remediator.core.findings import Detection
@@ -82,15 +83,6 @@ class Health:
         return self.clock() - self.last < self.limit
 
 
-class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults shown, except where the default is "from the config"."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or isinstance(action.default, bool):
-            return action.help or ""
-        return super()._get_help_string(action)
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="numaguard-remediator",
@@ -100,7 +92,7 @@ def parser() -> argparse.ArgumentParser:
             "safely: evictions through the Eviction API only when an aligned NUMA zone "
             "exists somewhere, opt-in MIG resizes, every guard on, dry-run by default."
         ),
-        formatter_class=_Help,
+        formatter_class=DefaultsShown,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -116,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
             name,
             help=text,
             description=text,
-            formatter_class=_Help,
+            formatter_class=DefaultsShown,
         )
         s.set_defaults(subparser=s)  # its own usage for its own errors
         s.add_argument(

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from numaguard import __version__
 from numaguard.common import logs
+from numaguard.common.help_text import DefaultsShown
 from numaguard.exporter.mover import wire
 from numaguard.exporter.mover.pages import Kernel, Moved, Pace, allowed_mems, move_pod_memory
 from numaguard.exporter.readers.cgroup import container_of, pod_uid_of
@@ -214,6 +215,7 @@ def _positive_int(value: str) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="numaguard-memory-mover",
+        formatter_class=DefaultsShown,
         description="Move pods' memory home with move_pages(2), as numaguard-exporter "
         "--memory-mover orders over a Unix socket: the one process of the exporter's pod "
         "that holds CAP_SYS_PTRACE (deploy/components/memory-mover).",
@@ -240,8 +242,15 @@ def parser() -> argparse.ArgumentParser:
         help="bytes moved a second at most, so that the node's memory bandwidth is not "
         "taken from its neighbours (this helper's, whatever the exporter asks)",
     )
-    p.add_argument("--log-format", choices=("json", "text"), default="json")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default="json",
+        help="json: one object per line on stderr, each order and what it did",
+    )
+    p.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help=" "
+    )
     return p
 
 
