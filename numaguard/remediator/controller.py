@@ -129,7 +129,7 @@ class Controller:
         try:
             signals, self.state = await self._gather(self.clock(), rejected)
         except SignalsError as err:
-            return self._failed(report, err.reason, str(err))
+            return self._failed(report, err.reason, err.detail)
         for (query, reason), n in signals.dropped.items():
             m.dropped_rows.labels(reason).inc(n)
             log.warning(

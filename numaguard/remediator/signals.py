@@ -82,7 +82,7 @@ class SignalsError(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         # unreachable | timeout | http | garbage | query | answer_too_large | partial
-        self.reason = reason
+        self.reason, self.detail = reason, detail
 
 
 class Prometheus:
