@@ -57,6 +57,14 @@ def test_run_without_any_kubeconfig_refuses_to_start(tmp_path):
     assert "no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a cluster" in done.stderr
 
 
+def test_a_kubeconfig_that_is_not_there_is_said_so(tmp_path):
+    missing = str(tmp_path / "nowhere.yaml")
+    done = run(tmp_path, KUBECONFIG=missing)
+    assert done.returncode == 2
+    assert f"{missing}: no such file (--kubeconfig or $KUBECONFIG)" in done.stderr
+    assert "current-context" not in done.stderr
+
+
 async def test_run_rides_out_an_api_server_that_does_not_answer_yet(tmp_path):
     """An API server down for a while (restarting, not yet reachable): `run` asks again
     with backoff, saying so, instead of exiting into a crash loop; it starts once the

@@ -7,6 +7,7 @@ It offers reads only; every write goes through the actuator's Writer."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from kubernetes.aio import client, config
@@ -21,6 +22,9 @@ async def api_client(kubeconfig: str | None) -> client.ApiClient | None:
     """An API client from the kubeconfig kubectl would use, or the in-cluster service
     account, or None."""
     kubeconfig = find_kubeconfig(kubeconfig)
+    if kubeconfig and not os.path.isfile(kubeconfig):
+        # the client library would say "Expected key current-context"
+        raise KubeconfigError(f"{kubeconfig}: no such file (--kubeconfig or $KUBECONFIG)")
     try:
         if kubeconfig:
             return await config.new_client_from_config(config_file=kubeconfig)
