@@ -8,6 +8,23 @@ import sys
 from pythonjsonlogger.json import JsonFormatter
 
 
+# what every LogRecord has: the rest are a line's own fields (``extra=``)
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+}
+
+
+class TextWithFields(logging.Formatter):
+    """Plain text, with the fields the JSON lines carry (a listen address, a reason)
+    after the message as key=value, so that neither format says less."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        return " ".join([line, *(f"{k}={v}" for k, v in fields.items())])
+
+
 def setup(log_format: str = "json", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
@@ -19,7 +36,7 @@ def setup(log_format: str = "json", level: str = "info") -> None:
             )
         )
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(TextWithFields("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
