@@ -293,6 +293,17 @@ def test_two_releases_install_side_by_side_on_the_real_api_server(control_plane,
         assert "The remediator ACTS" in notes["gpu"]
         assert "The remediator is in DRY-RUN" in notes["staging"]
         assert "kubectl get events -A --field-selector reason=DryRun" in notes["staging"]
+        # the notes' command to leave dry run works as printed, from the checkout's root
+        # (seen: `helm upgrade staging numaguard` took the Python package's folder)
+        (upgrade,) = [ln.split() for ln in notes["staging"].splitlines() if "helm upgrade" in ln]
+        done = subprocess.run(
+            [helm_binary(), *upgrade[1:], "--dry-run"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=DEPLOY.parent,
+        )
+        assert done.returncode == 0 and "The remediator ACTS" in done.stdout, done.stderr
         first, second = installed("gpu"), installed("staging")
         assert not names(first) & names(second)
         assert {"ValidatingAdmissionPolicy", "NetworkPolicy", "ServiceMonitor"} <= {
