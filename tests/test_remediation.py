@@ -264,6 +264,8 @@ async def test_no_aligned_capacity_means_no_eviction(cluster):
         if e["reason"] == "RemediationRefused" and e["involvedObject"]["name"] == "trainer-remote"
     ]
     assert [e["message"].split(":")[0] for e in refused] == ["no_fit", "no_fit"]
+    about = {e["message"].rsplit("(finding: ", 1)[1].split()[0] for e in refused}
+    assert about == {"cross_numa", "starved"}  # each Event names its finding
 
 
 async def test_a_pdb_at_its_limit_gets_429_and_is_not_hammered(cluster):

@@ -7,7 +7,6 @@ import sys
 
 from pythonjsonlogger.json import JsonFormatter
 
-
 # what every LogRecord has: the rest are a line's own fields (``extra=``)
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message",

@@ -200,9 +200,9 @@ class Actuator:
 
     async def refused(self, refusal: Refusal, pod: PodInfo | None) -> None:
         if pod is not None:
-            await self.event(
-                pod, "RemediationRefused", f"{refusal.guard}: {refusal.detail}", "Normal"
-            )
+            f = refusal.finding  # a pod may have several: the Event says which it is about
+            said = f"{refusal.guard}: {refusal.detail} (finding: {f.kind} {f.reason})"
+            await self.event(pod, "RemediationRefused", said, "Normal")
 
     async def _evict(self, pod: PodInfo) -> str:
         answer = await self.writer.post(
