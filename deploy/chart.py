@@ -13,12 +13,15 @@ import yaml
 
 CHART = Path(__file__).resolve().parent / "helm" / "numaguard"
 # values whose keys are the user's or Kubernetes' own (labels, a pod's scheduling, a
-# container's security context, the remediator's config, which it validates itself)
+# container's security context)
 FREE_FORM = re.compile(
     r"(^|\.)(commonLabels|annotations|nodeSelector|affinity|podAnnotations|podLabels"
     r"|podSecurityContext|securityContext|resources|updateStrategy|additionalLabels"
-    r"|tlsConfig|basicAuth|config)$"
+    r"|tlsConfig|basicAuth)$"
 )
+# the remediator's config file: its own records' schema (pydantic's), so that a typo'd
+# or wrong setting fails `helm install`, not the remediator's start in a crash loop
+REMEDIATOR_CONFIG = "remediator.config"
 ENUMS = {"image.pullPolicy": ["", "Always", "IfNotPresent", "Never"]}
 POSITIVE = {"exporter.memoryMoverHelper.rate"}  # 0 would not start
 # a switch that needs another value set
@@ -26,6 +29,8 @@ REQUIRED_WHEN_ON = {"networkPolicy": ("enabled", "prometheusNamespace")}
 
 
 def _schema(value, path: str) -> dict:
+    if path == REMEDIATOR_CONFIG:
+        return {"$ref": "#/definitions/RemediatorConfig"}
     if isinstance(value, dict):
         if FREE_FORM.search(path):
             return {"type": "object"}
@@ -58,7 +63,24 @@ def values() -> dict:
 
 def schema() -> str:
     doc = {"$schema": "http://json-schema.org/draft-07/schema#", **_schema(values(), "")}
+    doc["definitions"] = _remediator_config()
     return json.dumps(doc, indent=2) + "\n"
+
+
+def _remediator_config() -> dict:
+    """The config file's sections as numaguard-remediator validates them, their shared
+    records hoisted to the document's definitions."""
+    from pydantic import TypeAdapter
+
+    from numaguard.remediator.cli import SECTIONS
+
+    definitions, sections = {}, {}
+    for name, record in SECTIONS.items():
+        section = TypeAdapter(record).json_schema(ref_template="#/definitions/{model}")
+        definitions.update(section.pop("$defs", {}))
+        sections[name] = section
+    config = {"type": "object", "additionalProperties": False, "properties": sections}
+    return {**definitions, "RemediatorConfig": config}
 
 
 def _comments() -> dict[str, str]:
@@ -82,7 +104,12 @@ def _comments() -> dict[str, str]:
 
 
 def _leaves(value, path: str):
-    if isinstance(value, dict) and value and not FREE_FORM.search(path):
+    if (
+        isinstance(value, dict)
+        and value
+        and not FREE_FORM.search(path)
+        and path != REMEDIATOR_CONFIG
+    ):
         for k, v in value.items():
             yield from _leaves(v, f"{path}.{k}".lstrip("."))
     else:

@@ -15,6 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from numaguard.remediator.cli import ConfigError, settings
+from numaguard.remediator.cli import parser as remediator_parser
 from numaguard.simulator.controlplane import rendered
 from numaguard.simulator.processes import until
 from tests.test_deploy import CRDS, DEPLOY, K8S_VERSION
@@ -427,3 +429,44 @@ def test_the_alerts_link_their_dashboard_in_your_grafana():
     assert {r["annotations"]["dashboard_uid"] for r in alerts} >= {"numaguard-node"}
     (plain,) = [d for d in template() if d["kind"] == "PrometheusRule"]
     assert "dashboard_url" not in str(plain)
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("remediator.config.policy.max_per_cycel=5", "'max_per_cycel' not allowed"),
+        ("remediator.config.polcy.dry_run=false", "'polcy' not allowed"),
+        ("remediator.config.windows.finding=forever", "does not match pattern"),
+        ("remediator.config.policy.max_per_cycle=-1", "minimum"),
+    ],
+)
+def test_a_wrong_remediator_setting_fails_the_install_not_the_pod(setting, said, tmp_path):
+    """Seen: a typo'd key passed `helm install` and the remediator crash-looped on it.
+    The schema is the remediator's own (pydantic's), and it refuses what the remediator
+    refuses."""
+    done = subprocess.run(
+        [helm_binary(), "template", "x", str(CHART), "--set", setting],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and said in done.stderr, done.stderr
+    # the remediator, given the same file, says no too
+    key, value = setting.removeprefix("remediator.config.").split("=")
+    section, name = key.split(".")
+    config = yaml.safe_load((CHART / "values.yaml").read_text())["remediator"]["config"]
+    config.setdefault(section, {})[name] = yaml.safe_load(value)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    args = remediator_parser().parse_args(["plan", "--config", str(tmp_path / "config.yaml")])
+    with pytest.raises(ConfigError):
+        settings(args)
+
+
+def test_the_remediator_config_the_chart_ships_is_one_it_takes(tmp_path):
+    sets = ("remediator.config.policy.max_per_cycle=3", "remediator.config.windows.finding=15m")
+    (configmap,) = [
+        d for d in template(*sets) if d["kind"] == "ConfigMap" and "config.yaml" in d["data"]
+    ]
+    (tmp_path / "config.yaml").write_text(configmap["data"]["config.yaml"])
+    args = remediator_parser().parse_args(["plan", "--config", str(tmp_path / "config.yaml")])
+    policy, _, windows, _ = settings(args)
+    assert (policy.max_per_cycle, windows.finding) == (3, "15m")
