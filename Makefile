@@ -14,7 +14,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo demo-node test test-fast bench lint docs golden proto image push image-check system-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd thanos node-vm clean FORCE
+.PHONY: demo demo-node test test-fast bench lint docs golden proto image push image-check system-deps vm-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd thanos node-vm clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -38,12 +38,19 @@ $(VENV)/.installed: pyproject.toml
 
 system-deps:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
-	    || ! command -v prometheus-alertmanager >/dev/null \
-	    || ! command -v qemu-system-x86_64 >/dev/null; then \
-	  echo "installing Debian packages prometheus, prometheus-alertmanager and qemu-system-x86 (used by the tests)"; \
+	    || ! command -v prometheus-alertmanager >/dev/null; then \
+	  echo "installing Debian packages prometheus and prometheus-alertmanager"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager \
-	    qemu-system-x86 >/dev/null; \
+	    >/dev/null; \
+	fi
+
+# QEMU, for the tests' real node (make demo-node, the vm tier): not for make demo
+vm-deps:
+	@if ! command -v qemu-system-x86_64 >/dev/null; then \
+	  echo "installing Debian's qemu-system-x86 (the tests' real node)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null; \
 	fi
 
 # The node VM's parts (numaguard/simulator/vm.py): Debian's kernel, static busybox, runc,
@@ -64,7 +71,7 @@ $(CONTAINERD)/.built: | $(VENV)/.installed
 	  -o $(CONTAINERD)/ $(addprefix $(CONTAINERD_MODULE)/cmd/,containerd containerd-shim-runc-v2 ctr)
 	@touch $@
 
-node-vm: $(VENV)/.installed system-deps $(PARTS)/.built $(CONTAINERD)/.built
+node-vm: $(VENV)/.installed system-deps vm-deps $(PARTS)/.built $(CONTAINERD)/.built
 	@$(PY) -m numaguard.simulator.vm build >/dev/null
 
 demo: $(VENV)/.installed system-deps $(PARTS)/.built

@@ -162,11 +162,11 @@ def test_metrics_doc_is_generated_from_the_catalogue():
     assert doc.read_text() == docs.metrics_markdown(), "run: make docs"
 
 
-def test_readme_configuration_block_is_the_current_help():
+def test_the_configuration_doc_s_flags_are_the_current_help():
     from numaguard.exporter import docs
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert docs.readme_with_help(readme) == readme, "run: make docs"
+    text = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    assert docs.with_help(text) == text, "run: make docs"
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:

@@ -335,7 +335,7 @@ def test_resctrl_is_writable_only_with_its_component_and_only_where_it_exists():
 
 
 def test_each_component_s_own_objects_carry_its_name_and_nothing_else_does():
-    """What the README's `kubectl delete ... -l numaguard.io/component=<name>` removes
+    """What docs/install.md's `kubectl delete ... -l numaguard.io/component=<name>` removes
     when a component is taken out: its objects, and only those."""
     base = {(d["kind"], d["metadata"]["name"]) for d in rendered()}
     for component in COMPONENTS:

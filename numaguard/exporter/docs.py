@@ -1,6 +1,6 @@
 """Regenerate the reference docs from the code: ``python -m numaguard.exporter.docs``.
 
-docs/metrics.md comes from the metric catalogue, the README's configuration block from
+docs/metrics.md comes from the metric catalogue, docs/configuration.md's flags block from
 ``numaguard-exporter --help``; tests fail when either is stale.
 """
 
@@ -22,8 +22,8 @@ def exporter_help() -> str:
     return cli.parser().format_help()
 
 
-def readme_with_help(readme: str) -> str:
-    return HELP_BLOCK.sub(lambda m: f"{m[1]}```\n{exporter_help()}```\n{m[2]}", readme)
+def with_help(text: str) -> str:
+    return HELP_BLOCK.sub(lambda m: f"{m[1]}```\n{exporter_help()}```\n{m[2]}", text)
 
 
 def metrics_markdown() -> str:
@@ -52,8 +52,8 @@ def metrics_markdown() -> str:
 
 def main() -> None:
     (ROOT / "docs" / "metrics.md").write_text(metrics_markdown())
-    readme = ROOT / "README.md"
-    readme.write_text(readme_with_help(readme.read_text()))
+    configuration = ROOT / "docs" / "configuration.md"
+    configuration.write_text(with_help(configuration.read_text()))
 
 
 if __name__ == "__main__":
