@@ -1153,5 +1153,5 @@ def test_a_finding_that_cannot_be_planned_refuses_only_itself(monkeypatch):
     result = run(sig, [pod_info("a"), pod_info("b")], Policy(dry_run=False, max_per_node=2))
     assert [a.pod.name for a in result.actions] == ["b"]
     assert [(r.finding.pod, r.guard, r.detail) for r in result.refusals] == [
-        ("a", "evidence_mismatch", "not planned: KeyError('numa_node')")
+        ("a", "internal", "not planned: KeyError('numa_node')")
     ]

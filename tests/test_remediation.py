@@ -967,6 +967,8 @@ async def test_a_tenant_s_forged_history_refuses_only_its_own_workload(cluster):
     (verified,) = [v for r in reports for v in r.verified]
     assert (verified.workload, verified.outcome) == ("Deployment/ml/trainer-remote", "held")
     assert set(controller.verify_refused) == {"Deployment/ml/infer-a", "Deployment/ml/infer-b"}
+    # the evidence's fault, not numaguard's: counted as evidence_mismatch, not internal
+    assert {guard for guard, _ in controller.verify_refused.values()} == {"evidence_mismatch"}
     assert max(took) < 10, took  # one pending entry verified, not a thousand
     for name in forged:  # left as the tenant wrote them: refused, never a fresh start
         assert await c.history(name) == json.loads(json.dumps(forged[name]))

@@ -104,7 +104,7 @@ class Controller:
         self.state = FindingState()
         self.said: dict[tuple, str] = {}  # finding -> the Event last written about it
         # workloads whose verification was refused last cycle, and why (said once)
-        self.verify_refused: dict[str, str] = {}
+        self.verify_refused: dict[str, tuple[str, str]] = {}  # workload -> (guard, why)
         self.storms_said: dict[tuple, str] = {}  # a storm -> the Event last written on it
         self.sizing = Sizing()  # the slices to size, carried between looks for them
         # where the steering webhook is served (run --steer); None: replacements go
@@ -400,7 +400,7 @@ class Controller:
         by the deadline: unverified, which counts like a fix that did not hold. A fix
         that held with a measured gain under the policy's minimum: no_gain, alike."""
         now = self.clock()
-        refused: dict[str, str] = {}
+        refused: dict[str, tuple[str, str]] = {}
         pending = await pending_workloads(self.kube)
         if self.steering is not None:  # steering ends with the wait for verification
             with contextlib.suppress(*_TRANSPORT):
@@ -411,22 +411,22 @@ class Controller:
             # refusal, and the others are still verified
             try:
                 if history is None:
-                    refused[workload] = "its history is unreadable"
+                    refused[workload] = ("evidence_mismatch", "its history is unreadable")
                     continue
                 await self._verify_workload(workload, history, obj, report, now)
             except (ClusterError, *_TRANSPORT):
                 raise  # the API server's trouble: the cycle's, not this workload's
-            except Exception as err:
+            except Exception as err:  # numaguard's own defect, not the evidence's
                 log.exception("verification of %s failed", workload)
-                refused[workload] = f"{type(err).__name__}: {err}"
-        for workload, why in refused.items():
-            self.metrics.refusals.labels("evidence_mismatch").inc()
-            if self.verify_refused.get(workload) != why:  # said once, until it changes
+                refused[workload] = ("internal", f"{type(err).__name__}: {err}")
+        for workload, (guard, why) in refused.items():
+            self.metrics.refusals.labels(guard).inc()
+            if self.verify_refused.get(workload) != (guard, why):  # said once, until it changes
                 log.warning(
                     "verification of %s refused: %s",
                     workload,
                     why,
-                    extra={"workload": workload, "guard": "evidence_mismatch", "detail": why},
+                    extra={"workload": workload, "guard": guard, "detail": why},
                 )
         self.verify_refused = refused
 

@@ -36,6 +36,7 @@ GUARDS = (
     "stale_data",
     "pod_gone",
     "evidence_mismatch",
+    "internal",  # a defect of numaguard's own while judging it (logged with its traceback)
     "protected_namespace",
     "opted_out",
     "mirror_pod",
@@ -64,6 +65,7 @@ LASTING_GUARDS = frozenset(GUARDS) - {
     "stale_data",
     "pod_gone",
     "evidence_mismatch",
+    "internal",
     "too_young",
     "cooldown",
     "cap_cycle",
@@ -186,7 +188,7 @@ def plan(
         try:
             decide(finding)
         except Exception as err:  # whatever one finding holds refuses it alone
-            refusals.append(Refusal(finding, "evidence_mismatch", f"not planned: {err!r}"))
+            refusals.append(Refusal(finding, "internal", f"not planned: {err!r}"))
     return Plan(tuple(actions), tuple(refusals), tuple(ignored))
 
 
