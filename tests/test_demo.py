@@ -137,3 +137,6 @@ def test_the_whole_loop_demo():
         int(x) for x in summary.split("pods placed across NUMA nodes")[1].split()[0:3:2]
     )
     assert after < before
+    # what is left misplaced is named, with the remediator's last word on it
+    left = summary.split("still misplaced, and why:\n", 1)[1]
+    assert re.search(r"team-gpu-c/trainer-remote-\S+ \([a-z_, ]+\): gave_up: ", left), left

@@ -271,6 +271,7 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
             "numaguard-remediator", material["ca.crt"], url=f"https://127.0.0.1:{port}"
         )
         refusals: Counter[str] = Counter()
+        why: dict[tuple[str, str], str] = {}  # (namespace, pod) -> the last word on it
         outcomes: Counter[str] = Counter()
         landings: Counter[str] = Counter()
         fixes: list[str] = []  # each verification, with what the fix gained
@@ -279,6 +280,7 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
         while time.monotonic() - t0 < seconds:
             report = await controller.cycle()
             refusals.update(r.guard for r in (report.plan.refusals if report.plan else ()))
+            why |= said_of(report)
             outcomes.update(v.outcome for v in report.verified)
             landings.update(v.landing for v in report.verified if v.landing)
             fixes += [f"    {v.workload}: {v.outcome}, {v.detail}" for v in report.verified]
@@ -290,6 +292,7 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
             await asyncio.sleep(3)
         await asyncio.sleep(7)  # let the last replacements be scraped
         after = await state(prom)
+        left = await misplaced(prom)
     lines = ["\nbefore / after"]
     for key in before:
         lines.append(f"  {key:<40}{before[key]:>4} -> {after[key]}")
@@ -308,7 +311,34 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
         "  refusals by guard: "
         + (", ".join(f"{g} {n}" for g, n in refusals.most_common()) or "none")
     )
+    lines.append("  still misplaced, and why:")
+    lines += [
+        f"    {ns}/{pod} ({reasons}): {why.get((ns, pod), 'no finding yet: not held a window')}"
+        for ns, pod, reasons in left
+    ] or ["    none"]
     return "\n".join(lines)
+
+
+def said_of(report) -> dict[tuple[str, str], str]:
+    """What the cycle's plan said of each pod it refused or only recommended."""
+    plan = report.plan
+    if plan is None:
+        return {}
+    out = {(r.finding.namespace, r.finding.pod): f"{r.guard}: {r.detail}" for r in plan.refusals}
+    for a in plan.actions:
+        if a.kind == "recommend":
+            out[(a.finding.namespace, a.finding.pod)] = f"recommended: {a.detail}"
+    return out
+
+
+async def misplaced(prom: PrometheusServer) -> list[tuple[str, str, str]]:
+    """The pods placed across NUMA nodes now, each with its reasons."""
+    result = await prom.query("max by (namespace, pod, reason) (numaguard_pod_cross_numa) == 1")
+    pods: dict[tuple[str, str], list[str]] = {}
+    for r in result:
+        m = r["metric"]
+        pods.setdefault((m.get("namespace", ""), m.get("pod", "")), []).append(m["reason"])
+    return [(ns, pod, ", ".join(sorted(rs))) for (ns, pod), rs in sorted(pods.items())]
 
 
 def cli() -> None:
