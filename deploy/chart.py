@@ -72,7 +72,7 @@ def _remediator_config() -> dict:
     records hoisted to the document's definitions."""
     from pydantic import TypeAdapter
 
-    from numaguard.remediator.cli import SECTIONS
+    from numaguard.remediator.config import SECTIONS
 
     definitions, sections = {}, {}
     for name, record in SECTIONS.items():

@@ -172,7 +172,7 @@ def test_the_configuration_doc_s_flags_are_the_current_help():
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     from numaguard.exporter.cli import parser as exporter_parser
     from numaguard.exporter.mover.helper import parser as helper_parser
-    from numaguard.remediator.cli import parser as remediator_parser
+    from numaguard.remediator.arguments import parser as remediator_parser
 
     out = {"numaguard-exporter": exporter_parser(), "numaguard-memory-mover": helper_parser()}
     remediator = remediator_parser()

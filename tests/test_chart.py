@@ -15,8 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from numaguard.remediator.cli import ConfigError, settings
-from numaguard.remediator.cli import parser as remediator_parser
+from numaguard.remediator.arguments import parser as remediator_parser
+from numaguard.remediator.config import ConfigError, settings
 from numaguard.simulator.controlplane import rendered
 from numaguard.simulator.processes import until
 from tests.test_deploy import CRDS, DEPLOY, K8S_VERSION

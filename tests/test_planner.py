@@ -904,8 +904,8 @@ def test_a_dry_run_says_what_it_would_delete():
 
 
 def test_plan_output_shows_ignored_findings_and_refused_pods():
-    from numaguard.remediator.cli import render
     from numaguard.remediator.controller import CycleReport
+    from numaguard.remediator.report import render
 
     sig = signals(**merge(healthy("n1"), cross_numa("trainer"), needs("trainer", 8, 32)))
     ignoring = Policy(dry_run=False, enforcement=Enforcement(cross_numa="ignore"))

@@ -24,7 +24,9 @@ def test_the_doc_covers_every_setting_and_guard():
 
 
 def test_the_documented_config_is_accepted_and_a_bad_one_refused(tmp_path, capsys):
-    from numaguard.remediator.cli import main, parser, settings
+    from numaguard.remediator.arguments import parser
+    from numaguard.remediator.cli import main
+    from numaguard.remediator.config import settings
 
     doc = (Path(__file__).parent.parent / "docs" / "remediator.md").read_text()
     example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
@@ -123,7 +125,8 @@ def test_lease_timing_must_be_ordered(capsys):
 
 
 def test_enforcement_flags_override_the_config_kind_by_kind(tmp_path):
-    from numaguard.remediator.cli import parser, settings
+    from numaguard.remediator.arguments import parser
+    from numaguard.remediator.config import settings
     from numaguard.remediator.core.policy import Enforcement
 
     config = tmp_path / "config.yaml"
@@ -136,7 +139,8 @@ def test_enforcement_flags_override_the_config_kind_by_kind(tmp_path):
 
 
 def test_minimum_gains_come_from_the_config_and_flags_kind_by_kind(tmp_path):
-    from numaguard.remediator.cli import parser, settings
+    from numaguard.remediator.arguments import parser
+    from numaguard.remediator.config import settings
     from numaguard.remediator.core.policy import FixGain
 
     config = tmp_path / "config.yaml"
@@ -149,7 +153,8 @@ def test_minimum_gains_come_from_the_config_and_flags_kind_by_kind(tmp_path):
 def test_its_own_namespace_is_always_protected(monkeypatch):
     """Installed into a shared namespace (helm install -n monitoring), the remediator
     never acts on its neighbours there, whatever the config lists."""
-    from numaguard.remediator.cli import parser, settings
+    from numaguard.remediator.arguments import parser
+    from numaguard.remediator.config import settings
 
     monkeypatch.setenv("POD_NAMESPACE", "monitoring")
     args = ["plan", "--protected-namespace", "team-a"]
