@@ -904,7 +904,7 @@ def test_a_dry_run_says_what_it_would_delete():
 
 
 def test_plan_output_shows_ignored_findings_and_refused_pods():
-    from numaguard.remediator.controller import CycleReport
+    from numaguard.remediator.core.cycle_report import CycleReport
     from numaguard.remediator.report import render
 
     sig = signals(**merge(healthy("n1"), cross_numa("trainer"), needs("trainer", 8, 32)))

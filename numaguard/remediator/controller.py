@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 
 import aiohttp
 
@@ -26,9 +26,10 @@ from numaguard.remediator.cluster import (
     workload_pods,
 )
 from numaguard.remediator.core import queries as q
-from numaguard.remediator.core.actions import Action, Plan, PodInfo, after_action
+from numaguard.remediator.core.actions import Action, PodInfo, after_action
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity
+from numaguard.remediator.core.cycle_report import CycleReport, Verification
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Detection, Finding, FindingState
 from numaguard.remediator.core.history import (
@@ -41,7 +42,7 @@ from numaguard.remediator.core.history import (
     measured_uid,
 )
 from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR, RESIZED
-from numaguard.remediator.core.outcome import Activity, Gain, activities, gain, judged, mean
+from numaguard.remediator.core.outcome import Activity, activities, gain, judged, mean
 from numaguard.remediator.core.planner import nodes_to_check, plan, prepare
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.rejections import Storm, describe, storms
@@ -58,28 +59,6 @@ _VERIFY_LABELS = ("node", "instance", "pod_uid")
 # A replacement is a pod of the workload made after the action; creation times are the
 # API server's, so allow for its clock being a little behind ours.
 _CLOCK_SLACK_SECONDS = 2.0
-
-
-@dataclass(frozen=True)
-class Verification:
-    workload: str
-    kind: str  # of the finding the fix was for
-    outcome: str  # held | no_gain | did_not_hold | unverified | gave_up
-    gain: Gain | None  # None: judged without evidence (unverified)
-    detail: str  # what was measured, as the Event says it
-    landing: str = ""  # an eviction's: where its replacement went (history.landing)
-
-
-@dataclass
-class CycleReport:
-    findings: list[Finding] = field(default_factory=list)
-    plan: Plan | None = None
-    results: list[tuple[Action, str]] = field(default_factory=list)
-    verified: list[Verification] = field(default_factory=list)
-    storms: list[Storm] = field(default_factory=list)  # pods the kubelet refused, grouped
-    error: str = ""
-    leader: bool = True
-    warning: str = ""  # the cycle ran, but something a person should fix made it blind
 
 
 class Controller:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from numaguard.remediator.controller import CycleReport
+from numaguard.remediator.core.cycle_report import CycleReport
 from numaguard.remediator.core.rejections import describe
 
 

@@ -31,7 +31,8 @@ import aiohttp
 from numaguard.contract.catalogue import NUMA_MEMORY_FREE
 from numaguard.contract.names import OPT_OUT
 from numaguard.exporter.readers import parse_id_list
-from numaguard.remediator.controller import Controller, CycleReport
+from numaguard.remediator.controller import Controller
+from numaguard.remediator.core.cycle_report import CycleReport
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.kube import Kube, api_client

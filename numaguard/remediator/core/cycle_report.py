@@ -1,0 +1,33 @@
+"""What one remediation cycle found, planned, did and verified (pure): the controller
+fills it, `plan` prints it, the demos and tests read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from numaguard.remediator.core.actions import Action, Plan
+from numaguard.remediator.core.findings import Finding
+from numaguard.remediator.core.outcome import Gain
+from numaguard.remediator.core.rejections import Storm
+
+
+@dataclass(frozen=True)
+class Verification:
+    workload: str
+    kind: str  # of the finding the fix was for
+    outcome: str  # held | no_gain | did_not_hold | unverified | gave_up
+    gain: Gain | None  # None: judged without evidence (unverified)
+    detail: str  # what was measured, as the Event says it
+    landing: str = ""  # an eviction's: where its replacement went (history.landing)
+
+
+@dataclass
+class CycleReport:
+    findings: list[Finding] = field(default_factory=list)
+    plan: Plan | None = None
+    results: list[tuple[Action, str]] = field(default_factory=list)
+    verified: list[Verification] = field(default_factory=list)
+    storms: list[Storm] = field(default_factory=list)  # pods the kubelet refused, grouped
+    error: str = ""
+    leader: bool = True
+    warning: str = ""  # the cycle ran, but something a person should fix made it blind
