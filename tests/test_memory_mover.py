@@ -1026,12 +1026,13 @@ def test_orders_sent_again_and_again_do_not_outrun_the_rate(fake_root):
 async def test_a_connection_that_sends_no_order_holds_the_helper_seconds_not_forever(
     fake_root, helper_at
 ):
-    """One order at a time: a connection that never ends its line is dropped after
-    ORDER_SECONDS, and the next order is carried out."""
+    """One order at a time: a connection that never ends its line is dropped after the
+    helper's order_seconds, and the next order is carried out."""
     host = host_with_remote_memory()
     root = fake_root(host)
     clock = FakeClock()
-    client = helper_at(Helper(str(root.root), 64 * MIB, FakePages(host), clock, clock.sleep))
+    helper = Helper(str(root.root), 64 * MIB, FakePages(host), clock, clock.sleep, 0.2)
+    client = helper_at(helper)
     with socket.socket(socket.AF_UNIX) as silent:
         silent.connect(client.path)
         silent.sendall(b'{"pod_uid": ')

@@ -54,9 +54,11 @@ class Helper:
         kernel: Kernel | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] | None = None,
+        order_seconds: float = ORDER_SECONDS,
     ) -> None:
         Pace(rate)  # a rate that is not positive is an error now, not at the first order
         self.rate, self.kernel, self.clock, self.sleep = rate, kernel, clock, sleep
+        self.order_seconds = order_seconds
         self.proc = os.path.join(host_root, "proc")
         self.sys = os.path.join(host_root, "sys")
         self.cgroup_root = os.path.realpath(os.path.join(host_root, "sys", "fs", "cgroup"))
@@ -122,7 +124,8 @@ class Helper:
             os.unlink(path)
         mask = os.umask(0o177)
         try:
-            server = socketserver.UnixStreamServer(path, _Handler)
+            handler = type("Handler", (_Handler,), {"timeout": self.order_seconds})
+            server = socketserver.UnixStreamServer(path, handler)
         finally:
             os.umask(mask)
         server.helper = self  # type: ignore[attr-defined]
@@ -130,7 +133,7 @@ class Helper:
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    timeout = ORDER_SECONDS  # for the order's line; then none: a move takes minutes
+    timeout = ORDER_SECONDS  # for the order's line (the helper's); then none: moves take minutes
 
     def handle(self) -> None:
         try:
