@@ -10,7 +10,6 @@ import asyncio
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 
 import pynvml
@@ -43,18 +42,20 @@ def what(labels: dict[str, str]) -> str:
 
 
 class StepClock:
-    """Monotonic time that a cycle moves on by the exporter's interval: the GPUs'
-    activity (GPM) is measured between cycles, never back to back."""
+    """Time that a cycle moves on by the exporter's interval: the GPUs' activity (GPM)
+    is measured between cycles, never back to back; the same every run (the golden
+    exposition, tests/golden/, is this one)."""
 
     def __init__(self) -> None:
-        self.now = time.monotonic()
+        self.now = 1000.0
 
     def __call__(self) -> float:
         return self.now
 
 
-def expositions() -> dict[bool, str]:
-    """The reference node's exposition text, by whether --detail is on."""
+def expositions(details: tuple[bool, ...] = (False, True)) -> dict[bool, str]:
+    """The reference node's exposition text after two cycles 15 s apart, by whether
+    --detail is on."""
     clock = StepClock()
     host, nvml = presets.reference_gpu_node(clock)
     with tempfile.TemporaryDirectory(prefix="ng", dir="/tmp") as tmp, nvml.installed():
@@ -70,7 +71,7 @@ def expositions() -> dict[bool, str]:
             names = pod_metadata(host)
             return {
                 detail: asyncio.run(_text(tmp, host, kernel, socket, names, clock, detail))
-                for detail in (False, True)
+                for detail in details
             }
         finally:
             kubelet.terminate()
@@ -91,6 +92,7 @@ async def _text(tmp, host, kernel, socket, names, clock: StepClock, detail: bool
             "pod_resources": pod_resources,
         },
         metadata=lambda: names,
+        clock=clock,
         detail=detail,
     )
     try:
