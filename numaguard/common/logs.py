@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
@@ -41,3 +42,16 @@ def setup(log_format: str = "json", level: str = "info") -> None:
     root.setLevel(level.upper())
     # The Kubernetes client logs every request at INFO; keep our log about us.
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """--log-format and --log-level, as every numaguard command takes them."""
+    parser.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default="json",
+        help="json: one object per line on stderr, for log pipelines; text: for people",
+    )
+    parser.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help=" "
+    )

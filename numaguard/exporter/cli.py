@@ -240,15 +240,7 @@ def parser() -> argparse.ArgumentParser:
             default=collector.default,
             help=f"the {name} collector: {collector.help}",
         )
-    p.add_argument(
-        "--log-format",
-        choices=("json", "text"),
-        default="json",
-        help="json: one object per line on stderr, for log pipelines",
-    )
-    p.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help=" "
-    )
+    logs.add_arguments(p)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
 

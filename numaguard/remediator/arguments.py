@@ -9,6 +9,7 @@ import urllib.parse
 from dataclasses import fields
 
 from numaguard import __version__
+from numaguard.common import logs
 from numaguard.common.help_text import DefaultsShown
 from numaguard.remediator.core.kinds import RESIZED
 from numaguard.remediator.core.policy import MODES, Enforcement, FixGain
@@ -127,10 +128,7 @@ def parser() -> argparse.ArgumentParser:
             "of the cluster label of the one to act on; every query selects it. Unset, a "
             "view of several clusters ends each cycle with no action",
         )
-        s.add_argument("--log-format", choices=("json", "text"), default="json", help=" ")
-        s.add_argument(
-            "--log-level", choices=("debug", "info", "warning", "error"), default="info", help=" "
-        )
+        logs.add_arguments(s)
         if name == "plan":
             s.add_argument("--output", choices=("table", "json"), default="table", help=" ")
         else:

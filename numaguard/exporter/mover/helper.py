@@ -245,15 +245,7 @@ def parser() -> argparse.ArgumentParser:
         help="bytes moved a second at most, so that the node's memory bandwidth is not "
         "taken from its neighbours (this helper's, whatever the exporter asks)",
     )
-    p.add_argument(
-        "--log-format",
-        choices=("json", "text"),
-        default="json",
-        help="json: one object per line on stderr, each order and what it did",
-    )
-    p.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help=" "
-    )
+    logs.add_arguments(p)
     return p
 
 
