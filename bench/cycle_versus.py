@@ -33,15 +33,15 @@ tree, cycles, layout = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if layout == "namespace":
     from numaguard.exporter import collection as col
     from numaguard.exporter.sources import cgroups, gpu, host, kubelet, resctrl
-    from numaguard.simulator import presets
-    from numaguard.simulator.host import pod_metadata
-    from numaguard.simulator.resctrl import FakeResctrl
+    from numaguard.simulator.fakes import presets
+    from numaguard.simulator.fakes.host import pod_metadata
+    from numaguard.simulator.fakes.resctrl import FakeResctrl
     simulator = "numaguard.simulator"
 else:
     from exporter import collection as col
     from exporter.sources import cgroups, gpu, host, kubelet, resctrl
     from simulator import presets
-    from simulator.resctrl import FakeResctrl
+    from simulator.fakes.resctrl import FakeResctrl
     simulator = "simulator"
 import pynvml
 
@@ -148,8 +148,8 @@ def main() -> None:
     p.add_argument("--cycles", type=int, default=30)
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
-    from numaguard.simulator import presets
-    from numaguard.simulator.host import FakeHostRoot
+    from numaguard.simulator.fakes import presets
+    from numaguard.simulator.fakes.host import FakeHostRoot
 
     sides = {"this checkout": ROOT, str(args.other): args.other.resolve()}
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None

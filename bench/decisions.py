@@ -1,6 +1,6 @@
 """Benchmark: the quality of the remediator's decisions on a suite of simulated clusters.
 
-Each scenario is a simulated cluster on a real control plane (simulator.cluster: fake
+Each scenario is a simulated cluster on a real control plane (simulator.cluster.simulated: fake
 hosts, NVML and kubelets admitting pods under their Topology Manager policy; the real
 ReplicaSets recreate evicted pods, the real NUMA-blind scheduler places them) with
 cross-socket GPU pods (some of them protected: kube-system, opted
@@ -41,15 +41,15 @@ from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import REQUIRED_LABELS
 from numaguard.remediator.core.steering import Steer, Target
 from numaguard.remediator.kube import Kube, api_client
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import SimulatedCluster
-from numaguard.simulator.controlplane import ControlPlane
-from numaguard.simulator.host import FakeContainer, FakePod
-from numaguard.simulator.manifests import PRESET_HASH, pod_template
-from numaguard.simulator.node import free_cpus
-from numaguard.simulator.nvml import FakeGpu
-from numaguard.simulator.processes import free_port
-from numaguard.simulator.prometheus import as_signals
+from numaguard.simulator.cluster.manifests import PRESET_HASH, pod_template
+from numaguard.simulator.cluster.node import free_cpus
+from numaguard.simulator.cluster.simulated import SimulatedCluster
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import FakeContainer, FakePod
+from numaguard.simulator.fakes.nvml import FakeGpu
+from numaguard.simulator.parts.controlplane import ControlPlane
+from numaguard.simulator.parts.processes import free_port
+from numaguard.simulator.parts.prometheus import as_signals
 
 
 def scenario(cp, directory: str, seed: int, nodes: int, policies: tuple[str, ...]):

@@ -22,8 +22,8 @@ from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import expressions
 from numaguard.remediator.core.reach import Placement
-from numaguard.simulator.fleet import open_nodes
-from numaguard.simulator.prometheus import as_signals
+from numaguard.simulator.cluster.fleet import open_nodes
+from numaguard.simulator.parts.prometheus import as_signals
 
 GIB = 1 << 30
 TARGET_CPU_S = 1.0

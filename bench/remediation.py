@@ -3,7 +3,7 @@ Prometheus holding a synthetic cluster's series (docs/design.md: at 5,000 nodes 
 <= 3 s wall, <= 1 s of the remediator's CPU, answers <= 5 MB, <= 5 s of Prometheus CPU,
 growing with the findings, not with the cluster).
 
-The cluster (simulator.fleet) is written as OpenMetrics with an hour and a quarter of
+The cluster (simulator.cluster.fleet) is written as OpenMetrics with an hour and a quarter of
 history and backfilled with ``promtool tsdb create-blocks-from openmetrics``; Prometheus
 2.42 and 3.x start on those blocks. Per cycle, side by side in the same run: the rounds
 the controller asks (queries.py), and the whole query set of before (every pod, slice
@@ -42,15 +42,15 @@ from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import RECORDED
 from numaguard.remediator.signals import Prometheus, Source
-from numaguard.simulator.fleet import Fleet, open_nodes, pods_for
-from numaguard.simulator.processes import free_port, until
-from numaguard.simulator.prometheus import (
+from numaguard.simulator.cluster.fleet import Fleet, open_nodes, pods_for
+from numaguard.simulator.parts.processes import free_port, until
+from numaguard.simulator.parts.prometheus import (
     PrometheusMissing,
     PrometheusServer,
     binary,
     tsdb_blocks,
 )
-from numaguard.simulator.thanos import Query, Sidecar, ThanosMissing
+from numaguard.simulator.parts.thanos import Query, Sidecar, ThanosMissing
 
 RULES = Path(__file__).resolve().parent.parent / "alerts" / "numaguard.rules.yml"
 SHARDS = 2

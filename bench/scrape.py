@@ -28,9 +28,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from numaguard.simulator import presets
-from numaguard.simulator.host import FakeHostRoot
-from numaguard.simulator.processes import exporter_process, free_port, wait_ok
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import FakeHostRoot
+from numaguard.simulator.parts.processes import exporter_process, free_port, wait_ok
 
 SCRAPERS = 50
 NODE_EXPORTER = "prometheus-node-exporter"

@@ -21,9 +21,9 @@ from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.exporter.sources.resctrl import ResctrlSource
-from numaguard.simulator import presets
-from numaguard.simulator.host import FakeHostRoot, pod_metadata
-from numaguard.simulator.resctrl import FakeResctrl
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import FakeHostRoot, pod_metadata
+from numaguard.simulator.fakes.resctrl import FakeResctrl
 
 PRESET = ("--preset", "reference_gpu_node")
 TARGET = 3000  # series on the reference node by default
@@ -63,7 +63,7 @@ def expositions(details: tuple[bool, ...] = (False, True)) -> dict[bool, str]:
         kernel = FakeResctrl(tmp, host, snc={0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}).write()
         socket = f"{tmp}/kubelet.sock"
         kubelet = subprocess.Popen(
-            [sys.executable, "-m", "numaguard.simulator.kubelet", socket, *PRESET],
+            [sys.executable, "-m", "numaguard.simulator.fakes.podresources", socket, *PRESET],
             stdout=subprocess.PIPE,
         )
         try:

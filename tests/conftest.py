@@ -22,12 +22,12 @@ from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.exporter.sources.resctrl import ResctrlSource
-from numaguard.simulator.alertmanager import AlertmanagerServer
-from numaguard.simulator.controlplane import ControlPlane
-from numaguard.simulator.host import FakeHost, FakeHostRoot
-from numaguard.simulator.host import pod_metadata as metadata_of  # noqa: F401 (for the tests)
-from numaguard.simulator.prometheus import PrometheusServer
-from numaguard.simulator.resctrl import FakeResctrl
+from numaguard.simulator.fakes.host import FakeHost, FakeHostRoot
+from numaguard.simulator.fakes.host import pod_metadata as metadata_of  # noqa: F401 (for the tests)
+from numaguard.simulator.fakes.resctrl import FakeResctrl
+from numaguard.simulator.parts.alertmanager import AlertmanagerServer
+from numaguard.simulator.parts.controlplane import ControlPlane
+from numaguard.simulator.parts.prometheus import PrometheusServer
 
 NODE = "test-node"
 

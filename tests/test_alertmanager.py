@@ -14,11 +14,11 @@ from aiohttp import web
 
 from alerts import rules
 from numaguard.remediator.core.queries import Windows
-from numaguard.simulator import presets
-from numaguard.simulator.alertmanager import AlertmanagerServer
-from numaguard.simulator.cluster import one_node
-from numaguard.simulator.processes import free_port
-from numaguard.simulator.prometheus import VERSIONS, PrometheusServer
+from numaguard.simulator.cluster.simulated import one_node
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.parts.alertmanager import AlertmanagerServer
+from numaguard.simulator.parts.processes import free_port
+from numaguard.simulator.parts.prometheus import VERSIONS, PrometheusServer
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 

@@ -15,8 +15,8 @@ import yaml
 from alerts import rules
 from numaguard.contract.catalogue import series_names
 from numaguard.remediator.core.queries import EXPORTER_JOB
-from numaguard.simulator.prometheus import VERSIONS, binary
-from tests.test_queries import metric_names
+from numaguard.simulator.parts.prometheus import VERSIONS, binary
+from tests.helpers.promql import metric_names
 
 pytestmark = pytest.mark.prometheus
 

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 import numaguard.exporter.sources as sources
 from numaguard.exporter.sources import KEPT, ReadFailure, read_text
-from numaguard.simulator import presets
-from numaguard.simulator.host import FakeHostRoot
-from numaguard.simulator.processes import until
-from numaguard.simulator.resctrl import FakeResctrl
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import FakeHostRoot
+from numaguard.simulator.fakes.resctrl import FakeResctrl
+from numaguard.simulator.parts.processes import until
 from tests.conftest import examples, make_collection, metadata_of, samples, series
 
 

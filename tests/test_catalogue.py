@@ -17,12 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.contract.catalogue import CATALOGUE
 from numaguard.exporter import docs
-from numaguard.exporter.memory_mover import MoveTotals
+from numaguard.exporter.mover.orders import MoveTotals
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
-from numaguard.simulator import presets
-from numaguard.simulator.kubelet import FakeKubelet
-from numaguard.simulator.resctrl import FakeResctrl
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.podresources import FakeKubelet
+from numaguard.simulator.fakes.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of
 
 ALLOWED_LABELS = {

@@ -17,10 +17,10 @@ import yaml
 
 from numaguard.remediator.arguments import parser as remediator_parser
 from numaguard.remediator.config import ConfigError, settings
-from numaguard.simulator.controlplane import rendered
-from numaguard.simulator.processes import until
-from tests.test_deploy import CRDS, DEPLOY, K8S_VERSION
-from tests.test_move_request import namespace_admin
+from numaguard.simulator.parts.controlplane import rendered
+from numaguard.simulator.parts.processes import until
+from tests.helpers.deploy import CRDS, DEPLOY, K8S_VERSION
+from tests.helpers.tenants import namespace_admin
 
 # kubectl kustomize and helm come from the control plane's build
 pytestmark = pytest.mark.cluster
@@ -251,7 +251,7 @@ def test_two_releases_install_side_by_side_on_the_real_api_server(control_plane,
     Prometheus Operator's CRDs and deploy/'s kustomize install already there: every
     object accepted, none shared, the notes say the mode; uninstalled, nothing of either
     is left."""
-    from numaguard.simulator.operator import install_crds
+    from numaguard.simulator.parts.operator import install_crds
 
     cp = control_plane
     kubeconfig = cp.kubeconfig(tmp_path / "admin.kubeconfig", cp.admin_token)

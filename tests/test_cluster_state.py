@@ -17,8 +17,8 @@ from numaguard.remediator.core.actions import Action
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import Pending, WorkloadHistory
 from numaguard.remediator.kube import Kube, api_client
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import SimulatedCluster
+from numaguard.simulator.cluster.simulated import SimulatedCluster
+from numaguard.simulator.fakes import presets
 
 pytestmark = pytest.mark.cluster
 

@@ -15,8 +15,8 @@ from numaguard.exporter.collectors import COLLECTORS, METADATA, registered
 from numaguard.exporter.model import build_snapshot
 from numaguard.exporter.server import open_sources
 from numaguard.exporter.settings import Settings
-from numaguard.simulator import presets
-from numaguard.simulator.host import FakeHostRoot
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import FakeHostRoot
 from tests.conftest import NODE, samples, series
 
 # A collector of the host's uptime: its collector module (registered by being in the

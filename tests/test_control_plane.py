@@ -16,37 +16,12 @@ from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
 from numaguard.remediator.actuator import Actuator, Writer
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
 from numaguard.remediator.kube import Kube, api_client
-from numaguard.simulator.controlplane import ControlPlane
-from numaguard.simulator.processes import until
+from numaguard.simulator.parts.processes import until
+from tests.helpers.control_plane import allowed
 
 pytestmark = pytest.mark.cluster
 
 DEPLOY = Path(__file__).parent.parent / "deploy" / "base"
-
-
-async def allowed(cp: ControlPlane, session, account: str, group, resource, verb, ns) -> bool:
-    """A SubjectAccessReview for the ServiceAccount, as the authorizer answers it."""
-    resource, _, sub = resource.partition("/")
-    review = {
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SubjectAccessReview",
-        "spec": {
-            "user": f"system:serviceaccount:numaguard:{account}",
-            "groups": ["system:serviceaccounts", "system:serviceaccounts:numaguard"],
-            "resourceAttributes": {
-                "group": group,
-                "resource": resource,
-                "subresource": sub,
-                "verb": verb,
-                "namespace": ns,
-            },
-        },
-    }
-    status, body = await cp.request(
-        session, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review
-    )
-    assert status == 201, body
-    return body["status"]["allowed"]
 
 
 async def test_the_shipped_rbac_grants_exactly_what_the_code_uses(control_plane):

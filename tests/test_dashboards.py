@@ -22,30 +22,17 @@ from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.exporter.server import serve
 from numaguard.exporter.settings import Settings
 from numaguard.remediator.core.queries import Windows
-from numaguard.simulator import demo
-from numaguard.simulator.cluster import SimulatedCluster
-from numaguard.simulator.exporter import fake_gpus
-from numaguard.simulator.processes import free_port, until, wait_ok
-from numaguard.simulator.prometheus import VERSIONS, PrometheusServer
-from numaguard.simulator.resctrl import FakeResctrl
-from tests.test_queries import metric_names
+from numaguard.simulator.cluster.simulated import SimulatedCluster
+from numaguard.simulator.demos import exporter_view as demo
+from numaguard.simulator.fakes.gpu_exporter import fake_gpus
+from numaguard.simulator.fakes.resctrl import FakeResctrl
+from numaguard.simulator.parts.processes import free_port, until, wait_ok
+from numaguard.simulator.parts.prometheus import VERSIONS, PrometheusServer
+from tests.helpers.promql import metric_names, panels, substituted
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 
 UNITS = {"bytes", "Bps", "percentunit", "s", "short", "watt", "celsius"}
-
-
-def substituted(expr: str) -> str:
-    """A panel query as Grafana sends it with every variable at its default: All, and
-    the exporters' job; $__rate_interval as Grafana makes it for a 15 s scrape."""
-    expr = expr.replace("$__rate_interval", "1m").replace("$job", "numaguard")
-    return re.sub(r"\$(cluster|node|namespace|pod)\b", ".*", expr)
-
-
-def panels():
-    for d in dashboards.DASHBOARDS:
-        for p in d.panels:
-            yield d, p
 
 
 def test_generated_dashboards_are_current():

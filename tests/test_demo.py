@@ -1,5 +1,5 @@
 """The demos: ``make demo`` (the whole loop on a simulated cluster) and the single-node
-exporter view (``python -m numaguard.simulator.demo``)."""
+exporter view (``python -m numaguard.simulator.demos.exporter_view``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from numaguard.simulator.controlplane import parts_dir
-from numaguard.simulator.processes import free_port
+from numaguard.simulator.parts.controlplane import parts_dir
+from numaguard.simulator.parts.processes import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -34,7 +34,7 @@ def test_demo_shows_the_findings_and_stops_cleanly():
         [
             sys.executable,
             "-m",
-            "numaguard.simulator.demo",
+            "numaguard.simulator.demos.exporter_view",
             "--seconds",
             "300",
             "--interval",
@@ -77,7 +77,7 @@ DEMO_SECONDS = 400
 def test_the_whole_loop_demo():
     """The demo on the real control plane; while it runs, kubectl sees the live cluster."""
     demo = subprocess.Popen(
-        [sys.executable, "-m", "numaguard.simulator.loop_demo", "--seconds", str(DEMO_SECONDS)],
+        [sys.executable, "-m", "numaguard.simulator.demos.loop", "--seconds", str(DEMO_SECONDS)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

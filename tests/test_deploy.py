@@ -20,14 +20,11 @@ from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
 from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE, STEERING_API_USE
-from numaguard.simulator.controlplane import kustomized, rendered
+from numaguard.simulator.parts.controlplane import kustomized, rendered
+from tests.helpers.deploy import CRDS, DEPLOY, K8S_VERSION
 
 # kubectl kustomize and helm come from the control plane's build
 pytestmark = pytest.mark.cluster
-
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-K8S_VERSION = "1.31.0"
-CRDS = {"ServiceMonitor", "PrometheusRule", "Kustomization"}
 
 
 def documents(path: Path) -> list[dict]:

@@ -15,10 +15,10 @@ import pytest
 from numaguard.common.apiserver import connect
 from numaguard.exporter.records import PodMeta
 from numaguard.exporter.sources.dra import DraWatch
-from numaguard.simulator import dra, presets
-from numaguard.simulator.cluster import one_node
-from numaguard.simulator.controlplane import ApiError
-from numaguard.simulator.processes import until
+from numaguard.simulator.cluster.simulated import one_node
+from numaguard.simulator.fakes import dra, presets
+from numaguard.simulator.parts.controlplane import ApiError
+from numaguard.simulator.parts.processes import until
 from tests.conftest import samples
 
 pytestmark = pytest.mark.cluster

@@ -15,7 +15,7 @@ from numaguard.contract import catalogue as c
 from numaguard.exporter import exposition
 from numaguard.exporter.collectors import host_numa, pod_placement
 from numaguard.exporter.exposition import Family, LabelPrefix, render
-from numaguard.simulator import presets
+from numaguard.simulator.fakes import presets
 from tests.conftest import make_collection, metadata_of, samples
 
 

@@ -13,8 +13,8 @@ import pytest
 
 import numaguard.exporter.sources as sources
 from numaguard.contract.catalogue import CATALOGUE, NUMASTAT
-from numaguard.simulator import presets
-from numaguard.simulator.host import GIB, MIB, SANDBOX, FakeContainer, FakeHostRoot
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import GIB, MIB, SANDBOX, FakeContainer, FakeHostRoot
 from tests.conftest import make_collection, metadata_of, samples, series
 
 # the exporter's own health and process series, whose values are its own, not the node's

@@ -21,10 +21,10 @@ from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource
-from numaguard.simulator import presets
-from numaguard.simulator.host import GIB, MIB
-from numaguard.simulator.nvml import BRANCHES, DriverBranch, FakeNvml
-from numaguard.simulator.processes import exporter_process, get, log_of, until
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import GIB, MIB
+from numaguard.simulator.fakes.nvml import BRANCHES, DriverBranch, FakeNvml
+from numaguard.simulator.parts.processes import exporter_process, get, log_of, until
 from tests.conftest import NODE, metadata_of, samples, series
 
 INTERVAL = 15.0
@@ -775,7 +775,7 @@ async def test_a_bad_fake_gpu_file_is_a_clear_error(fake_root, tmp_path):
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "numaguard.simulator.exporter",
+        "numaguard.simulator.fakes.gpu_exporter",
         str(bad),
         "--host-root",
         str(root.root),

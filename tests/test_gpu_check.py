@@ -7,8 +7,8 @@ import pynvml
 
 from bench.gpu_check import compare, parse_smi_driver, parse_smi_list, parse_smi_xml
 from numaguard.exporter.sources.gpu import NvmlSource
-from numaguard.simulator import presets
-from numaguard.simulator.host import MIB
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import MIB
 from tests.conftest import make_collection, metadata_of
 
 

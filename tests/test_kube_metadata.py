@@ -15,9 +15,9 @@ import pytest
 
 from numaguard.common.apiserver import KubeconfigError, connect
 from numaguard.exporter.sources.kube import PodMetadataWatch
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import SimulatedCluster
-from numaguard.simulator.nvml import FakeNvml
+from numaguard.simulator.cluster.simulated import SimulatedCluster
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.nvml import FakeNvml
 
 pytestmark = pytest.mark.cluster
 

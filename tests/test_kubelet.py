@@ -23,9 +23,9 @@ from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
-from numaguard.simulator import dra, presets
-from numaguard.simulator.host import GIB, FakeClaim, FakeContainer, FakePod
-from numaguard.simulator.kubelet import FakeKubelet
+from numaguard.simulator.fakes import dra, presets
+from numaguard.simulator.fakes.host import GIB, FakeClaim, FakeContainer, FakePod
+from numaguard.simulator.fakes.podresources import FakeKubelet
 from tests.conftest import NODE, metadata_of, samples, series
 
 
@@ -324,7 +324,7 @@ async def test_answers_are_read_again_only_when_they_change(node):
 
 @pytest.mark.parametrize(
     "folder",
-    ["numaguard/exporter/sources/podresources", "numaguard/simulator/deviceplugin"],
+    ["numaguard/exporter/sources/podresources", "numaguard/simulator/fakes/deviceplugin"],
 )
 def test_generated_grpc_modules_are_current(tmp_path, folder):
     """The committed api_pb2*.py are what protoc makes of api.proto (run: make proto)."""

@@ -1,4 +1,4 @@
-"""The simulated kubelet (simulator/node.py's admit, which the simulated clusters, the
+"""The simulated kubelet (simulator/cluster/node.py's admit, which the simulated clusters, the
 demo and the decision benchmark run on) against the real one: the same pods, in the same
 order, on nodes of the same shape under the same Topology Manager policy, and the same
 answers — admitted or refused, and how many exclusive CPUs on each NUMA node. One real
@@ -12,13 +12,13 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from numaguard.simulator.controlplane import ControlPlane, path_of
-from numaguard.simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
-from numaguard.simulator.kubenode import SLEEP, KubeletPolicy, KubeNode, guaranteed_pod
-from numaguard.simulator.node import POLICIES, SimNode, admit
-from numaguard.simulator.node_loop import SHAPE, cpu_nodes
-from numaguard.simulator.nvml import FakeNvml
-from numaguard.simulator.processes import until
+from numaguard.simulator.cluster.node import POLICIES, SimNode, admit
+from numaguard.simulator.demos.node_stories import SHAPE, cpu_nodes
+from numaguard.simulator.fakes.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
+from numaguard.simulator.fakes.nvml import FakeNvml
+from numaguard.simulator.parts.controlplane import ControlPlane, path_of
+from numaguard.simulator.parts.processes import until
+from numaguard.simulator.parts.vm_kubelet import SLEEP, KubeletPolicy, KubeNode, guaranteed_pod
 
 # an emulated node: booting it and its kubelet takes minutes on a loaded machine
 pytestmark = [

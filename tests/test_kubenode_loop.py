@@ -1,4 +1,4 @@
-"""The remediation loop through a real kubelet (simulator/node_loop.py: the exporter in
+"""The remediation loop through a real kubelet (simulator/demos/node_stories.py: the exporter in
 the node VM, a real Prometheus, the remediator as its ServiceAccount, the real
 ReplicaSet, scheduler and kubelet), one story per Topology Manager policy, each judged
 by what the kernel (the pods' cgroups) and the API server say."""
@@ -13,9 +13,7 @@ import pytest_asyncio
 
 from numaguard.contract.names import REQUEST_ANNOTATION
 from numaguard.exporter.mover.helper import CAP_SYS_PTRACE
-from numaguard.simulator.controlplane import path_of
-from numaguard.simulator.kubenode import EXPORTER_PID, HELD_MIB, MOVER_PID
-from numaguard.simulator.node_loop import (
+from numaguard.simulator.demos.node_stories import (
     KEEP,
     MOVE_RATE,
     NS,
@@ -27,9 +25,11 @@ from numaguard.simulator.node_loop import (
     node_loop,
     refused,
 )
-from tests.test_kubenode import PODRESOURCES, scrape
-from tests.test_move_request import tenant_token
-from tests.test_node_vm import numa_maps_bytes
+from numaguard.simulator.parts.controlplane import path_of
+from numaguard.simulator.parts.vm_kubelet import EXPORTER_PID, HELD_MIB, MOVER_PID
+from tests.helpers.kubenode import PODRESOURCES, scrape
+from tests.helpers.numa_files import numa_maps_bytes
+from tests.helpers.tenants import tenant_token
 
 pytestmark = [
     pytest.mark.vm,

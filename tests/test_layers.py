@@ -61,11 +61,10 @@ RULES = [
     (
         (
             "numaguard.exporter.model",
-            "numaguard.exporter.traffic",
             "numaguard.exporter.collectors",
             "numaguard.exporter.exposition",
             "numaguard.contract.catalogue",
-            "numaguard.exporter.nrt",
+            "numaguard.exporter.publishers.nrt_object",
         ),
         ("numaguard.exporter.sources",),
         (),
@@ -113,8 +112,8 @@ def test_a_forbidden_import_is_caught():
     assert broken("numaguard.exporter.readers.cgroup", {"numaguard.exporter.model"}) == [
         "numaguard.exporter.model"
     ]
-    assert broken("numaguard.exporter.server", {"numaguard.simulator.nvml"}) == [
-        "numaguard.simulator.nvml"
+    assert broken("numaguard.exporter.server", {"numaguard.simulator.fakes.nvml"}) == [
+        "numaguard.simulator.fakes.nvml"
     ]
     assert broken("numaguard.remediator.core.planner", {"kubernetes.aio"}) == ["kubernetes.aio"]
     assert broken("numaguard.remediator.core.new", {"numaguard.remediator.signals"}) == [
@@ -192,6 +191,25 @@ def test_a_circle_closed_by_a_type_alone_is_caught(tmp_path):
     (tmp_path / "d.py").write_text("import p.a\n")
     planted = {f"p.{m}": tmp_path / f"{m}.py" for m in "abcd"}
     assert circles(import_graph(planted)) == [["p.a", "p.b", "p.c"]]
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in tests/helpers/: a test module imported by another runs
+    its fixtures and marks twice, and hides who depends on what."""
+    importing = {
+        path.name: sorted(n for n in imports(path.read_text()) if n.startswith("tests.test_"))
+        for path in sorted((ROOT / "tests").glob("*.py"))
+    }
+    assert {name: found for name, found in importing.items() if found} == {}
+
+
+# a module longer than this does several jobs (generated gRPC code aside)
+MOST_LINES = 600
+
+
+def test_no_product_module_is_over_its_length():
+    lengths = {name: len(path.read_text().splitlines()) for name, path in PRODUCT.items()}
+    assert {name: n for name, n in lengths.items() if n > MOST_LINES} == {}
 
 
 def test_the_remediator_s_core_loads_no_client():
@@ -296,7 +314,7 @@ for module in pkgutil.walk_packages(numaguard.__path__, "numaguard."):
     assert run.returncode == 0, run.stderr[-3000:]
     found = set(run.stdout.split())
     assert {"numaguard.exporter.model", "numaguard.remediator.core.planner"} <= found
-    assert "numaguard.simulator.cluster" in found
+    assert "numaguard.simulator.cluster.simulated" in found
     assert len(found) >= len(PRODUCT)
 
 

@@ -22,9 +22,9 @@ import pytest
 
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.leader import LeaderElector
-from numaguard.simulator.controlplane import ControlPlane, path_of
-from numaguard.simulator.faultproxy import FaultProxy
-from numaguard.simulator.processes import free_port, until
+from numaguard.simulator.parts.controlplane import ControlPlane, path_of
+from numaguard.simulator.parts.faultproxy import FaultProxy
+from numaguard.simulator.parts.processes import free_port, until
 
 pytestmark = pytest.mark.cluster
 

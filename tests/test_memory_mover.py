@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from numaguard.exporter import cli as exporter_cli
-from numaguard.exporter.memory_mover import REQUEST_TTL_SECONDS, MemoryMover, destination
 from numaguard.exporter.mover import pages as mover_pages
 from numaguard.exporter.mover import wire
 from numaguard.exporter.mover.helper import Helper
 from numaguard.exporter.mover.helper import main as helper_cli
+from numaguard.exporter.mover.orders import REQUEST_TTL_SECONDS, MemoryMover, destination
 from numaguard.exporter.mover.pages import (
     BATCH_BYTES,
     SCAN_PAGES,
@@ -42,8 +42,8 @@ from numaguard.exporter.server import Exporter
 from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.kube import pod_meta
 from numaguard.exporter.sources.kubelet import PodResourcesSource
-from numaguard.simulator import presets
-from numaguard.simulator.host import (
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import (
     GIB,
     HEAP,
     MIB,
@@ -53,8 +53,8 @@ from numaguard.simulator.host import (
     FakePages,
     FakePod,
 )
-from numaguard.simulator.kubelet import FakeKubelet
-from numaguard.simulator.processes import until
+from numaguard.simulator.fakes.podresources import FakeKubelet
+from numaguard.simulator.parts.processes import until
 from tests.conftest import make_collection, metadata_of, samples, series
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from numaguard.remediator.core.history import Pending, WorkloadHistory, describe
 from numaguard.remediator.core.kinds import MIGRATE_MEMORY
 from numaguard.remediator.core.outcome import Activity, gain, judged
 from numaguard.remediator.core.policy import Policy
-from tests.test_planner import (
+from tests.helpers.planner_rows import (
     NOW,
     cross_numa,
     healthy,
@@ -27,7 +27,7 @@ from tests.test_planner import (
     starved_row,
     zone,
 )
-from tests.test_verification import POLICY, Answers, verdicts
+from tests.helpers.verification_rows import POLICY, Answers, verdicts
 
 MIB = 1 << 20
 

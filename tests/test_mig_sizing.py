@@ -8,7 +8,7 @@ import pytest
 from numaguard.contract.names import mig_resource
 from numaguard.remediator.core.findings import Detection, sizing_findings
 from numaguard.remediator.core.mig import FAMILIES, family_of, geometry
-from numaguard.simulator.prometheus import as_signals
+from numaguard.simulator.parts.prometheus import as_signals
 
 GIB = 1 << 30
 NOW = 1_800_000_000.0

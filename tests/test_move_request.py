@@ -19,7 +19,7 @@ from numaguard.contract.names import REQUEST, REQUEST_ANNOTATION
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.core.actions import PodInfo
 from numaguard.remediator.kube import Kube, api_client
-from numaguard.simulator.controlplane import (
+from numaguard.simulator.parts.controlplane import (
     ADMISSION_KINDS,
     RBAC_KINDS,
     ROOT,
@@ -29,13 +29,12 @@ from numaguard.simulator.controlplane import (
     path_of,
     rendered,
 )
-from numaguard.simulator.processes import until
+from numaguard.simulator.parts.processes import until
+from tests.helpers.tenants import NS, tenant_token
 
 pytestmark = pytest.mark.cluster
 
-NS = "move-request"
 OPS = "ops"  # the namespace of a second install
-TENANT = "tenant"
 REFUSED = "only numaguard's remediator may write the numaguard.io/move-memory annotation"
 
 
@@ -63,37 +62,6 @@ def pod(name: str, annotations: dict | None = None) -> dict:
         "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}},
         "spec": {"containers": [{"name": "c", "image": "busybox"}]},
     }
-
-
-def namespace_admin(namespace: str, name: str = TENANT) -> list[dict]:
-    """A ServiceAccount of ``namespace`` that may do anything to anything there, as many
-    teams' are, with its Role and RoleBinding."""
-    meta = {"name": name, "namespace": namespace}
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": meta,
-            "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": meta,
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-        },
-    ]
-
-
-async def tenant_token(cp, session, namespace: str = NS) -> str:
-    """The token of a namespace's admin (made if need be)."""
-    namespace_object = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-    for obj in (namespace_object, *namespace_admin(namespace)):
-        with contextlib.suppress(ApiError):  # made already
-            await cp.create(session, obj)
-    return await cp.service_account_token(session, namespace, TENANT)
 
 
 async def test_only_the_remediator_writes_the_request_and_only_on_that_pod(control_plane, tmp_path):

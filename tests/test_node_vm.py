@@ -1,4 +1,4 @@
-"""A real two-socket kernel under the exporter: the node VM (simulator/vm.py) boots
+"""A real two-socket kernel under the exporter: the node VM (simulator/parts/vm.py) boots
 Debian's kernel with two sockets and two NUMA nodes at distance 21, its root this
 machine's file system, and runs tests/test_this_machine.py inside it — the exporter, as
 it ships, against the guest kernel's own /sys and /proc, read at the same moment."""
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from numaguard.simulator import vm
-from tests import vm_pods
+from numaguard.simulator.parts import vm
 from tests.conftest import samples
+from tests.helpers import vm_pods
+from tests.helpers.numa_files import numa_maps_bytes, numa_stat_bytes
 
 pytestmark = pytest.mark.vm
 
@@ -38,37 +39,13 @@ async def test_the_exporter_on_a_two_socket_kernel_matches_its_sysfs(tmp_path):
 
 PODS_SCRIPT = """
 cd {root}
-.venv/bin/python tests/vm_pods.py /mnt
+.venv/bin/python tests/helpers/vm_pods.py /mnt
 """
-
-
-def numa_maps_bytes(text: str) -> dict[str, int]:
-    """Pages per NUMA node over a process's mappings (/proc/<pid>/numa_maps), in bytes."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        size = 4096 * (512 if "huge" in line else 1)  # kernelpagesize_kB aside, as numastat -p
-        for field in line.split()[2:]:
-            if field.startswith("N") and "=" in field:
-                node, pages = field[1:].split("=")
-                out[node] = out.get(node, 0) + int(pages) * size
-    return out
-
-
-def numa_stat_bytes(text: str) -> dict[str, int]:
-    """A cgroup's memory per NUMA node (memory.numa_stat, anon + file), in bytes."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        kind, *nodes = line.split()
-        if kind in ("anon", "file"):
-            for field in nodes:
-                node, value = field[1:].split("=")
-                out[node] = out.get(node, 0) + int(value)
-    return out
 
 
 @pytest.fixture(scope="module")
 def pods_ran(tmp_path_factory) -> vm.Ran:
-    """One boot for the pods' tests: tests/vm_pods.py's run."""
+    """One boot for the pods' tests: tests/helpers/vm_pods.py's run."""
     root = Path(__file__).resolve().parent.parent
     job = tmp_path_factory.mktemp("pods") / "job"
     ran = asyncio.run(vm.run(PODS_SCRIPT.format(root=root), job, timeout=1100))

@@ -12,10 +12,10 @@ import contextlib
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import SimulatedCluster, one_node
-from numaguard.simulator.controlplane import ApiError, nrt_crd, path_of, rendered
-from numaguard.simulator.processes import get, until
+from numaguard.simulator.cluster.simulated import SimulatedCluster, one_node
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.parts.controlplane import ApiError, nrt_crd, path_of, rendered
+from numaguard.simulator.parts.processes import get, until
 
 pytestmark = pytest.mark.cluster
 
@@ -247,7 +247,7 @@ def test_the_object_says_nothing_it_does_not_know():
     from numaguard.exporter.model import NodeSnapshot
     from numaguard.exporter.model.placement import Topology
     from numaguard.exporter.model.zones import Zone
-    from numaguard.exporter.nrt import node_resource_topology
+    from numaguard.exporter.publishers.nrt_object import node_resource_topology
 
     topology = Topology((0, 1), {0: 0, 1: 0, 2: 1, 3: 1}, {}, {0: {0: 10, 1: 21}}, {})
     snap = NodeSnapshot(NODE, 0.0, topology, (), {}, None, (), False, None)

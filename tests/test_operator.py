@@ -14,38 +14,22 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from alerts import rules
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.signals import Prometheus
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import SimulatedCluster
-from numaguard.simulator.controlplane import ControlPlane, path_of, rendered
-from numaguard.simulator.operator import PrometheusOperator, prometheus_resource
-from numaguard.simulator.processes import free_port, until
-from numaguard.simulator.prometheus import PrometheusServer, built_prometheus3
+from numaguard.simulator.cluster.simulated import SimulatedCluster
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.parts.controlplane import ControlPlane, path_of, rendered
+from numaguard.simulator.parts.operator import PrometheusOperator, prometheus_resource
+from numaguard.simulator.parts.processes import free_port, until
+from numaguard.simulator.parts.prometheus import PrometheusServer, built_prometheus3
+from tests.helpers.operator import JOB, MONITORING, WINDOW, quick
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 
 NODE = "gpu-node-3"
-MONITORING = "monitoring"
-JOB = "serviceMonitor/numaguard/numaguard/0"  # the operator's name for the exporter's job
-WINDOW = "5s"
-
-
-def quick(objects: list[dict]) -> list[dict]:
-    """deploy/'s objects with the test's pace: the exporter scraped every second and the
-    rules' windows seconds long (as every alert test shortens them); nothing else
-    changes."""
-    for obj in objects:
-        if obj["kind"] == "ServiceMonitor":
-            for endpoint in obj["spec"]["endpoints"]:
-                endpoint["interval"] = "1s"
-        if obj["kind"] == "PrometheusRule":
-            obj["spec"] = rules.rules_document(Windows(WINDOW, WINDOW))
-    return objects
 
 
 class Stack:

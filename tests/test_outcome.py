@@ -13,8 +13,8 @@ from numaguard.contract import catalogue as c
 from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.outcome import activities, gain
 from numaguard.remediator.signals import Prometheus
-from numaguard.simulator.processes import free_port
-from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
+from numaguard.simulator.parts.processes import free_port
+from numaguard.simulator.parts.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
 
 pytestmark = pytest.mark.prometheus
 

@@ -27,124 +27,26 @@ from numaguard.remediator.core.history import (
 from numaguard.remediator.core.kinds import KINDS
 from numaguard.remediator.core.planner import GUARDS, plan
 from numaguard.remediator.core.policy import Enforcement, Policy
-from numaguard.remediator.core.queries import REQUIRED_LABELS, Windows
-from numaguard.remediator.core.reach import Placement
+from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.core.rejections import RejectedPod, describe, storms
 from numaguard.remediator.core.rounds import Round, Sizing, rounds
-from numaguard.simulator.fleet import open_nodes
-from numaguard.simulator.prometheus import as_signals
+from numaguard.simulator.cluster.fleet import open_nodes
+from numaguard.simulator.parts.prometheus import as_signals
 from tests.conftest import examples
-
-GIB = 1 << 30
-NOW = 1_800_000_000.0
-
-
-COLLECTORS = ("host_numa", "pod_placement", "gpu", "pod_resources", "resctrl")
-
-
-def instance(node: str) -> str:
-    return f"{node}.exporter:9847"
-
-
-def signals(**frames: list[dict]) -> Signals:
-    """Signals with the given rows per query, read as real answers are; each row gets
-    its node's exporter as ``instance`` unless it names one."""
-    for name in frames:
-        assert name in REQUIRED_LABELS, name
-    nodes = {r["node"] for rows in frames.values() for r in rows if "node" in r}
-    return as_signals(NOW, frames, {n: instance(n) for n in nodes})
-
-
-def healthy(*nodes: str) -> dict:
-    """Each node's exporter target is up and all its collectors just succeeded."""
-    rows = [{"node": n, "collector": c} for n in nodes for c in COLLECTORS]
-    return {
-        "targets_up": [{"node": n, "version": "0.1.0", "value": 1.0} for n in nodes],
-        "collector_age": [{**r, "value": 5.0} for r in rows],
-        "collector_success": [{**r, "value": 1.0} for r in rows],
-    }
-
-
-def zone(node: str, numa: str, cpus: float, memory_gib: float, devices=None) -> dict:
-    return {
-        "zone_free_cpus": [{"node": node, "numa_node": numa, "value": cpus}],
-        "zone_free_memory": [{"node": node, "numa_node": numa, "value": memory_gib * GIB}],
-        "zone_free_devices": [
-            {"node": node, "numa_node": numa, "resource": r, "value": v}
-            for r, v in (devices or {}).items()
-        ],
-    }
-
-
-def merge(*parts: dict) -> dict:
-    out: dict[str, list] = {}
-    for part in parts:
-        for k, v in part.items():
-            out.setdefault(k, []).extend(v)
-    return out
-
-
-def cross_numa(pod: str, node: str = "n1", reason: str = "device_remote", age=1.0) -> dict:
-    row = {
-        "node": node,
-        "namespace": "ml",
-        "pod": pod,
-        "pod_uid": f"uid-{pod}",
-        "reason": reason,
-        "value": 1.0,
-    }
-    return {
-        "cross_numa_sustained": [row],
-        "cross_numa_seen": [row],
-        "cross_numa_age": [{**row, "value": age}],
-    }
-
-
-def needs(
-    pod: str, cpus: float, memory_gib: float, gpu: str = "nvidia.com/gpu", node: str = "n1"
-) -> dict:
-    """What the pod holds: CPUs and memory on NUMA node 0 of its node, and a GPU the
-    kubelet gave it on NUMA node 1 (device_remote)."""
-    ids = {"node": node, "namespace": "ml", "pod": pod, "pod_uid": f"uid-{pod}", "numa_node": "0"}
-    return {
-        "pod_exclusive_cpus": [{**ids, "value": cpus}],
-        "pod_memory": [{**ids, "value": memory_gib * GIB}],
-        "holders": [
-            {
-                **ids,
-                "numa_node": "1",
-                "gpu": "0",
-                "gpu_uuid": f"GPU-{pod}",
-                "resource": gpu,
-                "source": "kubelet",
-                "value": 1.0,
-            }
-        ],
-    }
-
-
-def pod_info(name: str, **kw) -> PodInfo:
-    defaults = dict(
-        namespace="ml",
-        name=name,
-        uid=f"uid-{name}",
-        node="n1",
-        created=NOW - 3600,
-        owner_kind="ReplicaSet",
-        owner_name=f"{name}-rs",
-        workload=f"Deployment/ml/{name}",
-        resources=frozenset({"nvidia.com/gpu"}),
-        placement=Placement(),
-    )
-    return PodInfo(**{**defaults, **kw})
-
-
-def run(sig: Signals, pods: list[PodInfo], policy=None, history=None):
-    policy = policy or Policy(dry_run=False)
-    findings = list(update(FindingState(), sig).open.values())
-    return plan(
-        findings, {p.uid: p for p in pods}, sig, policy, history or {}, NOW, open_nodes(sig)
-    )
+from tests.helpers.planner_rows import (
+    GIB,
+    NOW,
+    cross_numa,
+    healthy,
+    instance,
+    merge,
+    needs,
+    pod_info,
+    run,
+    signals,
+    starved_row,
+    zone,
+)
 
 
 def test_cross_numa_pod_is_evicted_to_an_aligned_zone():
@@ -297,25 +199,6 @@ def test_cooldown_backoff_and_giving_up():
     assert [r.guard for r in run(sig, [pod_info("p")], policy, in_flight).refusals] == [
         "cap_workload"
     ]
-
-
-def starved_row(pod: str, reason: str, gpu_uuid: str = "") -> dict:
-    row = {
-        "node": "n1",
-        "namespace": "ml",
-        "pod": pod,
-        "pod_uid": f"uid-{pod}",
-        "reason": reason,
-        "gpu": "0",
-        "gpu_uuid": gpu_uuid or f"GPU-{pod}",
-        "mig_uuid": "",
-        "value": 1.0,
-    }
-    return {
-        "starved_sustained": [row],
-        "starved_seen": [row],
-        "starved_age": [{**row, "value": 1.0}],
-    }
 
 
 def test_starved_by_placement_is_moved_by_cpu_only_advised():

@@ -19,9 +19,9 @@ import sys
 import psutil
 import pytest
 
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import one_node
-from numaguard.simulator.processes import exporter_process, get, until
+from numaguard.simulator.cluster.simulated import one_node
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.parts.processes import exporter_process, get, until
 from tests.conftest import samples
 
 pytestmark = pytest.mark.cluster

@@ -8,11 +8,11 @@ import subprocess
 
 import pytest
 
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import one_node
-from numaguard.simulator.nvml import FakeNvml
-from numaguard.simulator.processes import free_port, get
-from numaguard.simulator.prometheus import PrometheusServer, binary
+from numaguard.simulator.cluster.simulated import one_node
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.nvml import FakeNvml
+from numaguard.simulator.parts.processes import free_port, get
+from numaguard.simulator.parts.prometheus import PrometheusServer, binary
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 

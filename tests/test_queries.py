@@ -5,12 +5,12 @@ themselves, in bounded batches."""
 
 from __future__ import annotations
 
-import promql_parser
 import pytest
 
 from numaguard.contract.catalogue import series_names
 from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.queries import Windows, expressions, verification_expressions
+from tests.helpers.promql import metric_names, selectors
 
 NEEDS = [(8.0, 2.0**34, (("nvidia.com/gpu", 1),)), (0.0, 0.0, (("nvidia.com/mig-1g.10gb", 1),))]
 
@@ -26,28 +26,6 @@ def rounds(selector: str = q.DEFAULT_SELECTOR) -> list[str]:
         *q.zone_candidates(NEEDS, 6, ("host_numa", "pod_resources"), 30.0, selector),
     ]
     return [expr for _, expr in out]
-
-
-def selectors(expr: str) -> list:
-    """Every vector selector of a PromQL expression."""
-    found = []
-
-    def walk(node) -> None:
-        if isinstance(node, promql_parser.VectorSelector):
-            found.append(node)
-        for attr in ("lhs", "rhs", "expr", "args", "vector_selector", "param"):
-            child = getattr(node, attr, None)
-            for c in child if isinstance(child, list) else [child]:
-                if c is not None:
-                    walk(c)
-
-    walk(promql_parser.parse(expr))
-    return found
-
-
-def metric_names(expr: str) -> set[str]:
-    """Every metric a PromQL expression selects."""
-    return {s.name for s in selectors(expr)}
 
 
 def test_every_query_parses_and_names_only_catalogue_metrics():

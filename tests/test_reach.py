@@ -27,7 +27,16 @@ from numaguard.remediator.core.steering import (
     steered_to,
     webhook_name,
 )
-from tests.test_planner import NOW, cross_numa, healthy, merge, needs, pod_info, signals, zone
+from tests.helpers.planner_rows import (
+    NOW,
+    cross_numa,
+    healthy,
+    merge,
+    needs,
+    pod_info,
+    signals,
+    zone,
+)
 
 GIB = float(1 << 30)
 

@@ -16,11 +16,11 @@ from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.signals import Prometheus
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import SimulatedCluster
-from numaguard.simulator.processes import free_port, until
-from numaguard.simulator.prometheus import PrometheusServer
-from tests.test_sim_cluster import busy_socket1, evict, hold_gpu3
+from numaguard.simulator.cluster.simulated import SimulatedCluster
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.parts.processes import free_port, until
+from numaguard.simulator.parts.prometheus import PrometheusServer
+from tests.helpers.sim_cluster import busy_socket1, evict, hold_gpu3
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 

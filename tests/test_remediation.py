@@ -29,14 +29,14 @@ from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.signals import Prometheus
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import SimulatedCluster
-from numaguard.simulator.controlplane import ControlPlane, path_of
-from numaguard.simulator.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
-from numaguard.simulator.nvml import FakeNvml, Process
-from numaguard.simulator.processes import free_port, until
-from numaguard.simulator.prometheus import PrometheusServer
-from tests.test_control_plane import allowed
+from numaguard.simulator.cluster.simulated import SimulatedCluster
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
+from numaguard.simulator.fakes.nvml import FakeNvml, Process
+from numaguard.simulator.parts.controlplane import ControlPlane, path_of
+from numaguard.simulator.parts.processes import free_port, until
+from numaguard.simulator.parts.prometheus import PrometheusServer
+from tests.helpers.control_plane import allowed
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from numaguard.common.apiserver import find_kubeconfig
-from numaguard.simulator.processes import free_port
+from numaguard.simulator.parts.processes import free_port
 
 
 def run(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -180,7 +180,7 @@ def run_plan(tmp_path, *args: str) -> subprocess.CompletedProcess:
 def test_a_selector_that_matches_no_exporter_is_said(tmp_path):
     """`plan --selector 'job="nope"'` against a Prometheus scraping no such job: not a
     quiet "0 findings", but a warning naming the selector and how to find the right one."""
-    from numaguard.simulator.prometheus import PrometheusServer
+    from numaguard.simulator.parts.prometheus import PrometheusServer
 
     async def plan() -> subprocess.CompletedProcess:
         async with PrometheusServer([], free_port()) as prom:

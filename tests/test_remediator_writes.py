@@ -12,8 +12,8 @@ import contextlib
 import aiohttp
 import pytest
 
-from numaguard.simulator.controlplane import ApiError, path_of
-from numaguard.simulator.processes import until
+from numaguard.simulator.parts.controlplane import ApiError, path_of
+from numaguard.simulator.parts.processes import until
 
 pytestmark = pytest.mark.cluster
 

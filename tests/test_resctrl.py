@@ -11,9 +11,9 @@ import pytest
 import numaguard.exporter.sources as sources
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.resctrl import RESYNC_CYCLES
-from numaguard.simulator import presets
-from numaguard.simulator.host import GIB, MIB, FakeHostRoot
-from numaguard.simulator.resctrl import FakeResctrl
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import GIB, MIB, FakeHostRoot
+from numaguard.simulator.fakes.resctrl import FakeResctrl
 from tests.conftest import make_collection, metadata_of, samples, series
 
 INTERVAL = 15.0

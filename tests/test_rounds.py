@@ -19,9 +19,9 @@ from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.signals import Prometheus, Source
-from numaguard.simulator.fleet import Fleet, open_nodes, pods_for
-from numaguard.simulator.processes import free_port, until
-from numaguard.simulator.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
+from numaguard.simulator.cluster.fleet import Fleet, open_nodes, pods_for
+from numaguard.simulator.parts.processes import free_port, until
+from numaguard.simulator.parts.prometheus import VERSIONS, PrometheusServer, tsdb_blocks
 
 pytestmark = pytest.mark.prometheus
 

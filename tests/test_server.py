@@ -28,9 +28,9 @@ from numaguard.exporter.server import STUCK_CYCLES, Exporter
 from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.host import HostSource
-from numaguard.simulator import presets
-from numaguard.simulator.host import FakeContainer, FakeHostRoot, FakePod
-from numaguard.simulator.processes import exporter_process, get, log_of, until
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import FakeContainer, FakeHostRoot, FakePod
+from numaguard.simulator.parts.processes import exporter_process, get, log_of, until
 from tests.conftest import NODE, samples, series
 
 

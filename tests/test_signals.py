@@ -19,10 +19,10 @@ from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.kinds import CROSS_NUMA, STARVED
 from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.signals import Prometheus, SignalsError, Source, frame
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import one_node
-from numaguard.simulator.processes import free_port
-from numaguard.simulator.prometheus import PrometheusServer
+from numaguard.simulator.cluster.simulated import one_node
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.parts.processes import free_port
+from numaguard.simulator.parts.prometheus import PrometheusServer
 from tests.conftest import examples
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]

@@ -12,10 +12,11 @@ import pytest
 from numaguard.exporter.readers import parse_id_list
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.kube import Kube, api_client
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import SimulatedCluster
-from numaguard.simulator.host import FakeContainer, FakePod
-from numaguard.simulator.processes import until
+from numaguard.simulator.cluster.simulated import SimulatedCluster
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import FakePod
+from numaguard.simulator.parts.processes import until
+from tests.helpers.sim_cluster import busy_socket1, evict, hold_gpu3
 
 pytestmark = pytest.mark.cluster
 
@@ -37,12 +38,6 @@ async def sim_cluster(tmp_path, control_plane):
     yield make
     for sim in made:
         await sim.stop()
-
-
-async def evict(sim: SimulatedCluster, name: str, uid: str | None = None) -> int:
-    """Ask the Eviction API (as the admin) to evict ml/``name``; its HTTP status."""
-    pod = await sim.cp.get(sim.session, "Pod", "ml", name)
-    return await sim.cp.evict(sim.session, "ml", name, uid or pod["metadata"]["uid"])
 
 
 async def replacement(sim: SimulatedCluster, workload: str) -> FakePod | None:
@@ -69,39 +64,6 @@ def placement(sim: SimulatedCluster, pod: FakePod) -> tuple[set[int], int]:
     nodes = {i for i, n in enumerate(node.host.nodes) if parse_id_list(n.cpus) & cpus}
     (uuid,) = pod.containers[0].devices["nvidia.com/gpu"]
     return nodes, next(g.numa_node for g in node.nvml.gpus if g.uuid == uuid)
-
-
-def hold_gpu3(host, nvml):
-    host.pods.append(
-        FakePod(
-            "hold",
-            presets.pod_uid("hold"),
-            "guaranteed",
-            [
-                FakeContainer(
-                    "main",
-                    "24-25",
-                    {0: 1 << 30},
-                    exclusive_cpus=True,
-                    devices={"nvidia.com/gpu": [nvml.gpus[3].uuid]},
-                )
-            ],
-            "ml",
-        )
-    )
-
-
-def busy_socket1(host, nvml):
-    """Socket 1 keeps its GPU 7 free but has only 2 free CPUs."""
-    host.pods.append(
-        FakePod(
-            "busy",
-            presets.pod_uid("busy"),
-            "guaranteed",
-            [FakeContainer("main", "42-61", {1: 1 << 30}, exclusive_cpus=True)],
-            "ml",
-        )
-    )
 
 
 @pytest.mark.parametrize(

@@ -30,10 +30,10 @@ from numaguard.remediator.core.planner import nodes_to_check, plan, prepare
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.steering import Steer, Target, configured
 from numaguard.remediator.kube import Kube, api_client
-from numaguard.simulator.controlplane import ApiError, path_of, rendered
-from numaguard.simulator.processes import free_port, until
-from numaguard.simulator.prometheus import as_signals
-from tests.test_planner import healthy, instance, merge, zone
+from numaguard.simulator.parts.controlplane import ApiError, path_of, rendered
+from numaguard.simulator.parts.processes import free_port, until
+from numaguard.simulator.parts.prometheus import as_signals
+from tests.helpers.planner_rows import healthy, instance, merge, zone
 
 # a webhook path's deadline, far off
 DEADLINE = int(time.time()) + 86400

@@ -33,16 +33,16 @@ from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import RECORDED, Windows
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.signals import Prometheus, Source
-from numaguard.simulator import presets
-from numaguard.simulator.cluster import SimulatedCluster
-from numaguard.simulator.controlplane import ControlPlane, path_of, rendered
-from numaguard.simulator.operator import PrometheusOperator, prometheus_resource
-from numaguard.simulator.processes import free_port, until
-from numaguard.simulator.prometheus import PrometheusServer, built_prometheus3
-from numaguard.simulator.thanos import Query, Sidecar
-from tests.test_dashboards import panels as dashboard_panels
-from tests.test_dashboards import substituted
-from tests.test_operator import JOB, MONITORING, WINDOW, quick
+from numaguard.simulator.cluster.simulated import SimulatedCluster
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.parts.controlplane import ControlPlane, path_of, rendered
+from numaguard.simulator.parts.operator import PrometheusOperator, prometheus_resource
+from numaguard.simulator.parts.processes import free_port, until
+from numaguard.simulator.parts.prometheus import PrometheusServer, built_prometheus3
+from numaguard.simulator.parts.thanos import Query, Sidecar
+from tests.helpers.operator import JOB, MONITORING, WINDOW, quick
+from tests.helpers.promql import panels as dashboard_panels
+from tests.helpers.promql import substituted
 
 pytestmark = [
     pytest.mark.prometheus,

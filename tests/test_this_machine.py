@@ -9,7 +9,7 @@ import re
 import socket
 
 from numaguard.contract.catalogue import NUMASTAT
-from numaguard.simulator.processes import exporter_process, get
+from numaguard.simulator.parts.processes import exporter_process, get
 from tests.conftest import samples
 
 NODE_DIR = "/sys/devices/system/node"

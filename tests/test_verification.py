@@ -13,47 +13,22 @@ from numaguard.remediator.controller import Controller
 from numaguard.remediator.core.actions import PodInfo
 from numaguard.remediator.core.history import Pending, WorkloadHistory, described
 from numaguard.remediator.core.outcome import FLOOR, Activity, activities, gain, judged, mean
-from numaguard.remediator.core.policy import FixGain, Policy
+from numaguard.remediator.core.policy import FixGain
 from numaguard.remediator.core.queries import (
     Windows,
     activity_expressions,
     scoped,
     verification_expressions,
 )
-from numaguard.simulator.prometheus import as_signals
-from tests.test_planner import COLLECTORS, healthy, instance
+from numaguard.simulator.parts.prometheus import as_signals
+from tests.helpers.planner_rows import COLLECTORS, healthy
+from tests.helpers.verification_rows import POLICY, Answers, verdicts
 
 NOW = 1_800_000_000.0
-POLICY = Policy(verify_after_seconds=900, verify_deadline_seconds=3600, stale_after_seconds=30)
-
-
-class Answers:
-    """Prometheus as the verifier sees it: the rows each verification query answers, and
-    what it says of the replacements' node (healthy unless told)."""
-
-    selector = 'job="numaguard"'
-    windows = Windows()
-
-    def __init__(self, rows: dict[str, list[dict]], node=None) -> None:
-        self.rows = {**(healthy("n1") if node is None else node), **rows}
-        self.asked: list = []
-
-    async def fetch_set(self, queries, required, at):
-        self.asked.append(queries)
-        return as_signals(at, self.rows, {"n1": instance("n1")}, queries=required)
 
 
 def replacement(uid: str = "new-1", phase: str = "Running", created: float = NOW - 1000):
     return PodInfo("ml", "trainer.1", uid, "n1", created, phase=phase, workload="Deployment/ml/t")
-
-
-def verdicts(held_throughout: float, peak: float, age: float = 2.0, uid: str = "new-1"):
-    ids = {"node": "n1", "pod_uid": uid}
-    return {
-        "held_throughout": [{**ids, "value": held_throughout}],
-        "peak": [{**ids, "value": peak}],
-        "age": [{**ids, "value": age}],
-    }
 
 
 PENDING = Pending("cross_numa", "device_remote", NOW - 1000, "old-1")

@@ -4,7 +4,7 @@ harness boots the node again rather than wait out its timeout."""
 
 from __future__ import annotations
 
-from numaguard.simulator.kubenode import HUNG_SECONDS, KubeNode
+from numaguard.simulator.parts.vm_kubelet import HUNG_SECONDS, KubeNode
 
 # what the guest's watchdog printed in one such boot
 HUNG = """[   56.487475] rcu: INFO: rcu_preempt self-detected stall on CPU

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from numaguard.common.webconfig import NEW_TOKENS_BURST, NEW_TOKENS_PER_SECOND
-from numaguard.simulator import presets
-from numaguard.simulator.controlplane import path_of, rendered
-from numaguard.simulator.processes import exporter_process, free_port, until, wait_ok
-from numaguard.simulator.prometheus import PrometheusServer
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.parts.controlplane import path_of, rendered
+from numaguard.simulator.parts.processes import exporter_process, free_port, until, wait_ok
+from numaguard.simulator.parts.prometheus import PrometheusServer
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 

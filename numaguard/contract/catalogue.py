@@ -815,7 +815,7 @@ ZONE_MEMORY_FREE = _m(
 )
 
 
-# -- moving pods' memory home in place (--memory-mover; numaguard/exporter/memory_mover.py) --
+# -- moving pods' memory home in place (--memory-mover; numaguard/exporter/mover/orders.py) --
 MEMORY_MOVES = _m(
     "memory_moves_total",
     "counter",

@@ -11,7 +11,7 @@ import re
 # A pod asks its node's exporter to move its memory home by carrying this annotation; its
 # value names the request (the remediator's action), so that each is carried out once.
 # Whoever writes it, the move is bounded: the annotated pod's own memory, to its own
-# CPUs' node (exporter/memory_mover.py); only the remediator may write it (its policy).
+# CPUs' node (exporter/mover/orders.py); only the remediator may write it (its policy).
 REQUEST_ANNOTATION = "numaguard.io/move-memory"
 REQUEST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")  # a value that names a request
 # set to "false" (on a pod or its workload), keeps the remediator from acting on it

@@ -27,7 +27,7 @@ from numaguard.exporter.readers.dra import DraView
 from numaguard.exporter.records import Issue, PodMeta
 
 if TYPE_CHECKING:
-    from numaguard.exporter.memory_mover import MoveTotals
+    from numaguard.exporter.mover.orders import MoveTotals
 
 log = logging.getLogger(__name__)
 

@@ -178,7 +178,7 @@ class ResctrlReading:
 class PodMeta:
     """What the API server says about a pod: names, and container id -> container name;
     its DRA ResourceClaims, by the claim object's name, with the containers using each;
-    and the request to move its memory home it carries, if any (memory_mover.py)."""
+    and the request to move its memory home it carries, if any (mover/orders.py)."""
 
     namespace: str
     name: str

@@ -19,7 +19,7 @@ from numaguard.common.process import settle_garbage_collector
 from numaguard.exporter.collection import Collection, Source
 from numaguard.exporter.collectors import COLLECTORS, Collector
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
-from numaguard.exporter.memory_mover import MemoryMover
+from numaguard.exporter.mover.orders import MemoryMover
 from numaguard.exporter.mover.wire import HelperClient
 from numaguard.exporter.publishers.nrt import NrtPublisher
 from numaguard.exporter.settings import Settings

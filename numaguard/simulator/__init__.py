@@ -1,5 +1,8 @@
-"""The simulator: fake host roots (and, later, fake NVML and a fake cluster).
-
-One module used by the tests, the demo and the benchmarks, so every fake behaves the
-same way everywhere.
+"""The simulator: the tests', the demos' and the benchmarks' world, by kind of thing —
+``fakes`` (what cannot run here for real: a host's kernel files, NVML, resctrl, the
+kubelet's PodResources and device plugin APIs, NVIDIA's DRA driver), ``parts`` (the
+launchers of the real third-party parts: the control plane, Prometheus, Alertmanager,
+the Operator, Thanos, the fault proxy, the node VM and its kubelet), ``cluster`` (the
+simulated cluster: its life, its nodes' kubelet, its manifests, a fleet's series) and
+``demos``. The product never imports it.
 """

@@ -6,9 +6,9 @@ from numaguard.contract import catalogue as c
 from numaguard.exporter.collectors import Collector
 from numaguard.exporter.exposition import Families, Family, LabelPrefix
 from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.model.traffic import Traffic
 from numaguard.exporter.readers import format_id_list
 from numaguard.exporter.records import READ_FAILURES
-from numaguard.exporter.traffic import Traffic
 
 
 def families(snap: NodeSnapshot) -> list[Family]:

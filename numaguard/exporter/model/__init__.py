@@ -27,6 +27,7 @@ from numaguard.exporter.model.placement import (
 )
 from numaguard.exporter.model.starvation import Starvation, starvation_of
 from numaguard.exporter.model.thresholds import Thresholds
+from numaguard.exporter.model.traffic import ResctrlState, build_resctrl
 from numaguard.exporter.model.zones import Zone, dra_devices, zones_of
 from numaguard.exporter.readers.dra import DraView
 from numaguard.exporter.readers.podresources import ContainerResources
@@ -38,7 +39,6 @@ from numaguard.exporter.records import (
     PodsReading,
     ResctrlReading,
 )
-from numaguard.exporter.traffic import ResctrlState, build_resctrl
 
 
 @dataclass(frozen=True, slots=True)

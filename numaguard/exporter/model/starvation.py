@@ -10,7 +10,7 @@ from numaguard.contract.reasons import STARVED_REASONS
 from numaguard.exporter.model.devices import DeviceUse
 from numaguard.exporter.model.placement import PodState
 from numaguard.exporter.model.thresholds import Thresholds
-from numaguard.exporter.traffic import ResctrlState
+from numaguard.exporter.model.traffic import ResctrlState
 
 
 @dataclass(slots=True)

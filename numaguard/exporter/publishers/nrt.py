@@ -17,7 +17,7 @@ import aiohttp
 
 from numaguard.common.apiserver import ApiServer
 from numaguard.exporter.model import NodeSnapshot
-from numaguard.exporter.nrt import PATH, node_resource_topology
+from numaguard.exporter.publishers.nrt_object import PATH, node_resource_topology
 from numaguard.exporter.readers.kubeletconfig import topology_manager
 from numaguard.exporter.records import Issue
 from numaguard.exporter.sources import read_parsed

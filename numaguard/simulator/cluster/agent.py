@@ -1,0 +1,345 @@
+"""The simulated nodes' kubelet: registers a Node (and its Lease) per host, watches the
+pods the scheduler binds to them, admits each as the node's kubelet would
+(simulator.cluster.node.admit), starts its GPU job, and reports it Running — or Failed, with
+TopologyAffinityError, when the node's Topology Manager refuses it. A mixin of
+SimulatedCluster, whose state (the nodes, the API session, the workloads' demand) it
+works on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from datetime import UTC, datetime
+
+import aiohttp
+
+from numaguard.exporter.readers import format_id_list, parse_id_list
+from numaguard.simulator.cluster.manifests import parse_quantity
+from numaguard.simulator.cluster.node import SimNode, admit, advertised, first_touch, free_cpus
+from numaguard.simulator.fakes.host import FakeContainer, FakePod
+from numaguard.simulator.fakes.nvml import FakeGpu, FakeSlice, Process
+from numaguard.simulator.parts.controlplane import ApiError
+
+STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand
+
+
+# How long an evicted pod of a ReplicaSet keeps its exclusive CPUs, memory and devices
+# when no replacement is admitted on its node first. A real kubelet admits the
+# replacement (which the ReplicaSet makes at once) while the evicted container still
+# terminates: the replacement never gets what the evicted pod held. A StatefulSet's
+# replacement comes only once the pod is gone, which is what stopping it at once models.
+TERMINATION_SECONDS = 3.0
+
+
+def _replica_set(pod: dict) -> str:
+    """The uid of the ReplicaSet that controls the pod; "" for any other owner."""
+    for ref in pod["metadata"].get("ownerReferences") or ():
+        if ref.get("controller") and ref.get("kind") == "ReplicaSet":
+            return ref.get("uid", "")
+    return ""
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class NodeAgent:
+    def _node_object(self, node: SimNode) -> dict:
+        memory = sum(n.memory_total_bytes for n in node.host.nodes)
+        capacity = {
+            "cpu": str(len(node.host.all_cpus)),
+            "memory": str(memory),
+            "pods": "250",
+        }
+        for resource, count in advertised(node).items():
+            capacity[resource] = str(count)
+        labels = {
+            "kubernetes.io/hostname": node.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+        }
+        if node.nvml.gpus:  # as GPU Feature Discovery labels a GPU node
+            labels |= {
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.count": str(len(node.nvml.gpus)),
+                "nvidia.com/gpu.product": node.nvml.gpus[0].model.name.replace(" ", "-"),
+                "nvidia.com/mig.strategy": "mixed",
+            }
+        now = _now()
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node.name, "labels": labels},
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "addresses": [
+                    {"type": "InternalIP", "address": f"10.0.{node.index}.1"},
+                    {"type": "Hostname", "address": node.name},
+                ],
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "kubelet is posting ready status",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            },
+        }
+
+    @staticmethod
+    def _node_lease(node: SimNode) -> dict:
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": node.name, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": node.name,
+                "leaseDurationSeconds": 40,
+                "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            },
+        }
+
+    async def _heartbeat(self) -> None:
+        """Renew each node's Lease, as a kubelet does every 10 s."""
+        while True:
+            await asyncio.sleep(10)
+            for node in self.nodes.values():
+                renew = self._node_lease(node)["spec"]["renewTime"]
+                with contextlib.suppress(ApiError, aiohttp.ClientError):
+                    await self.cp.patch(
+                        self.session,
+                        "Lease",
+                        "kube-node-lease",
+                        node.name,
+                        {"spec": {"renewTime": renew}},
+                    )
+
+    async def _agent(self) -> None:
+        """List and watch every pod; act on those bound to our nodes."""
+        version = ""
+        while True:
+            try:
+                if not version:
+                    listing = await self.cp.call(self.session, "GET", "/api/v1/pods")
+                    listed = {pod["metadata"]["uid"] for pod in listing["items"]}
+                    for uid in set(self._running) - listed:  # deleted while not watching
+                        self._stop_pod(*self._running.pop(uid))
+                    for pod in listing["items"]:
+                        await self._on_pod("ADDED", pod)
+                    version = listing["metadata"]["resourceVersion"]
+                version = await self._watch(version)
+            except (aiohttp.ClientError, ApiError, OSError, TimeoutError):
+                await asyncio.sleep(0.2)  # the next list or watch will do
+            except asyncio.CancelledError:
+                raise
+
+    async def _watch(self, version: str) -> str:
+        path = f"/api/v1/pods?watch=1&resourceVersion={version}&allowWatchBookmarks=true"
+        headers = {"Authorization": f"Bearer {self.cp.admin_token}"}
+        async with self.session.get(
+            self.cp.url + path,
+            headers=headers,
+            ssl=self.cp.ssl_context(),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+        ) as r:
+            if r.status != 200:
+                return ""
+            async for line in r.content:
+                event = json.loads(line)
+                if event["type"] == "ERROR":
+                    return ""  # 410 Gone: list again
+                version = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    await self._on_pod(event["type"], event["object"])
+        return version
+
+    async def _on_pod(self, type_: str, pod: dict) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        node = self.nodes.get(spec.get("nodeName", ""))
+        uid = meta["uid"]
+        if node is None:
+            return
+        if type_ == "DELETED" or meta.get("deletionTimestamp"):
+            owner = _replica_set(pod)
+            if type_ != "DELETED" and owner and uid in self._running:
+                node_, preset = self._running.pop(uid)
+                self._terminating[uid] = (node_, preset, owner, pod)
+                loop = asyncio.get_running_loop()
+                self._timers.append(loop.call_later(TERMINATION_SECONDS, self._release_soon, uid))
+                return
+            if uid in self._running:
+                self._stop_pod(*self._running.pop(uid))
+            if uid in self._terminating:
+                self._stop_pod(*self._terminating.pop(uid)[:2])
+            if type_ != "DELETED":
+                await self._force_delete(pod)  # the kubelet confirms the containers are gone
+            self._changed.set()
+            return
+        if uid in self._running or pod["status"].get("phase") in ("Failed", "Succeeded"):
+            return
+        preset = node.presets.pop((meta["namespace"], meta["name"]), None)
+        if preset is not None:
+            preset.uid = uid
+            self._start_pod(node, preset)
+        else:
+            placed = self._place(node, pod)
+            if placed is None:
+                status = {
+                    "phase": "Failed",
+                    "reason": "TopologyAffinityError",
+                    "message": "Pod was rejected: Resources cannot be allocated with "
+                    "Topology locality",
+                }
+                await self._patch_status(pod, status)
+                self.rejected.append(meta["name"])
+                await self._release_replaced(pod)
+                self._changed.set()
+                return
+            preset = placed
+        self._running[uid] = (node, preset)
+        self.workload[uid] = (meta.get("labels") or {}).get("app", "")
+        await self._patch_status(pod, self._running_status(node, preset))
+        self.admitted.append(meta["name"])
+        await self._release_replaced(pod)
+        self._changed.set()
+
+    async def _release_replaced(self, replacement: dict) -> None:
+        """The evicted pods the ``replacement`` was made for let go of what they hold, now
+        that it has been admitted or refused."""
+        owner = _replica_set(replacement)
+        for uid, (*_, of, _pod) in list(self._terminating.items()):
+            if owner and of == owner:
+                await self._release(uid)
+
+    def _release_soon(self, uid: str) -> None:
+        task = asyncio.ensure_future(self._release(uid))
+        self._tasks.append(task)
+
+    async def _release(self, uid: str) -> None:
+        """An evicted pod's containers are gone: what it held is free, its object deleted."""
+        if uid not in self._terminating:
+            return
+        node, preset, _, pod = self._terminating.pop(uid)
+        self._stop_pod(node, preset)
+        with contextlib.suppress(aiohttp.ClientError, ApiError, OSError, TimeoutError):
+            await self._force_delete(pod)
+        self._changed.set()
+
+    async def _patch_status(self, pod: dict, status: dict) -> None:
+        meta = pod["metadata"]
+        with contextlib.suppress(ApiError):  # deleted meanwhile: the watch will say so
+            await self.cp.patch(
+                self.session, "Pod", meta["namespace"], meta["name"], {"status": status}, "status"
+            )
+
+    def _running_status(self, node: SimNode, pod: FakePod) -> dict:
+        now = _now()
+        ip = self.addresses.get((pod.namespace, pod.name))
+        ip = ip or f"10.244.{node.index}.{len(self.admitted) % 250 + 2}"
+        ready = [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ]
+        statuses = []
+        for ctr in pod.containers:
+            image = f"registry.example/{ctr.name}:1.0"
+            runtime = node.host.runtime_scheme
+            statuses.append(
+                {
+                    "name": ctr.name,
+                    "containerID": f"{runtime}://{node.host.container_id(pod, ctr)}",
+                    "image": image,
+                    "imageID": f"{image}@sha256:{'0' * 64}",
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": now}},
+                }
+            )
+        return {
+            "phase": "Running",
+            "conditions": ready,
+            "hostIP": f"10.0.{node.index}.1",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "startTime": now,
+            "containerStatuses": statuses,
+        }
+
+    def _start_pod(self, node: SimNode, pod: FakePod) -> None:
+        node.host.pods.append(pod)
+        node.write()
+
+    def _place(self, node: SimNode, obj: dict) -> FakePod | None:
+        """Admit a pod as the kubelet would: exclusive CPUs and devices by policy, its
+        memory where its CPUs first touch it; its GPU job started."""
+        container = obj["spec"]["containers"][0]
+        requests = container.get("resources", {}).get("requests", {})
+        limits = container.get("resources", {}).get("limits", {})
+        resources = sorted(r for r in limits if r.startswith("nvidia.com/"))
+        qos = obj["status"].get("qosClass", "BestEffort").lower()
+        exclusive = qos == "guaranteed" and str(requests.get("cpu", "")).isdigit()
+        need = int(requests["cpu"]) if exclusive else 0
+        placed = admit(node, need, resources)
+        if placed is None:
+            return None
+        cpus, units = placed
+        if not exclusive:
+            cpus = free_cpus(node)
+        memory = parse_quantity(requests.get("memory", "0"))
+        ctr = FakeContainer(
+            container["name"],
+            format_id_list(cpus),
+            first_touch(node, cpus, memory),
+            exclusive_cpus=exclusive,
+            devices={r: [u.uuid] for r, u in zip(resources, units, strict=True)},
+        )
+        meta = obj["metadata"]
+        pod = FakePod(meta["name"], meta["uid"], qos, [ctr], meta["namespace"])
+        if exclusive:
+            for p in node.host.pods:  # the shared pool gives up the CPUs
+                for c in p.containers:
+                    if not c.exclusive_cpus:
+                        c.cpus = format_id_list(parse_id_list(c.cpus) - cpus)
+        node.host.pods.append(pod)
+        workload = (meta.get("labels") or {}).get("app", meta["name"])
+        self._run(node, pod, units, workload)
+        node.write()
+        return pod
+
+    def _stop_pod(self, node: SimNode, pod: FakePod) -> None:
+        pids = {node.host.pid(pod, c) for c in pod.containers}
+        for gpu in node.nvml.gpus:
+            for unit in [gpu, *(gpu.mig or [])]:
+                if any(p.pid in pids for p in unit.processes):
+                    unit.processes = [p for p in unit.processes if p.pid not in pids]
+                    unit.activity.set(**dict.fromkeys(unit.activity.rates, 0.0))
+        node.host.pods.remove(pod)
+        node.write()
+
+    def _run(self, node: SimNode, pod: FakePod, units, workload: str) -> None:
+        """Start the job's process on its devices, as busy as its feeding allows."""
+        ctr = pod.containers[0]
+        cpu_nodes = {
+            i
+            for i, n in enumerate(node.host.nodes)
+            if parse_id_list(n.cpus) & parse_id_list(ctr.cpus)
+        }
+        for unit in units:
+            gpu = (
+                unit
+                if isinstance(unit, FakeGpu)
+                else next(g for g in node.nvml.gpus if unit in (g.mig or []))
+            )
+            demand = self.demand.get(workload, 0.8)
+            fed = gpu.numa_node in cpu_nodes or workload in self.input_bound
+            sm = demand if fed else demand * STARVED_SHARE
+            unit.processes.append(Process(node.host.pid(pod, ctr), 8 << 30))
+            unit.activity.set(sm=sm, graphics=min(1.0, sm * 1.1))
+            if isinstance(unit, FakeSlice):
+                unit.memory_used_bytes = 8 << 30

@@ -1,0 +1,154 @@
+"""A simulated node: its host, GPUs and kubelet, and what that kubelet decides when it
+admits a pod, under the CPU manager's ``static`` policy and the node's Topology Manager
+policy (pure over the node's state):
+
+* ``single-numa-node``: CPUs and devices on one NUMA node, or the pod is refused
+  (``TopologyAffinityError``);
+* ``restricted``: the same, but a pod that needs more CPUs than any NUMA node has is
+  admitted across nodes (the narrowest hint there is, so a preferred one);
+* ``best-effort``: aligned when it can, anywhere otherwise (silently misaligned);
+* ``none``: CPUs as the CPU manager packs them without a hint, and the first free device,
+  aligned or not.
+
+tests/test_kubelet_agreement.py holds these answers to the real kubelet's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from numaguard.exporter.readers import parse_id_list
+from numaguard.simulator.fakes.host import FakeHost, FakeHostRoot, FakePod
+from numaguard.simulator.fakes.nvml import FakeGpu, FakeNvml, FakeSlice
+from numaguard.simulator.fakes.podresources import FakeKubelet
+
+POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+
+
+@dataclass
+class SimNode:
+    name: str
+    host: FakeHost
+    nvml: FakeNvml
+    policy: str
+    index: int = 0
+    root: FakeHostRoot | None = None
+    kubelet: FakeKubelet | None = None
+    description: str = ""  # the fake NVML description file its exporter follows
+    presets: dict[tuple[str, str], FakePod] = field(default_factory=dict)
+    reserved: frozenset[int] = frozenset()  # reservedSystemCPUs: never given exclusively
+
+    def write(self) -> None:
+        self.root.write()
+        tmp = f"{self.description}.tmp"
+        with open(tmp, "w") as f:
+            f.write(self.nvml.description())
+        os.replace(tmp, self.description)
+
+
+def first_touch(node: SimNode, cpus: frozenset[int], total: int) -> dict[int, int]:
+    """Where the kernel puts a new pod's memory: on the NUMA nodes of the CPUs that
+    touch it first, in proportion to its CPUs there."""
+    share = {
+        i: len(parse_id_list(n.cpus) & cpus)
+        for i, n in enumerate(node.host.nodes)
+        if parse_id_list(n.cpus) & cpus
+    }
+    return {i: total * k // len(cpus) for i, k in share.items()}
+
+
+def admit(node: SimNode, need: int, resources: list[str]):
+    """Exclusive CPUs and devices for a pod, as the CPU manager's static policy and the
+    node's Topology Manager policy give them: (CPUs, device units), or None when the
+    pod is refused (TopologyAffinityError, or nothing free)."""
+    free = free_cpus(node)
+    by_numa = {i: sorted(parse_id_list(n.cpus) & free) for i, n in enumerate(node.host.nodes)}
+    units_by_numa = {i: [free_unit(node, r, i) for r in resources] for i in by_numa}
+    aligned = [
+        i
+        for i in by_numa
+        if len(by_numa[i]) >= need and all(u is not None for u in units_by_numa[i])
+    ]
+    if aligned and node.policy != "none":
+        i = aligned[0]
+        return frozenset(by_numa[i][:need]), units_by_numa[i]
+    # more CPUs than any NUMA node has at all: the narrowest hint spans nodes and is
+    # still the preferred one, which restricted admits (single-numa-node never)
+    largest = max(len(parse_id_list(n.cpus)) for n in node.host.nodes)
+    if node.policy == "single-numa-node" or (node.policy == "restricted" and need <= largest):
+        return None  # TopologyAffinityError
+    units = [free_unit(node, r, None) for r in resources]
+    if any(u is None for u in units) or len(free) < need:
+        return None
+    sizes = {i: len(parse_id_list(n.cpus)) for i, n in enumerate(node.host.nodes)}
+    return packed(by_numa, sizes, need), units
+
+
+def packed(free: dict[int, list[int]], sizes: dict[int, int], need: int) -> frozenset[int]:
+    """CPUs as the static policy takes them without a NUMA hint (the kubelet's
+    takeByTopologyNUMAPacked, one thread a core): whole NUMA nodes first, those entirely
+    free while the pod needs a node's worth or more; then the rest from the nodes with
+    the fewest free CPUs first, lowest first."""
+    fewest_first = sorted(free, key=lambda i: (len(free[i]), i))
+    taken: list[int] = []
+    for i in fewest_first:
+        if len(free[i]) == sizes[i] and need - len(taken) >= sizes[i]:
+            taken += free[i]
+    rest = [cpu for i in fewest_first for cpu in free[i] if cpu not in taken]
+    return frozenset(taken + rest[: need - len(taken)])
+
+
+def free_cpus(node: SimNode) -> frozenset[int]:
+    """CPUs the CPU manager can give exclusively: all but the reserved ones and those
+    already given (the shared pool shrinks as it does)."""
+    taken: set[int] = set()
+    for p in node.host.pods:
+        for c in p.containers:
+            if c.exclusive_cpus:
+                taken |= parse_id_list(c.cpus)
+    return node.host.all_cpus - taken - node.reserved
+
+
+def free_unit(node: SimNode, resource: str, numa: int | None):
+    """A device unit of ``resource`` no pod holds, on NUMA node ``numa`` (None: any)."""
+    held = {
+        i for p in node.host.pods for c in p.containers for ids in c.devices.values() for i in ids
+    }
+    claimed = {claim.device for p in node.host.pods for c in p.containers for claim in c.claims}
+    for index, gpu in enumerate(node.nvml.gpus):
+        if (numa is not None and gpu.numa_node != numa) or f"gpu-{index}" in claimed:
+            continue
+        units = [gpu] if gpu.mig is None else gpu.mig
+        for unit in units:
+            if unit_resource(unit) == resource and unit.uuid not in held:
+                return unit
+    return None
+
+
+def keep_ids(host: FakeHost, pod: FakePod) -> None:
+    """Fix a preset pod's container ids (and so its processes' PIDs) before the API
+    server gives the pod its own uid."""
+    for ctr in pod.containers:
+        ctr.id = host.container_id(pod, ctr)
+
+
+def unit_resource(unit: FakeGpu | FakeSlice) -> str:
+    """The device plugin's (mixed strategy) resource name for a GPU or a slice."""
+    if isinstance(unit, FakeGpu):
+        return "nvidia.com/gpu"
+    return f"nvidia.com/mig-{unit.profile.name}"
+
+
+def advertised(node: SimNode) -> dict[str, int]:
+    """Device plugin resources the node advertises (not the GPUs a DRA driver holds)."""
+    claimed = {
+        claim.device for p in node.presets.values() for c in p.containers for claim in c.claims
+    }
+    counts: dict[str, int] = {}
+    for index, gpu in enumerate(node.nvml.gpus):
+        if f"gpu-{index}" in claimed:
+            continue
+        for unit in [gpu] if gpu.mig is None else gpu.mig:
+            counts[unit_resource(unit)] = counts.get(unit_resource(unit), 0) + 1
+    return counts

@@ -1,0 +1,1 @@
+"""What several test modules share: no test module imports another."""
