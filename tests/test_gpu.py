@@ -566,7 +566,7 @@ async def test_hung_nvml_marks_that_gpu_down_and_metrics_keep_answering(gpu_node
 
 def test_gpus_are_read_in_turn_and_a_slow_one_holds_up_no_other(gpu_node):
     """One thread reads the GPUs one after another (parallel threads passed the GIL to
-    and fro at every NVML call); when a read makes no progress for HANDOFF_SECONDS, the
+    and fro at every NVML call); when a read makes no progress for nvml_calls.HANDOFF_SECONDS, the
     GPUs after it go on in another thread, all within the one deadline."""
     node = gpu_node(device_timeout=1.5)
     threads: dict[int, int] = {}

@@ -31,7 +31,7 @@ def metrics_markdown() -> str:
     lines = [
         "# Metrics",
         "",
-        "Generated from `numaguard/contract/catalogue.py` by `make docs`; do not edit.",
+        "Generated from `numaguard/contract/catalogue/` by `make docs`; do not edit.",
         f"Every series also carries `{catalogue.NODE_LABEL}`. Metrics marked *detail* are",
         "exported only with the exporter's `--detail`: breakdowns a fleet need not pay for",
         "(every container's series, every pod's CPUs per NUMA node, per-L3-domain traffic",

@@ -17,11 +17,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ALL_COMPLETED, CancelledError, Future, wait
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from types import ModuleType
@@ -46,6 +44,7 @@ from numaguard.exporter.records import (
     SliceRecord,
 )
 from numaguard.exporter.sources import read_parsed
+from numaguard.exporter.sources.nvml_calls import Caller, Lost, read_in_turn
 
 if TYPE_CHECKING:
     from numaguard.exporter.settings import Settings
@@ -81,10 +80,6 @@ class _SliceStatic:
 
 class GpuUnavailable(Exception):
     """No NVML driver here: run without GPU metrics."""
-
-
-class _Lost(Exception):
-    pass
 
 
 class NvmlSource:
@@ -123,7 +118,7 @@ class NvmlSource:
         except (n.NVMLError_LibraryNotFound, n.NVMLError_DriverNotLoaded) as err:
             raise GpuUnavailable(str(err)) from None
         self.started = True
-        call = _Caller(n, "nvml", [], self._missing)  # a version NVML won't give stays ""
+        call = Caller(n, "nvml", [], self._missing)  # a version NVML won't give stays ""
         self.driver_version = _text(call.optional(n.nvmlSystemGetDriverVersion))
         self.nvml_version = _text(call.optional(n.nvmlSystemGetNVMLVersion))
         log.info(
@@ -166,7 +161,7 @@ class NvmlSource:
                 future = self._in_flight[index] = Future()
                 todo.append(index)
             futures[index] = future
-        _read_in_turn(self._read_gpu, todo, futures, deadline)
+        read_in_turn(self._read_gpu, todo, futures, deadline)
         gpus, issues = [], []
         for index, future in futures.items():
             try:
@@ -193,14 +188,14 @@ class NvmlSource:
 
     def _read_gpu(self, index: int) -> tuple[GpuRecord, list[Issue]]:
         issues: list[Issue] = []
-        call = _Caller(self.nvml, f"gpu{index}", issues, self._missing)
+        call = Caller(self.nvml, f"gpu{index}", issues, self._missing)
         samples = self._samples.setdefault(index, {})
         used: set[tuple] = set()
         known = self._static.get(index, {})
         self._static[index] = seen = {}
         try:
             record = self._gpu(index, call, samples, used, known, seen)
-        except _Lost:
+        except Lost:
             return self._down(index, "gpu_lost"), [Issue("gpu_lost", f"gpu{index}", "GPU is lost")]
         finally:
             for key in set(samples) - used:  # units gone since: free their samples
@@ -211,7 +206,7 @@ class NvmlSource:
         return record, issues
 
     def _gpu(
-        self, index: int, call: _Caller, samples: dict, used: set, known: dict, seen: dict
+        self, index: int, call: Caller, samples: dict, used: set, known: dict, seen: dict
     ) -> GpuRecord | None:
         n = self.nvml
         handle = call.optional(n.nvmlDeviceGetHandleByIndex, index)
@@ -273,7 +268,7 @@ class NvmlSource:
             slices,
         )
 
-    def _gpu_static(self, call: _Caller, handle) -> _GpuStatic:
+    def _gpu_static(self, call: Caller, handle) -> _GpuStatic:
         name = call.optional(self.nvml.nvmlDeviceGetName, handle) or ""
         pci = call.optional(self.nvml.nvmlDeviceGetPciInfo, handle)
         address = ""
@@ -327,7 +322,7 @@ class NvmlSource:
                 self._holders(pids or (), cache),
             )
 
-    def _slice_static(self, call: _Caller, parent, gpu_uuid: str, handle) -> _SliceStatic | None:
+    def _slice_static(self, call: Caller, parent, gpu_uuid: str, handle) -> _SliceStatic | None:
         n = self.nvml
         gi_id = call.optional(n.nvmlDeviceGetGpuInstanceId, handle)
         ci_id = call.optional(n.nvmlDeviceGetComputeInstanceId, handle)
@@ -346,7 +341,7 @@ class NvmlSource:
             info.placement.size if info else None,
         )
 
-    def _profile_name(self, call: _Caller, parent, gpu_uuid: str, profile_id: int) -> str:
+    def _profile_name(self, call: Caller, parent, gpu_uuid: str, profile_id: int) -> str:
         """The profile's name by its id: ByIdV from R580; before it, the GPU's profiles
         by NVML profile index (V), learnt once per GPU."""
         by_id = self.nvml.nvmlDeviceGetGpuInstanceProfileInfoById
@@ -361,7 +356,7 @@ class NvmlSource:
             self._profile_names[gpu_uuid] = names
         return names.get(profile_id, "")
 
-    def _profile_names_by_index(self, call: _Caller, parent) -> dict[int, str] | None:
+    def _profile_names_by_index(self, call: Caller, parent) -> dict[int, str] | None:
         """Profile id -> name for every profile index the GPU has; None when NVML failed
         (asked again next time) or has no V either."""
         n = self.nvml
@@ -370,7 +365,7 @@ class NvmlSource:
             try:
                 info = n.nvmlDeviceGetGpuInstanceProfileInfo(parent, index)
             except n.NVMLError_GpuIsLost:
-                raise _Lost from None
+                raise Lost from None
             except (n.NVMLError_NotSupported, n.NVMLError_InvalidArgument):
                 continue  # a profile this GPU (or this driver) does not have
             except (n.NVMLError_FunctionNotFound, n.NVMLLibraryMismatchError):
@@ -384,7 +379,7 @@ class NvmlSource:
                 names[info.id] = name
         return names
 
-    def _gpm(self, call: _Caller, samples: dict, used: set, key: tuple, take, *args) -> Activity:
+    def _gpm(self, call: Caller, samples: dict, used: set, key: tuple, take, *args) -> Activity:
         """Take this cycle's GPM sample for one GPU or slice; metrics against the last one."""
         n = self.nvml
         waiting = Activity({}, dict.fromkeys(UTILIZATION_KINDS, True), {})
@@ -426,7 +421,7 @@ class NvmlSource:
             return waiting
         return Activity(*values)
 
-    def _pids(self, call: _Caller, handle) -> list[int] | None:
+    def _pids(self, call: Caller, handle) -> list[int] | None:
         n = self.nvml
         ask = n.nvmlDeviceGetComputeRunningProcesses  # _v3: R510 on; _v2 before
         processes = call.optional(ask, handle)
@@ -447,7 +442,7 @@ class NvmlSource:
             found.update(dict.fromkeys(cache[pid]))
         return tuple(found)
 
-    def _numa_node(self, call: _Caller, handle, address: str) -> int | None:
+    def _numa_node(self, call: Caller, handle, address: str) -> int | None:
         """From sysfs (``-1``: the platform does not say), else from NVML."""
         if address:
             issues: list[Issue] = []
@@ -474,7 +469,7 @@ class NvmlSource:
         )
 
 
-def _learnt(known: dict, seen: dict, uuid: str, call: _Caller, ask: Callable, *args):
+def _learnt(known: dict, seen: dict, uuid: str, call: Caller, ask: Callable, *args):
     """What ``uuid`` fixes: known from an earlier cycle, else asked now — and kept for
     the next only when no call failed on the way (an error is asked again)."""
     static = known.get(uuid)
@@ -487,88 +482,7 @@ def _learnt(known: dict, seen: dict, uuid: str, call: _Caller, ask: Callable, *a
     return static
 
 
-# A GPU read this long is slow: the GPUs after it go on in another thread.
-HANDOFF_SECONDS = 0.25
-
-
-def _read_in_turn(read: Callable, todo: list[int], futures: dict[int, Future], deadline: float):
-    """Fill each GPU's future with ``read(index)``, the GPUs one after another in a
-    daemon thread (a call stuck in the driver must not keep the process from exiting).
-    When no read has finished for HANDOFF_SECONDS, the GPUs not yet begun go on in one
-    more thread, until the deadline: a hung GPU holds up no other, and the GPUs are not
-    read in parallel threads that would pass the GIL to and fro at every NVML call (that
-    cost 40-50 % more CPU for 8 GPUs)."""
-    waiting = deque(todo)
-
-    def run() -> None:
-        while True:
-            try:
-                index = waiting.popleft()
-            except IndexError:
-                return
-            try:
-                futures[index].set_result(read(index))
-            except BaseException as err:  # handed to whoever waits on the future
-                futures[index].set_exception(err)
-
-    pending = {futures[i] for i in todo}
-    start = True
-    while waiting and time.monotonic() < deadline:
-        if start:
-            threading.Thread(target=run, name="nvml", daemon=True).start()
-        # woken when all are read, else after HANDOFF_SECONDS: not at every GPU
-        done, pending = wait(pending, HANDOFF_SECONDS, ALL_COMPLETED)
-        start = not done  # none read meanwhile: every thread is on a slow GPU
-    while waiting:  # past the deadline: not begun, so asked again next cycle
-        with contextlib.suppress(IndexError):
-            futures[waiting.popleft()].cancel()
-
-
-class _Caller:
-    """Calls NVML for one GPU: a lost GPU aborts the read; NOT_SUPPORTED is a capability,
-    not an error; any other NVML error is recorded and the value left unknown."""
-
-    def __init__(self, nvml: ModuleType, where: str, issues: list[Issue], missing: set[str]):
-        self.nvml = nvml
-        self.where = where
-        self.issues = issues
-        self.missing = missing  # the source's: what the driver's library does not export
-
-    def lacks(self, fn: Callable) -> bool:
-        return fn.__name__ in self.missing
-
-    def learn_missing(self, name: str) -> None:
-        if name not in self.missing:
-            self.missing.add(name)
-            log.info(
-                "NVML of this driver has no %s: what it gives is left unknown",
-                name,
-                extra={"function": name},
-            )
-
-    def optional(self, fn: Callable, *args, empty_ok: bool = False):
-        n = self.nvml
-        if fn.__name__ in self.missing:
-            return None
-        try:
-            return fn(*args)
-        except n.NVMLError_GpuIsLost:
-            raise _Lost from None
-        except n.NVMLError_NotSupported:
-            return None
-        except (n.NVMLError_FunctionNotFound, n.NVMLLibraryMismatchError):
-            self.learn_missing(fn.__name__)  # an older driver: a capability, not an error
-            return None
-        except n.NVMLError_NotFound:
-            if not empty_ok:
-                self.issues.append(Issue("nvml", f"{self.where}/{fn.__name__}", "Not Found"))
-            return None
-        except n.NVMLError as err:
-            self.issues.append(Issue("nvml", f"{self.where}/{fn.__name__}", str(err)))
-            return None
-
-
-def _parsed_profile(call: _Caller, info) -> str:
+def _parsed_profile(call: Caller, info) -> str:
     try:
         return parse_profile_name(info.name)
     except ParseError as err:

@@ -1,0 +1,146 @@
+"""GPUs and MIG slices: activity, holders, starvation."""
+
+from __future__ import annotations
+
+from numaguard.contract.catalogue.spec import (
+    CONTAINER,
+    declare,
+)
+from numaguard.contract.reasons import STARVED_REASONS
+
+# -- GPUs and MIG slices ------------------------------------------------------------
+GPU = ("gpu", "gpu_uuid")
+SLICE = (*GPU, "mig_uuid", "mig_profile")
+_KIND = (
+    "kind: sm (share of SMs busy), graphics (time any context was active), sm_occupancy "
+    "(active warps vs the maximum), tensor (time tensor cores were busy), dram_bandwidth "
+    "(DRAM bandwidth used vs the maximum)"
+)
+
+GPU_INFO = declare(
+    "gpu_info",
+    "gauge",
+    "A GPU NVML sees; value 1. numa_node is where its PCIe root hangs (empty: unknown); "
+    "mig_mode is enabled or disabled; driver_version and nvml_version are the node's "
+    "(empty: NVML would not say).",
+    (*GPU, "model", "pci_bus_id", "numa_node", "mig_mode", "driver_version", "nvml_version"),
+    "gpu",
+)
+GPU_UP = declare(
+    "gpu_up",
+    "gauge",
+    "1 when the GPU answered NVML this cycle; 0 when it is lost, its calls hung past the "
+    'deadline, or it could not be named (see collector_errors_total{collector="gpu"}).',
+    GPU,
+    "gpu",
+)
+GPU_POWER = declare("gpu_power_watts", "gauge", "Power draw, once per GPU.", GPU, "gpu")
+GPU_TEMPERATURE = declare(
+    "gpu_temperature_celsius", "gauge", "GPU core temperature, once per GPU.", GPU, "gpu"
+)
+GPU_MEMORY_TOTAL = declare("gpu_memory_total_bytes", "gauge", "Frame buffer size.", GPU, "gpu")
+GPU_MEMORY_USED = declare(
+    "gpu_memory_used_bytes", "gauge", "Frame buffer in use (all slices, with MIG on).", GPU, "gpu"
+)
+GPU_UTILIZATION = declare(
+    "gpu_utilization_ratio",
+    "gauge",
+    "Whole-GPU activity over the last interval, 0..1, by " + _KIND + ". Only kinds the GPU "
+    "measures appear (GPM on Hopper and later; graphics from the utilization rates "
+    "otherwise).",
+    (*GPU, "kind"),
+    "gpu",
+)
+GPU_UTILIZATION_SUPPORTED = declare(
+    "gpu_utilization_supported",
+    "gauge",
+    "1 when the GPU can measure this kind of activity, 0 when it cannot: a missing "
+    "utilization is then unknown, not idle.",
+    (*GPU, "kind"),
+    "gpu",
+)
+GPU_PCIE = declare(
+    "gpu_pcie_bytes_per_second",
+    "gauge",
+    "PCIe traffic over the last interval (GPM), direction tx (from the GPU) or rx.",
+    (*GPU, "direction"),
+    "gpu",
+)
+GPU_PROCESSES = declare(
+    "gpu_processes",
+    "gauge",
+    "Compute processes on a GPU with MIG off (with MIG on, see mig_processes).",
+    GPU,
+    "gpu",
+)
+MIG_INFO = declare(
+    "mig_info",
+    "gauge",
+    "A MIG slice; value 1. gi_id and ci_id are its GPU and compute instance; placement "
+    "is its first memory slice and their count, of 8.",
+    (*SLICE, "gi_id", "ci_id", "placement_start", "placement_size"),
+    "gpu",
+)
+MIG_SMS = declare(
+    "mig_multiprocessors",
+    "gauge",
+    "Streaming multiprocessors of the slice, as the driver reports them.",
+    SLICE,
+    "gpu",
+)
+MIG_MEMORY_TOTAL = declare("mig_memory_total_bytes", "gauge", "The slice's memory.", SLICE, "gpu")
+MIG_MEMORY_USED = declare(
+    "mig_memory_used_bytes", "gauge", "The slice's memory in use.", SLICE, "gpu"
+)
+MIG_UTILIZATION = declare(
+    "mig_utilization_ratio",
+    "gauge",
+    "The slice's own activity over the last interval, 0..1 of the slice (not of the GPU), "
+    "by " + _KIND + ". From GPM (Hopper and later); absent where unsupported.",
+    (*SLICE, "kind"),
+    "gpu",
+)
+MIG_UTILIZATION_SUPPORTED = declare(
+    "mig_utilization_supported",
+    "gauge",
+    "1 when the slice's activity of this kind can be measured; 0 on GPUs without GPM "
+    "(A100), where NVML has no per-slice utilization.",
+    (*SLICE, "kind"),
+    "gpu",
+)
+MIG_PCIE = declare(
+    "mig_pcie_bytes_per_second",
+    "gauge",
+    "The slice's PCIe traffic over the last interval (GPM), direction tx or rx.",
+    (*SLICE, "direction"),
+    "gpu",
+    detail=True,
+)
+MIG_PROCESSES = declare("mig_processes", "gauge", "Compute processes on the slice.", SLICE, "gpu")
+GPU_HOLDER = declare(
+    "gpu_holder_info",
+    "gauge",
+    "A pod container using a GPU (mig_uuid empty) or MIG slice; value 1. resource is the "
+    "extended resource it stands for (for a DRA claim: its driver); numa_node is the "
+    "device's; source says how it was found: kubelet (PodResources allocation), claim "
+    "(the pod's DRA ResourceClaim, where the kubelet does not report claims) or process "
+    "(a process of the container runs on a device neither says anything about).",
+    (*GPU, "mig_uuid", "resource", "numa_node", *CONTAINER, "source"),
+    "gpu",
+)
+
+GPU_STARVED = declare(
+    "gpu_starved",
+    "gauge",
+    "1 when a GPU or MIG slice (mig_uuid empty: a whole GPU) with processes on it was "
+    "barely busy over the last interval (SM activity under --gpu-starved-utilization) "
+    "while its pod's host side held it back for the reason given: "
+    + "; ".join(
+        f"{r.name}: {r.measure}"
+        + (f", at least --gpu-starved-{r.name.replace('_', '-')}" if r.default is not None else "")
+        for r in STARVED_REASONS
+    )
+    + ". 0 when that reason does not hold; absent when it cannot be decided.",
+    (*GPU, "mig_uuid", "namespace", "pod", "pod_uid", "reason"),
+    "gpu",
+)

@@ -1,0 +1,105 @@
+"""What each NUMA node can still give (the remediator's fit check), and moving pods'
+memory home in place."""
+
+from __future__ import annotations
+
+from numaguard.contract.catalogue.spec import (
+    declare,
+)
+
+# -- what each NUMA node can still give (the remediator's fit check) ---------------------
+ZONE_CPUS_ALLOCATABLE = declare(
+    "zone_cpus_allocatable",
+    "gauge",
+    "CPUs of the NUMA node the kubelet's CPU manager can hand out exclusively.",
+    ("numa_node",),
+    "capacity",
+)
+ZONE_CPUS_ALLOCATED = declare(
+    "zone_cpus_allocated",
+    "gauge",
+    "CPUs of the NUMA node handed out exclusively to containers.",
+    ("numa_node",),
+    "capacity",
+)
+ZONE_DEVICES_ALLOCATABLE = declare(
+    "zone_devices_allocatable",
+    "gauge",
+    "Devices of an extended resource on the NUMA node (numa_node empty: the kubelet "
+    "places them on none, or on several); a DRA driver's devices (its ResourceSlices' "
+    "GPUs and slices) under the driver's name, on their GPU's NUMA node.",
+    ("numa_node", "resource"),
+    "capacity",
+)
+ZONE_DEVICES_FREE = declare(
+    "zone_devices_free",
+    "gauge",
+    "Devices of an extended resource on the NUMA node not allocated to any container.",
+    ("numa_node", "resource"),
+    "capacity",
+)
+ZONE_MEMORY_ALLOCATABLE = declare(
+    "zone_memory_allocatable_bytes",
+    "gauge",
+    "Memory of the NUMA node the kubelet's memory manager can hand out (present only "
+    "with the memory manager).",
+    ("numa_node",),
+    "capacity",
+)
+ZONE_MEMORY_FREE = declare(
+    "zone_memory_free_bytes",
+    "gauge",
+    "Memory of the NUMA node not yet handed out by the memory manager.",
+    ("numa_node",),
+    "capacity",
+)
+
+
+# -- moving pods' memory home in place (--memory-mover; numaguard/exporter/mover/orders.py) --
+MEMORY_MOVES = declare(
+    "memory_moves_total",
+    "counter",
+    "Requests to move a pod's memory home (its numaguard.io/move-memory annotation) "
+    "carried out, by result: moved, partial (some pages stayed: see the failures), failed "
+    "(the kernel refused the move: see the log), refused (see the refusals).",
+    ("result",),
+    "memory_mover",
+)
+MEMORY_MOVE_REFUSALS = declare(
+    "memory_move_refusals_total",
+    "counter",
+    "Requests refused before any page moved, by reason: not_exclusive (no exclusive CPUs: "
+    "no home), unknown_memory, kubelet (the Memory Manager's pinning unknown), "
+    "nothing_remote, mems (cpuset.mems excludes its CPUs' nodes), unknown_mems, "
+    "memory_manager (pinned elsewhere), no_free_memory, expired (a request of a Unix time "
+    "over 10 minutes old when first seen, as after a restart), no_helper (the memory "
+    "mover's helper not listening yet: asked again), and the helper's own: "
+    "not_the_pod_s_cgroup, bad_order (an order it would not take: a defect, or a "
+    "subverted exporter).",
+    ("reason",),
+    "memory_mover",
+)
+MEMORY_MOVED_PAGES = declare(
+    "memory_moved_pages_total", "counter", "Pages moved home.", (), "memory_mover"
+)
+MEMORY_MOVED_BYTES = declare(
+    "memory_moved_bytes_total", "counter", "Bytes moved home.", (), "memory_mover"
+)
+MEMORY_MOVE_FAILURES = declare(
+    "memory_move_failures_total",
+    "counter",
+    "Pages that did not move (or whole calls refused), by the kernel's errno as reason: "
+    "EACCES (a page other processes map too), EBUSY, ENOMEM (no room on the node), ESRCH "
+    "(the process ended), EPERM (no CAP_SYS_PTRACE), ENOENT (a page numa_maps shows that "
+    "move_pages cannot see: on Debian's Linux 6.1, measured, one NUMA balancing marked "
+    "for a hinting fault).",
+    ("reason",),
+    "memory_mover",
+)
+MEMORY_MOVE_DURATION = declare(
+    "memory_move_seconds_total",
+    "counter",
+    "Time spent moving, the rate's pauses included.",
+    (),
+    "memory_mover",
+)
