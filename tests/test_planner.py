@@ -18,6 +18,7 @@ from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Detection, FindingState, smallest_fit, update
+from numaguard.remediator.core.guards import GUARDS
 from numaguard.remediator.core.history import (
     MAX_HISTORY_BYTES,
     MAX_PENDING,
@@ -25,7 +26,7 @@ from numaguard.remediator.core.history import (
     WorkloadHistory,
 )
 from numaguard.remediator.core.kinds import KINDS
-from numaguard.remediator.core.planner import GUARDS, plan
+from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Enforcement, Policy
 from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.core.rejections import RejectedPod, describe, storms

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from numaguard.remediator.core.findings import Detection
-from numaguard.remediator.core.planner import GUARDS
+from numaguard.remediator.core.guards import GUARDS
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.signals import Source

@@ -27,9 +27,9 @@ from numaguard.contract.names import (
     mig_resource,
 )
 from numaguard.remediator.core.actions import Action, PodInfo, Refusal
+from numaguard.remediator.core.guards import HISTORY_OWNERS
 from numaguard.remediator.core.history import DONE, WorkloadHistory
 from numaguard.remediator.core.kinds import MIGRATE_MEMORY
-from numaguard.remediator.core.planner import HISTORY_OWNERS
 from numaguard.remediator.core.rejections import RejectedPod
 from numaguard.remediator.core.steering import Steer, Target, configured
 from numaguard.remediator.kube import Answer, Kube

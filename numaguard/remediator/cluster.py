@@ -13,8 +13,8 @@ from numaguard.contract.names import HISTORY_ANNOTATION, PENDING_LABEL
 from numaguard.remediator.core.actions import DRA, PodInfo
 from numaguard.remediator.core.capacity import Need
 from numaguard.remediator.core.findings import Finding
+from numaguard.remediator.core.guards import HISTORY_OWNERS
 from numaguard.remediator.core.history import WorkloadHistory
-from numaguard.remediator.core.planner import HISTORY_OWNERS
 from numaguard.remediator.core.reach import NodeFacts, Placement
 from numaguard.remediator.core.rejections import ADMISSION_REJECTIONS, RejectedPod
 from numaguard.remediator.kube import Kube, parse_quantity

@@ -13,9 +13,9 @@ from prometheus_client import (
 
 from numaguard.common.process import ProcessCollector
 from numaguard.contract import catalogue as c
+from numaguard.remediator.core.guards import GUARDS
 from numaguard.remediator.core.history import LANDINGS
 from numaguard.remediator.core.kinds import KINDS
-from numaguard.remediator.core.planner import GUARDS
 
 
 class Metrics:

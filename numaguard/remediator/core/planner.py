@@ -1,7 +1,7 @@
 """The planner (pure): findings + cluster state + capacity + policy -> actions, each
 refusal recorded with the name of the guard that refused it.
 
-Every guard (docs/design.md) is here, in the order they are checked; an eviction is planned
+Every guard is named in core/guards.py, in the order they are checked; an eviction is planned
 only when some NUMA zone, on some node, can take the pod aligned (its exclusive CPUs,
 its memory and its devices on one NUMA node), and that capacity is then counted as
 taken for the rest of the cycle."""
@@ -14,12 +14,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numaguard.contract.names import AUTO_RESIZE_ANNOTATION, OPT_OUT, REQUEST_ANNOTATION
-from numaguard.remediator.core.actions import DRA, Action, Plan, PodInfo, Refusal
+from numaguard.contract.names import AUTO_RESIZE_ANNOTATION, REQUEST_ANNOTATION
+from numaguard.remediator.core.actions import Action, Plan, PodInfo, Refusal
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding, shared_pool_advice
+from numaguard.remediator.core.guards import CAP_GUARDS, POD_GUARDS, Asked, first_refusal
 from numaguard.remediator.core.history import WorkloadHistory
 from numaguard.remediator.core.kinds import (
     CROSS_NUMA,
@@ -29,57 +30,6 @@ from numaguard.remediator.core.kinds import (
 )
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.reach import NODES_PER_FINDING, NodeFacts, excluded
-
-SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
-GUARDS = (
-    "paused",
-    "stale_data",
-    "pod_gone",
-    "evidence_mismatch",
-    "internal",  # a defect of numaguard's own while judging it (logged with its traceback)
-    "protected_namespace",
-    "opted_out",
-    "mirror_pod",
-    "daemonset",
-    "bare_pod",
-    "unsupported_owner",
-    "system_critical",
-    "local_storage",
-    "resource_claims",
-    "too_young",
-    "gave_up",
-    "pdb_blocked",
-    "cooldown",
-    "not_lower_priority",
-    "no_free_memory",
-    "no_fit",
-    "cap_cycle",
-    "cap_node",
-    "cap_namespace",
-    "cap_workload",
-)
-# Refusals that last until something outside the remediator changes (not a cooldown, a
-# cap or a pod too young: those pass by themselves)
-LASTING_GUARDS = frozenset(GUARDS) - {
-    "paused",
-    "stale_data",
-    "pod_gone",
-    "evidence_mismatch",
-    "internal",
-    "too_young",
-    "cooldown",
-    "cap_cycle",
-    "cap_node",
-    "cap_namespace",
-    "cap_workload",
-}
-# Owners whose history numaguard can keep (an annotation on them), so that whoever leads
-# next keeps every guard, with their API resource; pods of other owners are not acted on.
-HISTORY_OWNERS = {
-    "Deployment": "deployments",
-    "StatefulSet": "statefulsets",
-    "ReplicaSet": "replicasets",
-}
 
 
 def plan(
@@ -133,7 +83,8 @@ def plan(
             return
         # the node that would move the pod's memory home in place; None: evict instead
         mover = _mover(finding, pod, evidence, reasons) if intent == "evict" else None
-        guard, detail = _guard(pod, policy, history, now, in_place=mover is not None)
+        asked = Asked(pod, policy, history.get(pod.workload), now, mover is not None, taken)
+        guard, detail = first_refusal(POD_GUARDS, asked)
         if guard is None and finding.kind == NOISY_NEIGHBOUR.name:
             feeder = pods.get(finding.feeder_uid)
             if feeder is None or pod.priority >= feeder.priority:
@@ -156,7 +107,7 @@ def plan(
             if target is None:
                 guard, detail = "no_fit", f"no free {finding.recommended} slice in the cluster"
         if guard is None:
-            guard, detail = _caps(pod, policy, history, taken)
+            guard, detail = first_refusal(CAP_GUARDS, asked)
         if guard is not None:
             refusals.append(Refusal(finding, guard, detail))
             return
@@ -369,64 +320,3 @@ def _opted_in(pod: PodInfo | None) -> bool:
         and pod.workload.split("/")[0] in ("Deployment", "StatefulSet")
         and pod.workload_annotations.get(AUTO_RESIZE_ANNOTATION) == "true"
     )
-
-
-def _guard(pod, policy, history, now, in_place: bool = False) -> tuple[str | None, str]:
-    """``in_place``: the fix may keep the pod running (its memory moved home), so the
-    guards of what only an eviction loses (local data, DRA claims) do not apply."""
-    if pod.namespace in policy.protected_namespaces:
-        return "protected_namespace", pod.namespace
-    if pod.annotations.get(OPT_OUT) == "false":
-        return "opted_out", f"{OPT_OUT}: false"
-    if pod.mirror:
-        return "mirror_pod", "a static pod"
-    if pod.owner_kind == "DaemonSet":
-        return "daemonset", pod.owner_name
-    if not pod.owner_kind:
-        return "bare_pod", "no controller would recreate it"
-    if pod.workload.split("/")[0] not in HISTORY_OWNERS:
-        return "unsupported_owner", f"{pod.workload}: history is kept on {sorted(HISTORY_OWNERS)}"
-    if pod.priority >= SYSTEM_CRITICAL_PRIORITY or pod.priority_class.startswith("system-"):
-        return "system_critical", pod.priority_class or str(pod.priority)
-    if pod.local_storage and not policy.allow_local_storage and not in_place:
-        return "local_storage", "emptyDir or hostPath data would be lost"
-    if DRA in pod.resources and not in_place:
-        # The scheduler allocates claims with no regard to NUMA, and a shared claim
-        # keeps its devices: no eviction can be shown to bring the pod back aligned.
-        return "resource_claims", "its devices come from DRA ResourceClaims"
-    if now - pod.created < policy.min_pod_age_seconds:
-        return "too_young", f"{now - pod.created:.0f}s old"
-    h = history.get(pod.workload)
-    if h is not None:
-        if h.failures >= policy.give_up_after:
-            return "gave_up", f"{h.failures} fixes did not hold"
-        if h.pdb_refusals:
-            wait = pdb_backoff(policy, h.pdb_refusals)
-            if now - h.last_refusal < wait:
-                guard = "pdb_blocked" if h.pdb_refusals >= policy.pdb_blocked_after else "cooldown"
-                return guard, (
-                    f"its PodDisruptionBudget refused {h.pdb_refusals} evictions in a row; "
-                    f"next try in {wait - (now - h.last_refusal):.0f}s"
-                )
-        cooldown = policy.cooldown_seconds * policy.backoff_factor**h.failures
-        if now - h.last_action < cooldown:
-            return "cooldown", f"acted {now - h.last_action:.0f}s ago (cooldown {cooldown:.0f}s)"
-    return None, ""
-
-
-def pdb_backoff(policy: Policy, refusals: int) -> float:
-    """How long after its last 429 a workload is asked again: doubling, bounded."""
-    return min(policy.pdb_retry_seconds * 2 ** (refusals - 1), policy.pdb_backoff_max_seconds)
-
-
-def _caps(pod, policy, history, taken) -> tuple[str | None, str]:
-    if taken["all"] >= policy.max_per_cycle:
-        return "cap_cycle", f"{policy.max_per_cycle} actions this cycle"
-    if taken[f"node/{pod.node}"] >= policy.max_per_node:
-        return "cap_node", f"{policy.max_per_node} on {pod.node} this cycle"
-    if taken[f"ns/{pod.namespace}"] >= policy.max_per_namespace:
-        return "cap_namespace", f"{policy.max_per_namespace} in {pod.namespace} this cycle"
-    in_flight = (history.get(pod.workload) or WorkloadHistory()).in_flight
-    if in_flight + taken[f"wl/{pod.workload}"] >= policy.max_per_workload:
-        return "cap_workload", f"{policy.max_per_workload} in flight for {pod.workload}"
-    return None, ""

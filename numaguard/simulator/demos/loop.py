@@ -25,7 +25,7 @@ from alerts import rules
 from numaguard.common import logs
 from numaguard.remediator import steering
 from numaguard.remediator.controller import Controller
-from numaguard.remediator.core.planner import LASTING_GUARDS
+from numaguard.remediator.core.guards import LASTING_GUARDS
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows
 from numaguard.remediator.core.steering import Target
