@@ -234,7 +234,7 @@ class Remediator:
         client = await api_client(kubeconfig)
         self.stack.push_async_callback(client.close)
         self.kube = Kube(client)
-        self.actuator = Actuator(self.kube, None)
+        self.actuator = Actuator(self.kube, None, dry_run=False)
         if self.steering:
             material = steering.certificate(["127.0.0.1"])
             port = free_port()

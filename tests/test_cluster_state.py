@@ -14,8 +14,10 @@ from numaguard.contract.names import HISTORY_ANNOTATION, PENDING_LABEL
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.cluster import pending_workloads, pods_of, workload_pods
 from numaguard.remediator.core.actions import Action
+from numaguard.remediator.core.capacity import Need
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import Pending, WorkloadHistory
+from numaguard.remediator.core.rejections import RejectedPod
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator.cluster.simulated import SimulatedCluster
 from numaguard.simulator.fakes import presets
@@ -135,6 +137,37 @@ class Leadership:
         return self.left >= 0
 
 
+async def test_in_dry_run_the_actuator_can_write_nothing_but_events(api, caplog):
+    """Dry run is enforced by the writer the actuator gets, not by whoever plans: an
+    action planned as acting (a planner's defect) is refused at the write, and so is
+    every other write but an Event."""
+    api, kube = api
+    found = await api.finding("trainer")
+    (pod,) = (await pods_of(kube, [found])).values()
+    actuator = Actuator(kube, None, clock=lambda: NOW)  # dry run unless told otherwise
+    before = len(api.writes())
+    assert await actuator.act(Action("evict", found, pod, "evict: fits", False)) == "failed"
+    assert await actuator.record("Deployment/ml/trainer", WorkloadHistory(NOW)) == "failed"
+    rejected = RejectedPod(
+        "ml", "trainer", pod.uid, NODE, "TopologyAffinityError", NOW, "", Need(1, 0, {})
+    )
+    assert await actuator.delete_rejected(rejected) == "failed"
+    assert api.proxy.evictions() == []
+    # sent: only the Events saying the action failed, on the pod and its workload
+    assert [(e.method, e.path.rsplit("/", 1)[-1]) for e in api.writes()[before:]] == [
+        ("POST", "events"),
+        ("POST", "events"),
+    ]
+    refused = [r for r in caplog.records if getattr(r, "decision", "") == "refused_write"]
+    assert [(r.method, r.path.rsplit("/", 1)[-1]) for r in refused] == [
+        ("POST", "eviction"),
+        ("PATCH", "trainer"),
+        ("DELETE", "trainer"),
+    ]
+    await actuator.event(pod, "DryRun", "would evict: fits", "Normal")
+    assert any(e["reason"] == "DryRun" for e in await api.events())
+
+
 async def test_the_actuator_records_before_it_acts_and_never_writes_without_the_lease(api):
     api, kube = api
     found = await api.finding("trainer")
@@ -143,7 +176,7 @@ async def test_the_actuator_records_before_it_acts_and_never_writes_without_the_
     intent = WorkloadHistory(
         last_action=NOW, pending=(Pending("cross_numa", "device_remote", NOW, found.pod_uid),)
     )
-    actuator = Actuator(kube, Leadership(writes=100), clock=lambda: NOW)
+    actuator = Actuator(kube, Leadership(writes=100), clock=lambda: NOW, dry_run=False)
     assert await actuator.act(action, intent) == "evicted"
     deployment = await api.get("Deployment", "trainer")
     recorded = deployment["metadata"]["annotations"][HISTORY_ANNOTATION]
@@ -165,7 +198,7 @@ async def test_the_actuator_records_before_it_acts_and_never_writes_without_the_
     (pod,) = (await pods_of(kube, [found])).values()
     action = Action("evict", found, pod, "evict: fits", False)
     before, events = len(api.writes()), len(await api.events())
-    late = Actuator(kube, Leadership(writes=2), clock=lambda: NOW)
+    late = Actuator(kube, Leadership(writes=2), clock=lambda: NOW, dry_run=False)
     assert await late.act(action, intent) == "not_leader"
     assert api.proxy.evictions()[1:] == []
     writes = api.writes()[before:]
@@ -210,6 +243,6 @@ async def test_an_eviction_names_its_pod_by_uid(api):
     }
     await api.cp.create(api.sim.session, again)
     action = Action("evict", found, pod, "evict: fits", False)
-    assert await Actuator(kube, None).act(action) == "gone"
+    assert await Actuator(kube, None, dry_run=False).act(action) == "gone"
     assert api.proxy.evictions() == [("ml", "trainer", 409)]  # the API server's answer
     assert (await api.get("Pod", "trainer"))["metadata"]["uid"] != found.pod_uid

@@ -107,14 +107,14 @@ async def test_without_the_eviction_verb_the_remediator_s_eviction_gets_403(
         try:
             await cp.call(session, "PATCH", path, {"rules": without})
             await until(lambda: refused(may_evict(session)), "the verb gone from the authorizer")
-            answer = await Writer(Kube(client)).post(*eviction)
+            answer = await Writer(Kube(client), acting=True).post(*eviction)
             assert answer.status == 403 and answer.body["reason"] == "Forbidden"
-            assert await Actuator(Kube(client), None)._evict(pod) == "failed"
+            assert await Actuator(Kube(client), None, dry_run=False)._evict(pod) == "failed"
         finally:
             await cp.call(session, "PATCH", path, {"rules": role["rules"]})
         await until(lambda: may_evict(session), "the verb back in the authorizer")
         try:  # as shipped: allowed (there is no such pod)
-            assert await Actuator(Kube(client), None)._evict(pod) == "gone"
+            assert await Actuator(Kube(client), None, dry_run=False)._evict(pod) == "gone"
         finally:
             await client.close()
 

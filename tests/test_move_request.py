@@ -19,10 +19,10 @@ from numaguard.contract.names import REQUEST, REQUEST_ANNOTATION
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.core.actions import PodInfo
 from numaguard.remediator.kube import Kube, api_client
+from numaguard.simulator import CHECKOUT
 from numaguard.simulator.parts.controlplane import (
     ADMISSION_KINDS,
     RBAC_KINDS,
-    ROOT,
     ApiError,
     kustomized,
     nrt_crd,
@@ -112,7 +112,7 @@ async def test_only_the_remediator_writes_the_request_and_only_on_that_pod(contr
             current = await cp.get(session, "Pod", NS, "job")
             uid = current["metadata"]["uid"]
             target = PodInfo(NS, "job", uid, "", 0.0)
-            actuator = Actuator(Kube(client), None, clock=lambda: 1_800_000_000.4)
+            actuator = Actuator(Kube(client), None, clock=lambda: 1_800_000_000.4, dry_run=False)
             assert await actuator._move_memory(target) == "requested"
             asked = (await cp.get(session, "Pod", NS, "job"))["metadata"]["annotations"]
             assert asked == {"team": "ml", REQUEST_ANNOTATION: "1800000000"}
@@ -152,7 +152,7 @@ def renamed_install(folder: Path) -> list[dict]:
     """deploy/ with the memory mover and the NRT, kustomized under another namespace and
     names, as a second install beside the first would be: its accounts, their RBAC and
     its admission policies."""
-    deploy = os.path.relpath(ROOT / "deploy", folder)
+    deploy = os.path.relpath(CHECKOUT / "deploy", folder)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",

@@ -187,7 +187,7 @@ async def test_a_statefulset_pod_comes_back_by_name_and_its_old_uid_is_refused(
     )
     client = await api_client(kubeconfig)
     try:
-        actuator = Actuator(Kube(client), None)
+        actuator = Actuator(Kube(client), None, dry_run=False)
         old = types.SimpleNamespace(namespace="ml", name="db-0", uid=first.uid)
         assert await actuator._evict(old) == "evicted"
         # the real StatefulSet controller makes db-0 again, a new pod

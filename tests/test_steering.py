@@ -111,7 +111,7 @@ class Stack:
         )
         self.client = await api_client(kubeconfig)
         self.stack.push_async_callback(self.client.close)
-        self.actuator = Actuator(Kube(self.client), None)
+        self.actuator = Actuator(Kube(self.client), None, dry_run=False)
         self.material = steering.certificate(["127.0.0.1"])
         self.port = free_port()
         self.runner = await steering.serve(self.material, "127.0.0.1", self.port)

@@ -8,13 +8,18 @@ Events included; in dry-run only Events are written, saying what would have
 been done (as the descheduler's users asked: a dry run is watched where the cluster's
 news is, ``kubectl get events``).
 
-Its Writer holds the write verbs, and leader election writes its Lease through it too
+Its Writer holds the write verbs, and leader election writes its Lease through one too
 (guarded by the Lease's resourceVersion, the only guard that can stand before
-leadership exists): no other module can write."""
+leadership exists): no other module can write. Dry run is enforced here, once, by
+construction: the Writer of a dry run (and the elector's) writes Events and the
+remediator's own objects (its Lease, its webhook's Secret and configuration) and refuses
+every other write, whatever it is asked, as the descheduler's evictor in dry
+run gets a client that cannot evict."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -42,25 +47,51 @@ RECORDED_FIRST = ("evict", MIGRATE_MEMORY)
 _WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 
-class Writer:
-    """The write verbs, over the client's reads."""
+# What a writer that does not act may still write: Events (saying what would have been
+# done) and the remediator's own objects — leader election's Lease, and the steering
+# webhook's Secret and configuration (which a dry run leaves without entries). Never a
+# pod or a workload. (RBAC names which Lease, Secret and configuration.)
+_WRITTEN_IN_DRY_RUN = re.compile(
+    r"/api/v1/namespaces/[^/]+/events"
+    r"|/apis/coordination\.k8s\.io/v1/namespaces/[^/]+/leases(/[^/]+)?"
+    r"|/api/v1/namespaces/[^/]+/secrets/[^/]+"
+    rf"|{_WEBHOOKS}/[^/]+"
+)
 
-    def __init__(self, kube: Kube) -> None:
+
+class Writer:
+    """The write verbs, over the client's reads. ``acting`` False (a dry run, and leader
+    election's): only Events and the remediator's own objects are written; any other
+    write is refused (HTTP status 0, reason DryRun) and logged as the defect it is."""
+
+    def __init__(self, kube: Kube, acting: bool = False) -> None:
         self.kube = kube
+        self.acting = acting
 
     async def post(self, path: str, body: dict) -> Answer:
-        return await self.kube.call("POST", path, body=body)
+        return await self._write("POST", path, body)
 
     async def put(self, path: str, body: dict) -> Answer:
-        return await self.kube.call("PUT", path, body=body)
+        return await self._write("PUT", path, body)
 
     async def patch(self, path: str, body: dict) -> Answer:
-        return await self.kube.call(
-            "PATCH", path, body=body, content_type="application/merge-patch+json"
-        )
+        return await self._write("PATCH", path, body, "application/merge-patch+json")
 
     async def delete(self, path: str, body: dict) -> Answer:
-        return await self.kube.call("DELETE", path, body=body)
+        return await self._write("DELETE", path, body)
+
+    async def _write(
+        self, method: str, path: str, body: dict, content_type: str = "application/json"
+    ) -> Answer:
+        if not self.acting and not _WRITTEN_IN_DRY_RUN.fullmatch(path):
+            log.error(
+                "dry run: %s %s refused (numaguard's defect: nothing should ask it)",
+                method,
+                path,
+                extra={"decision": "refused_write", "method": method, "path": path},
+            )
+            return Answer(0, {"reason": "DryRun"})
+        return await self.kube.call(method, path, body=body, content_type=content_type)
 
 
 class Elected(Protocol):
@@ -71,9 +102,11 @@ class Elected(Protocol):
 
 
 class Actuator:
-    def __init__(self, kube: Kube, elector: Elected | None, clock=time.time) -> None:
+    def __init__(
+        self, kube: Kube, elector: Elected | None, clock=time.time, dry_run: bool = True
+    ) -> None:
         self.kube = kube
-        self.writer = Writer(kube)
+        self.writer = Writer(kube, acting=not dry_run)
         self.elector = elector
         self.clock = clock
         # SIGTERM: no new write is begun, only corrections of histories already written

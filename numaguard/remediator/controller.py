@@ -79,7 +79,7 @@ class Controller:
         self.elector = elector
         self.metrics = metrics or Metrics()
         self.clock = clock
-        self.actuator = Actuator(kube, elector, clock) if kube else None
+        self.actuator = Actuator(kube, elector, clock, policy.dry_run) if kube else None
         self.state = FindingState()
         self.said: dict[tuple, str] = {}  # finding -> the Event last written about it
         # workloads whose verification was refused last cycle, and why (said once)
@@ -170,7 +170,7 @@ class Controller:
                 m.duration.set(time.monotonic() - started)
                 return report
             await self._clear_storms(report.storms)
-            if not policy.paused:
+            if not policy.paused and not policy.dry_run:  # a verification writes its outcome
                 try:
                     await self._verify(report)
                 except (ClusterError, SignalsError, *_TRANSPORT) as err:

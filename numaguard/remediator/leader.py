@@ -55,7 +55,7 @@ class LeaderElector:
                 f"{retry_period:g} / {renew_deadline:g} / {lease_duration:g}"
             )
         self.kube = kube
-        self.writer = Writer(kube)  # the Lease is written as everything is, by the actuator's
+        self.writer = Writer(kube)  # the actuator's, not acting: the Lease is all it writes
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self.name = name
         self.identity = identity

@@ -6,3 +6,8 @@ the Operator, Thanos, the fault proxy, the node VM and its kubelet), ``cluster``
 simulated cluster: its life, its nodes' kubelet, its manifests, a fleet's series) and
 ``demos``. The product never imports it.
 """
+
+from pathlib import Path
+
+# the checkout the simulator runs from (its tests' Go modules, deploy/, the node VM's root)
+CHECKOUT = Path(__file__).resolve().parents[2]

@@ -23,10 +23,10 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from numaguard.simulator import CHECKOUT
 from numaguard.simulator.parts.faultproxy import FaultProxy
 from numaguard.simulator.parts.processes import cache, free_port, until
 
-ROOT = Path(__file__).resolve().parents[2]
 # deploy/'s namespace, ServiceAccounts and RBAC, applied to the test cluster as shipped
 RBAC_KINDS = {
     *("Namespace", "ServiceAccount"),
@@ -123,7 +123,7 @@ class ApiError(RuntimeError):
 
 def parts_dir() -> Path:
     """Where ``make k8s-parts`` put the binaries of the version tests/k8s/go.mod pins."""
-    text = (ROOT / "tests/k8s/go.mod").read_text()
+    text = (CHECKOUT / "tests/k8s/go.mod").read_text()
     version = re.search(r"k8s\.io/kubernetes (v[0-9.]+)", text)[1]
     path = cache() / f"k8s-{version}"
     stamp = path / ".built"  # what make built there, once it all was
@@ -136,7 +136,7 @@ def parts_dir() -> Path:
 def nrt_crd() -> Path:
     """The NodeResourceTopology CRD ``make nrt-crd`` fetched, of the version
     tests/nrt/go.mod pins."""
-    text = (ROOT / "tests/nrt/go.mod").read_text()
+    text = (CHECKOUT / "tests/nrt/go.mod").read_text()
     version = re.search(r"noderesourcetopology-api (v[0-9.]+)", text)[1]
     path = cache() / f"noderesourcetopology-api-{version}" / "crd.yaml"
     if not path.is_file():
@@ -149,7 +149,7 @@ def rendered(*components: str) -> list[dict]:
     of deploy/components: kustomize's rendering."""
     with tempfile.TemporaryDirectory() as folder:
         # kustomize takes relative paths only
-        deploy = os.path.relpath(ROOT / "deploy", folder)
+        deploy = os.path.relpath(CHECKOUT / "deploy", folder)
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from numaguard.simulator.parts.controlplane import ROOT, ControlPlane
+from numaguard.simulator import CHECKOUT
+from numaguard.simulator.parts.controlplane import ControlPlane
 from numaguard.simulator.parts.processes import cache, free_port, until
 
 RELEASE = "kube-prometheus-stack"  # the release label deploy/ carries
@@ -33,7 +34,7 @@ class OperatorMissing(RuntimeError):
 
 def operator_dir() -> Path:
     """Where ``make prometheus-operator`` put the version tests/operator/go.mod pins."""
-    text = (ROOT / "tests/operator/go.mod").read_text()
+    text = (CHECKOUT / "tests/operator/go.mod").read_text()
     version = re.search(r"prometheus-operator/prometheus-operator (v[0-9.]+)", text)[1]
     path = cache() / f"prometheus-operator-{version}"
     if not (path / ".built").is_file():

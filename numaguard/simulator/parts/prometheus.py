@@ -21,6 +21,7 @@ import aiohttp
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.queries import REQUIRED_LABELS
 from numaguard.remediator.signals import frame
+from numaguard.simulator import CHECKOUT
 from numaguard.simulator.parts.processes import cache, wait_ok
 
 
@@ -55,12 +56,11 @@ class PrometheusMissing(RuntimeError):
 
 
 VERSIONS = ("2", "3")  # the majors the rules, dashboards and alert tests run on
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def built_prometheus3() -> Path:
     """Where ``make prometheus3`` puts the Prometheus 3 that tests/prometheus/go.mod pins."""
-    text = (ROOT / "tests/prometheus/go.mod").read_text()
+    text = (CHECKOUT / "tests/prometheus/go.mod").read_text()
     module = re.search(r"github\.com/prometheus/prometheus v0\.(\d+)\.(\d+)", text)
     version = f"v3.{int(module[1]) - 300}.{module[2]}"  # v0.316.0 is Prometheus 3.16.0
     return cache() / f"prometheus-{version}"

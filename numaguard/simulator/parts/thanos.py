@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-from numaguard.simulator.parts.controlplane import ROOT
+from numaguard.simulator import CHECKOUT
 from numaguard.simulator.parts.processes import cache, free_port, until, wait_ok
 
 
@@ -24,7 +24,7 @@ class ThanosMissing(RuntimeError):
 
 def thanos_binary() -> Path:
     """Where ``make thanos`` put the version tests/thanos/go.mod pins."""
-    text = (ROOT / "tests/thanos/go.mod").read_text()
+    text = (CHECKOUT / "tests/thanos/go.mod").read_text()
     version = re.search(r"^require github.com/thanos-io/thanos (v[0-9.]+)", text, re.M)[1]
     path = cache() / f"thanos-{version}"
     if not (path / ".built").is_file():

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
+from numaguard.simulator import CHECKOUT
 from numaguard.simulator.fakes.deviceplugin import RESOURCE, devices_of
 from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.parts import vm
@@ -36,7 +37,6 @@ from numaguard.simulator.parts.processes import cache, free_port, until, wait_ok
 API_PORT = 6443  # where the guest reaches the API server (vm.HOST)
 EXPORTER_PORT = 9400
 PAUSE, WORKLOAD = "numaguard.local/pause:1", "numaguard.local/workload:1"
-ROOT = Path(__file__).resolve().parents[2]  # the checkout the guest runs as it is
 
 
 def api_url() -> str:
@@ -408,7 +408,7 @@ class KubeNode:
         net = vm.Net(to_host=((API_PORT, api_port),), from_host=forwarded)
         for boot in (1, 2):
             self.qemu = await self._stack.enter_async_context(
-                vm.booted(f"cd {ROOT}\n{script}", job, self.shape, net)
+                vm.booted(f"cd {CHECKOUT}\n{script}", job, self.shape, net)
             )
             try:
                 await self.ready()
