@@ -221,7 +221,7 @@ async def test_a_move_is_verified_on_the_pod_itself_with_its_gain():
     controller = Controller(Answers(rows), None, POLICY)
     # the pod made before the action is the one judged; another pod of the workload is not
     others = [the_pod(), the_pod("uid-other", NOW - 10)]
-    decided, after, _ = await controller._outcome(MOVED, others, NOW)
+    decided, after, _ = await controller.outcome(MOVED, others, NOW)
     assert decided == "held" and after.remote_memory == pytest.approx(0.02)
     g = gain(MOVED.before, after)
     assert g.ratio == pytest.approx(0.98 / 0.25)
@@ -237,18 +237,18 @@ async def test_a_move_is_verified_on_the_pod_itself_with_its_gain():
 async def test_a_move_that_did_not_hold_or_left_memory_remote_counts_as_failed():
     rows = {**verdicts(1, 1, uid="uid-cache"), **local("uid-cache", 0.75)}
     controller = Controller(Answers(rows), None, POLICY)
-    decided, _, _ = await controller._outcome(MOVED, [the_pod()], NOW)
+    decided, _, _ = await controller.outcome(MOVED, [the_pod()], NOW)
     assert decided == "did_not_hold"
     # held, with hardly any memory brought home: no_gain
     rows = {**verdicts(0, 0, uid="uid-cache"), **local("uid-cache", 0.74)}
     controller = Controller(Answers(rows), None, POLICY)
-    decided, after, _ = await controller._outcome(MOVED, [the_pod()], NOW)
+    decided, after, _ = await controller.outcome(MOVED, [the_pod()], NOW)
     g = gain(MOVED.before, after)
     assert judged(decided, g, POLICY.min_fix_gain.cross_numa) == "no_gain"
 
 
 async def test_a_moved_pod_that_is_gone_is_unverified_by_the_deadline():
     controller = Controller(Answers({}), None, POLICY)
-    assert (await controller._outcome(MOVED, [], NOW))[0] is None
+    assert (await controller.outcome(MOVED, [], NOW))[0] is None
     late = NOW + POLICY.verify_deadline_seconds
-    assert (await controller._outcome(MOVED, [the_pod("uid-new", NOW)], late))[0] == "unverified"
+    assert (await controller.outcome(MOVED, [the_pod("uid-new", NOW)], late))[0] == "unverified"

@@ -36,7 +36,7 @@ PENDING = Pending("cross_numa", "device_remote", NOW - 1000, "old-1")
 
 async def outcome(rows, pods, pending=PENDING, node=None, now=NOW):
     controller = Controller(Answers(rows, node), None, POLICY)
-    return (await controller._outcome(pending, pods, now))[0]
+    return (await controller.outcome(pending, pods, now))[0]
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ async def test_every_replacement_must_hold_and_the_query_names_them_by_uid():
     answers = Answers(rows)
     controller = Controller(answers, None, POLICY)
     pods = [replacement(), replacement(uid="new-2")]
-    assert (await controller._outcome(PENDING, pods, NOW))[0] == "did_not_hold"
+    assert (await controller.outcome(PENDING, pods, NOW))[0] == "did_not_hold"
     verification = verification_expressions(
         "cross_numa", ["new-1", "new-2"], "900s", 'job="numaguard"'
     )
@@ -122,7 +122,7 @@ def before(sm: float, **measures) -> Activity:
 
 async def after(rows, pods, pending, node=None):
     controller = Controller(Answers(rows, node), None, POLICY)
-    return (await controller._outcome(pending, pods, NOW))[:2]
+    return (await controller.outcome(pending, pods, NOW))[:2]
 
 
 async def test_the_replacement_s_gpu_activity_is_compared_with_the_pod_s_before():
@@ -250,7 +250,7 @@ async def test_a_noisy_neighbour_s_fix_is_judged_by_the_feeder_it_crowded_out():
         **whole_gpu("feeder-1", GPU4, 0.7),
     }
     answers = Answers(rows)
-    decided, activity, _ = await Controller(answers, None, POLICY)._outcome(
+    decided, activity, _ = await Controller(answers, None, POLICY).outcome(
         pending, [replacement()], NOW
     )
     assert decided == "held" and activity.gpu == pytest.approx(0.7)

@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 
 import aiohttp
 
-from numaguard.contract.names import STEER_ANNOTATION, mig_resource
+from numaguard.contract.names import STEER_ANNOTATION
 from numaguard.remediator.actuator import RECORDED_FIRST, Actuator
 from numaguard.remediator.cluster import (
     ClusterError,
@@ -36,18 +36,16 @@ from numaguard.remediator.core.history import (
     DONE,
     Pending,
     WorkloadHistory,
-    after_verification,
-    described,
-    landing,
     measured_uid,
 )
-from numaguard.remediator.core.kinds import KINDS, NOISY_NEIGHBOUR, RESIZED
-from numaguard.remediator.core.outcome import Activity, activities, gain, judged, mean
+from numaguard.remediator.core.kinds import KINDS
+from numaguard.remediator.core.outcome import Activity, activities
 from numaguard.remediator.core.planner import nodes_to_check, plan, prepare
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.rejections import Storm, describe, storms
 from numaguard.remediator.core.rounds import Round, Sizing, rounds
 from numaguard.remediator.core.steering import Steer, Target, steerable
+from numaguard.remediator.core.verification import Outcome, due, settled, verification
 from numaguard.remediator.kube import Kube
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
@@ -55,10 +53,6 @@ from numaguard.remediator.signals import Prometheus, SignalsError
 
 log = logging.getLogger(__name__)
 _TRANSPORT = (aiohttp.ClientError, OSError, TimeoutError)
-_VERIFY_LABELS = ("node", "instance", "pod_uid")
-# A replacement is a pod of the workload made after the action; creation times are the
-# API server's, so allow for its clock being a little behind ours.
-_CLOCK_SLACK_SECONDS = 2.0
 
 
 class Controller:
@@ -373,11 +367,8 @@ class Controller:
         return False
 
     async def _verify(self, report: CycleReport) -> None:
-        """Judge the actions awaiting verification, on positive evidence: a fix held
-        when the workload's replacement pods have fresh series whose verdicts stayed 0
-        over the whole verification period; it did not hold when they stayed 1. Neither,
-        by the deadline: unverified, which counts like a fix that did not hold. A fix
-        that held with a measured gain under the policy's minimum: no_gain, alike."""
+        """Judge the actions awaiting verification (core/verification.py judges; this
+        reads the workloads and their pods, asks Prometheus and writes the outcomes)."""
         now = self.clock()
         refused: dict[str, tuple[str, str]] = {}
         pending = await pending_workloads(self.kube)
@@ -413,46 +404,37 @@ class Controller:
         self, workload: str, history: WorkloadHistory, obj: dict, report: CycleReport, now: float
     ) -> None:
         p = self.policy
-        due = [x for x in history.pending if now - x.at >= p.verify_after_seconds]
-        # the oldest the policy lets be in flight: what a history holds beyond that, the
-        # remediator never wrote, and judging it costs nothing more
-        due = sorted(due, key=lambda x: x.at)[: p.max_per_workload]
-        if not due:
+        pending_now = due(history, p, now)
+        if not pending_now:
             return
         pods = await workload_pods(self.kube, workload, obj)
         changed = history
-        for pending in due:
-            outcome, after, landed = await self._outcome(pending, pods, now)
+        for pending in pending_now:
+            outcome, after, landed = await self.outcome(pending, pods, now)
             if outcome is None:
                 continue  # not yet: the evidence is not in
-            g = gain(pending.before, after) if outcome != "unverified" else None
-            least = p.min_fix_gain.of(pending.kind)
-            outcome = judged(outcome, g, least) if g else outcome
-            where = landing(pending, landed, outcome)
-            if where is not None:
-                self.metrics.landings.labels(where).inc()
-            changed = after_verification(changed, pending, outcome)
-            if outcome != "held" and changed.failures >= p.give_up_after:
-                outcome = "gave_up"
-            detail = described(pending, g, after) if g else "no evidence by the deadline"
-            if g and g.ratio is not None:
-                self.metrics.fix_gain.labels(pending.kind).observe(g.ratio)
-            self.metrics.verifications.labels(outcome).inc()
+            s = settled(pending, outcome, after, landed, changed, p)
+            changed = s.history
+            if s.landing:
+                self.metrics.landings.labels(s.landing).inc()
+            if s.gain and s.gain.ratio is not None:
+                self.metrics.fix_gain.labels(pending.kind).observe(s.gain.ratio)
+            self.metrics.verifications.labels(s.outcome).inc()
             report.verified.append(
-                Verification(workload, pending.kind, outcome, g, detail, where or "")
+                Verification(workload, pending.kind, s.outcome, s.gain, s.detail, s.landing)
             )
             log.info(
                 "verification of %s: %s (%s)",
                 workload,
-                outcome,
-                detail,
+                s.outcome,
+                s.detail,
                 extra={
                     "workload": workload,
-                    "outcome": outcome,
+                    "outcome": s.outcome,
                     "finding": pending.kind,
-                    "gain": g.ratio if g else None,
-                    "min_gain": least,
-                    "landing": where,
+                    "gain": s.gain.ratio if s.gain else None,
+                    "min_gain": p.min_fix_gain.of(pending.kind),
+                    "landing": s.landing or None,
                     "planned_nodes": list(pending.nodes),
                     "nodes": sorted(landed),
                     # every signal measured on either side, host-side ones too
@@ -480,91 +462,19 @@ class Controller:
                 owner=True,
             )
 
-    async def _outcome(
-        self, pending: Pending, pods: list[PodInfo] | None, now: float
-    ) -> tuple[str | None, Activity | None, set[str]]:
-        """held | did_not_hold | unverified, or None: wait; and, once the replacements'
-        verdicts decided it, what the pod that judges the fix did over the period, and
-        the nodes the replacements run on."""
-        late = now - pending.at >= self.policy.verify_deadline_seconds
-        # judged on the pods that replaced the one acted on, or on that one itself when
-        # the fix kept it (its memory moved home in place)
-        replacements = [
-            q
-            for q in pods or []
-            if (q.uid == pending.pod_uid) == pending.in_place
-            and (pending.in_place or q.created >= pending.at - _CLOCK_SLACK_SECONDS)
-            and q.phase == "Running"
-        ]
-        if not replacements:
-            return ("unverified" if late else None), None, set()
-        landed = {r.node for r in replacements}
-        period = self.policy.verify_after_seconds
-        queries = q.verification_expressions(
-            pending.kind, [r.uid for r in replacements], f"{int(period)}s", self.prometheus.selector
+    async def outcome(self, pending: Pending, pods: list[PodInfo] | None, now: float) -> Outcome:
+        """core.verification's judgement of ``pending``, its questions answered by
+        Prometheus."""
+        p = self.prometheus
+        judging = verification(
+            pending, pods, now, self.policy, self.detection, p.windows, p.selector
         )
-        # what judges the gain: the replacements, or the feeder that stayed where it was
-        if pending.kind == NOISY_NEIGHBOUR.name:
-            judges = [(pending.before.node, pending.measured_uid)] if pending.before else []
-        else:
-            judges = [(r.node, r.uid) for r in replacements]
-        activity = q.activity_expressions(judges, period, self.prometheus.selector)
-        # and whether the nodes of both can be believed: they may be any nodes
-        nodes = q.scoped(
-            q.NODE_EVIDENCE,
-            "node",
-            {r.node for r in replacements} | {n for n, _ in judges},
-            self.prometheus.windows,
-            self.prometheus.selector,
-        )
-        required = {**q.REQUIRED_LABELS, **dict.fromkeys(queries, _VERIFY_LABELS)}
-        signals = await self.prometheus.fetch_set(
-            [*queries.items(), *activity, *nodes], required, now
-        )
-        evidence = Evidence(signals, self.policy.stale_after_seconds)
-        verdicts = [self._verdict(pending, r, signals, evidence) for r in replacements]
-        if "did_not_hold" in verdicts:
-            outcome = "did_not_hold"
-        elif all(v == "held" for v in verdicts):
-            outcome = "held"
-        else:
-            return ("unverified" if late else None), None, landed
-        # activity is read only of nodes whose exporter is up and whose collectors are fresh
-        instances = {
-            node: evidence.instance(node)[0]
-            for node, _ in judges
-            if not evidence.node_stale(node, KINDS[pending.kind].depends_on)
-        }
-        measured = activities(signals, judges, instances)
-        return outcome, mean([measured[uid] for _, uid in judges]), landed
-
-    def _verdict(self, pending: Pending, pod: PodInfo, signals, evidence: Evidence) -> str | None:
-        """One replacement: held | did_not_hold | None (no fresh, whole-period evidence)."""
-        instance, _ = evidence.instance(pod.node)
-        if instance is None or evidence.node_stale(pod.node, KINDS[pending.kind].depends_on):
-            return None
-
-        def values(name: str) -> list[dict]:
-            df = signals[name]
-            rows = df[(df["pod_uid"] == pod.uid) & (df["node"] == pod.node)]
-            return rows[rows["instance"] == instance].to_dict("records")
-
-        ages = [r["value"] for r in values("age")]
-        if not ages or min(ages) > self.policy.stale_after_seconds:
-            return None
-        throughout, peak = values("held_throughout"), values("peak")
-        if not throughout or not peak:
-            return None  # its series did not yet cover the whole period
-        if pending.kind in RESIZED:
-            wanted = mig_resource(pending.recommended)
-            held = any(r.get("resource") == wanted for r in throughout)
-            return "held" if held else "did_not_hold"
-        limit = self.detection.llc_dominant_share if pending.kind == NOISY_NEIGHBOUR.name else 1
-        if max(r["value"] for r in peak) < limit:
-            return "held"  # no verdict of the finding's kind, of any reason, all period
-        if max(r["value"] for r in throughout) >= limit:
-            return "did_not_hold"  # one held at every scrape of the period
-        return None
+        try:
+            queries, required = next(judging)
+            judging.send(await p.fetch_set(queries, required, now))
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("a verification asks one question")
 
     def _failed(self, report: CycleReport, reason: str, detail: str) -> CycleReport:
         log.warning("cycle skipped, no action: %s", detail, extra={"reason": reason})
