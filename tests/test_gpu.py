@@ -22,8 +22,9 @@ from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource
 from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.gpu_models import BRANCHES, DriverBranch
 from numaguard.simulator.fakes.host import GIB, MIB
-from numaguard.simulator.fakes.nvml import BRANCHES, DriverBranch, FakeNvml
+from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.parts.processes import exporter_process, get, log_of, until
 from tests.conftest import NODE, metadata_of, samples, series
 

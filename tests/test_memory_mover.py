@@ -50,9 +50,9 @@ from numaguard.simulator.fakes.host import (
     FakeContainer,
     FakeHost,
     FakeNumaNode,
-    FakePages,
     FakePod,
 )
+from numaguard.simulator.fakes.pages import FakePages
 from numaguard.simulator.fakes.podresources import FakeKubelet
 from numaguard.simulator.parts.processes import until
 from tests.conftest import make_collection, metadata_of, samples, series
