@@ -40,6 +40,7 @@ from numaguard.exporter.readers.numa import (
     parse_vmstat_balancing,
 )
 from numaguard.exporter.readers.nvml import gpm_values, parse_profile_name, sysfs_pci_address
+from numaguard.exporter.readers.process import parse_start_time
 from numaguard.exporter.readers.resctrl import (
     parse_assign_mode,
     parse_assignments,
@@ -257,6 +258,7 @@ READERS = [
     parse_domain_counts,
     parse_assignments,
     topology_manager,
+    parse_start_time,
 ]
 VALID = [
     "0-3,8",
@@ -281,7 +283,16 @@ VALID = [
     "0=32;1=32\n",
     "mbm_total_bytes:0=e;1=_\nmbm_local_bytes:0=e;1=e\n",
     "kind: KubeletConfiguration\ntopologyManagerPolicy: restricted\n",
+    "4242 (a (b) c) S 1 4242 4242 0 -1 4194560" + " 0" * 12 + " 987654" + " 0" * 30,
 ]
+
+
+def test_a_process_s_start_time_follows_its_name_whatever_the_name_holds():
+    stat = "7 (evil) 1 2 3) S 1 7 7 0 -1 4194560" + " 0" * 12 + " 31337" + " 0" * 30
+    assert parse_start_time(stat) == 31337
+    for bad in ("", "7 (main) S 1", "7 (main" + " 0" * 40):
+        with pytest.raises(ParseError):
+            parse_start_time(bad)
 
 
 def test_the_kubelet_s_topology_manager_as_its_config_says_or_its_defaults():

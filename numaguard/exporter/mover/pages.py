@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from numaguard.exporter.readers import ParseError, parse_id_list
 from numaguard.exporter.readers.cgroup import parse_proc_cgroup
 from numaguard.exporter.readers.numa import ProcessMapping, parse_process_mappings
+from numaguard.exporter.readers.process import parse_start_time
 
 MPOL_MF_MOVE = 1 << 1  # <linux/mempolicy.h>: pages mapped by this process alone
 MOVE_PAGES = {"x86_64": 279, "aarch64": 239}  # the syscall's number
@@ -310,14 +311,11 @@ def _far_share(mapping: ProcessMapping, home: frozenset[int]) -> float:
 
 
 def _start_time(proc: str, pid: int) -> int | None:
-    """The process's start time (/proc/<pid>/stat's 22nd field, in clock ticks since
-    boot): with its PID, what names one process for good; None if it has ended."""
+    """The process's start time (readers.process); None if it has ended."""
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            # what follows the command name, which is in parentheses and may hold any
-            fields = f.read().rpartition(b")")[2].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
+        with open(f"{proc}/{pid}/stat", errors="surrogateescape") as f:
+            return parse_start_time(f.read())
+    except (OSError, ParseError):
         return None
 
 
