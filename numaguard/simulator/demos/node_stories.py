@@ -236,7 +236,9 @@ class NodeLoop:
         await self.node.sh(f"umount {FILLED} 2>/dev/null; true")  # a failed story's tmpfs
         # and their containers with them: a pod the API server no longer has may still
         # hold memory the kubelet frees later, on a NUMA node a story has just filled
-        cgroups = "find /sys/fs/cgroup/kubepods -maxdepth 2 -type d -name 'pod*'"
+        # a glob, not find: find fails when the kubelet removes a cgroup mid-walk
+        pods = "/sys/fs/cgroup/kubepods/pod* /sys/fs/cgroup/kubepods/*/pod*"
+        cgroups = f'for d in {pods}; do [ -d "$d" ] && echo "$d"; done; true'
 
         async def released():
             return not (await self.node.sh(cgroups)).strip()
