@@ -20,10 +20,10 @@ from numaguard.exporter import docs
 from numaguard.exporter.mover.orders import MoveTotals
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
-from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes import dra, presets
 from numaguard.simulator.fakes.podresources import FakeKubelet
 from numaguard.simulator.fakes.resctrl import FakeResctrl
-from tests.conftest import make_collection, metadata_of
+from tests.conftest import NODE, make_collection, metadata_of
 
 ALLOWED_LABELS = {
     # docs/design.md, Metric contract
@@ -69,6 +69,9 @@ ALLOWED_LABELS = {
     "guard",
     "outcome",
     "workload",  # the remediator's: kind/namespace/name of a workload it reports on
+    "driver",  # a DRA driver's name
+    "counter_set",  # DRA counter sets: at most 8 a ResourceSlice, one a GPU under DynamicMIG
+    "counter",  # at most 32 a counter set (the API server's limit)
 }
 
 
@@ -121,6 +124,8 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
             root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
         )
         collection.nrt_current = lambda: True  # as with --nrt, its topology published
+        nvml.set_mig(7, [])  # GPU 7 under NVIDIA's DynamicMIG: its DRA counters
+        collection.dra = lambda: dra.view(NODE, nvml, [7], dynamic=True)
         # as with --memory-mover, after a move, a refusal and two pages that stayed
         moves = MoveTotals(Counter(moved=1, refused=1), Counter(mems=1), Counter(EACCES=2))
         collection.moves = lambda: moves

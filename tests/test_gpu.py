@@ -160,12 +160,13 @@ async def test_gpus_and_slices_exactly(gpu_node):
     assert series("numaguard_gpu_processes", **gpu_labels(node, 1)) not in got
     assert len([k for k in got if k[0] == "numaguard_gpu_power_watts"]) == 8
 
-    # GPU 1: 3g.40gb + 2g.20gb + 1g.10gb + 1g.10gb, placed in order
+    # GPU 1: 3g.40gb + 2g.20gb + 1g.10gb + 1g.10gb, where MIG lets them start: a 3g on
+    # memory slice 0 or 4, a 1g never on the last (the MIG user guide's placements)
     expected = [
-        ("3g.40gb", "1", "0", "4", 60, 40192),
-        ("2g.20gb", "2", "4", "2", 32, 19968),
-        ("1g.10gb", "3", "6", "1", 16, 9856),
-        ("1g.10gb", "4", "7", "1", 16, 9856),
+        ("3g.40gb", "1", "4", "4", 60, 40192),
+        ("2g.20gb", "2", "0", "2", 32, 19968),
+        ("1g.10gb", "3", "2", "1", 16, 9856),
+        ("1g.10gb", "4", "3", "1", 16, 9856),
     ]
     for i, (profile, gi, start, size, sms, mib) in enumerate(expected):
         labels = slice_labels(node, 1, i)

@@ -4,6 +4,7 @@ either returns a record or raises ParseError, never anything else."""
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 from hypothesis import given, settings
@@ -28,6 +29,7 @@ from numaguard.exporter.readers.cgroup import (
 from numaguard.exporter.readers.dra import (
     Allocated,
     device_plugin_id,
+    parse_quantity,
     read_claim_allocation,
     read_resource_slice,
 )
@@ -51,6 +53,7 @@ from numaguard.exporter.readers.resctrl import (
     parse_word_list,
 )
 from tests.conftest import examples
+from tests.helpers.dra_shapes import dra_fixture
 
 NUMA_STAT_V2 = """anon N0=1048576 N1=4096
 file N0=524288 N1=0
@@ -351,13 +354,19 @@ def test_valid_samples_parse(index):
 
 
 def test_resource_slices_of_every_served_version_read_alike():
+    share = {"multiprocessors": {"value": "60"}, "memory-slice-4": {"value": "1"}}
+    consumes = [{"counterSet": "gpu-0-counter-set", "counters": share}]
     device = {"name": "gpu-0-mig-9-4-4", "attributes": {"uuid": {"string": "MIG-a"}}}
     device["attributes"]["gpu.nvidia.com/parentUUID"] = {"string": "GPU-p"}  # qualified
-    v1 = {"spec": {"driver": "gpu.nvidia.com", "pool": {"name": "n1"}, "devices": [device]}}
-    basic = {"name": device["name"], "basic": {"attributes": device["attributes"]}}
-    v1beta1 = {"spec": {**v1["spec"], "devices": [basic]}}
+    device["consumesCounters"] = consumes
+    pool = {"name": "n1", "generation": 2, "resourceSliceCount": 1}
+    v1 = {"spec": {"driver": "gpu.nvidia.com", "pool": pool, "devices": [device]}}
+    basic = {"attributes": device["attributes"], "consumesCounters": consumes}
+    v1beta1 = {"spec": {**v1["spec"], "devices": [{"name": device["name"], "basic": basic}]}}
     for obj in (v1, v1beta1):
-        (d,) = read_resource_slice(obj)
+        published = read_resource_slice(obj)
+        assert (published.pool, published.generation, published.slice_count) == ("n1", 2, 1)
+        (d,) = published.devices
         assert (d.driver, d.pool, d.name, d.uuid, d.parent_uuid) == (
             "gpu.nvidia.com",
             "n1",
@@ -366,15 +375,126 @@ def test_resource_slices_of_every_served_version_read_alike():
             "GPU-p",
         )
         assert d.placement == (4, 4)
-    (d,) = read_resource_slice({"spec": {**v1["spec"], "devices": [{"name": "gpu-3"}]}})
-    assert (d.uuid, d.placement) == ("", None)  # says nothing: nothing made up
+        assert d.consumes == {"gpu-0-counter-set": {"multiprocessors": 60, "memory-slice-4": 1}}
+    (d,) = read_resource_slice({"spec": {**v1["spec"], "devices": [{"name": "gpu-3"}]}}).devices
+    assert (d.uuid, d.placement, d.profile) == ("", None, "")  # says nothing: nothing made up
+    too_many = {f"c{i}": {"value": "1"} for i in range(33)}  # the API server's limit is 32
     for bad in (
         {},
         {"spec": {"driver": "x", "pool": {}}},
+        {"spec": {**v1["spec"], "pool": {"name": "n1", "generation": 1}}},  # no slice count
         {"spec": {**v1["spec"], "devices": [1]}},
+        {"spec": {**v1["spec"], "sharedCounters": [{"name": "s", "counters": too_many}]}},
+        {"spec": {**v1["spec"], "sharedCounters": [{"name": "s", "counters": {}}]}},
+        {"spec": {**v1["spec"], "sharedCounters": [{"name": "s"}] * 2}},
+        {"spec": {**v1["spec"], "devices": [{**device, "consumesCounters": consumes * 2}]}},
+        {
+            "spec": {
+                **v1["spec"],
+                "devices": [
+                    {
+                        **device,
+                        "consumesCounters": [
+                            {"counterSet": "s", "counters": {"m": {"value": "1.5"}}}
+                        ],
+                    }
+                ],
+            }
+        },
     ):
         with pytest.raises(ParseError):
             read_resource_slice(bad)
+
+
+def test_both_driver_generations_name_their_mig_placements():
+    (static,) = map(read_resource_slice, dra_fixture("v25.8-static.yaml"))
+    assert {d.name: (d.placement, d.profile) for d in static.devices} == {
+        "gpu-1": (None, ""),
+        "gpu-0-mig-9-4-4": ((4, 4), "3g.40gb"),
+        "gpu-0-mig-19-0-1": ((0, 1), "1g.10gb"),
+    }
+    assert (static.generation, static.counter_sets) == (3, {})
+    counters, devices = map(read_resource_slice, dra_fixture("v25.12-dynamic.yaml"))
+    assert counters.devices == () and devices.counter_sets == {}
+    (gpu0,) = counters.counter_sets.items()
+    assert gpu0[0] == "gpu-0-counter-set"
+    assert gpu0[1]["memory"] == 80384 * 2**20 and gpu0[1]["encoders"] == 0
+    assert sorted(k for k in gpu0[1] if k.startswith("memory-slice")) == [
+        f"memory-slice-{i}" for i in range(8)
+    ]
+    by_name = {d.name: d for d in devices.devices}
+    assert {n: (d.placement, d.profile) for n, d in by_name.items()} == {
+        "gpu-0": (None, ""),
+        "gpu-0-mig-1g10gb-19-0": ((0, 1), "1g.10gb"),
+        "gpu-0-mig-1g10gb-19-6": ((6, 1), "1g.10gb"),
+        "gpu-0-mig-2g20gb-14-2": ((2, 2), "2g.20gb"),
+        "gpu-0-mig-3g40gb-9-4": ((4, 4), "3g.40gb"),
+        "gpu-0-mig-7g80gb-0-0": ((0, 8), "7g.80gb"),
+    }
+    # made or not: only the made one has a UUID, each names its GPU
+    assert [n for n, d in by_name.items() if d.uuid] == ["gpu-0", "gpu-0-mig-1g10gb-19-0"]
+    assert {d.parent_uuid for n, d in by_name.items() if n != "gpu-0"} == {by_name["gpu-0"].uuid}
+
+
+def test_a_placement_whose_memory_slices_do_not_add_up_has_no_size():
+    def device(slices):
+        counters = {f"memory-slice-{i}": {"value": "1"} for i in slices}
+        return {
+            "name": "gpu-0-mig-2g20gb-14-2",
+            "consumesCounters": [{"counterSet": "s", "counters": counters}],
+        }
+
+    pool = {"name": "n1", "generation": 1, "resourceSliceCount": 1}
+    for slices, placement in (([2, 3], (2, 2)), ([3, 4], (2, None)), ([2, 4], (2, None))):
+        spec = {"driver": "d", "pool": pool, "devices": [device(slices)]}
+        assert read_resource_slice({"spec": spec}).devices[0].placement == placement
+
+
+@settings(max_examples=examples(120), deadline=None)
+@given(data=st.data())
+def test_any_change_to_a_published_slice_is_read_or_a_parse_error(data):
+    """Any value anywhere in the shapes the driver publishes: a record or ParseError."""
+    obj = copy.deepcopy(
+        data.draw(
+            st.sampled_from(dra_fixture("v25.12-dynamic.yaml") + dra_fixture("v25.8-static.yaml"))
+        )
+    )
+    junk = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.floats(),
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+        ),
+        max_leaves=6,
+    )
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = obj
+        while isinstance(at, (dict, list)) and at and data.draw(st.booleans()):
+            key = data.draw(st.sampled_from(list(at) if isinstance(at, dict) else range(len(at))))
+            if not isinstance(at[key], (dict, list)) or not at[key]:
+                at[key] = data.draw(junk)
+                break
+            at = at[key]
+    with contextlib.suppress(ParseError):
+        read_resource_slice(obj)
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(
+    number=st.from_regex(r"[+-]?([0-9]{1,6}(\.[0-9]{0,3})?|\.[0-9]{1,3})", fullmatch=True),
+    suffix=st.sampled_from(
+        ["", "Ki", "Mi", "Gi", "Ti", "k", "M", "G", "m", "u", "n", "e3", "E2", "e-2"]
+    ),
+)
+def test_quantities_read_as_the_client_library_reads_them(number, suffix):
+    from kubernetes.utils import parse_quantity as theirs
+
+    text = number + suffix
+    expected = theirs(text)
+    if expected == int(expected) and abs(expected) < 2**63:
+        assert parse_quantity(text) == int(expected)
+    else:
+        with pytest.raises(ParseError):
+            parse_quantity(text)
 
 
 def test_claim_allocations_and_device_plugin_ids():

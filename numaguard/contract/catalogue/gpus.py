@@ -144,3 +144,37 @@ GPU_STARVED = declare(
     (*GPU, "mig_uuid", "namespace", "pod", "pod_uid", "reason"),
     "gpu",
 )
+
+# -- DRA's partitionable devices (KEP-4815): a GPU's counter set under DynamicMIG ---------
+_COUNTER_SET = ("driver", "counter_set", "gpu_uuid")
+DRA_COUNTER = declare(
+    "dra_counter",
+    "gauge",
+    "A counter of a DRA counter set (one per GPU under NVIDIA's DynamicMIG: multiprocessors, "
+    "memory in bytes, memory-slice-<i>, the last only with --detail) of the node's complete "
+    "ResourceSlice pools: state capacity (what the driver publishes) or consumed (by the "
+    "devices the node's pods' claims were allocated; absent while a claim is not read "
+    "yet). gpu_uuid is the GPU whose devices consume it.",
+    (*_COUNTER_SET, "counter", "state"),
+    "gpu",
+)
+GPU_MIG_PROFILES_FREE = declare(
+    "gpu_mig_profiles_free",
+    "gauge",
+    "How many more MIG slices of the profile the GPU's DRA counters still allow, given the "
+    "placements already allocated: the most of its free placements that fit together, as "
+    "the scheduler allocates them. Absent while a claim of the node's pods is not read.",
+    (*_COUNTER_SET, "mig_profile"),
+    "gpu",
+)
+DRA_COUNTER_MISMATCH = declare(
+    "dra_counter_mismatch_slices",
+    "gauge",
+    "Memory slices of the GPU where DRA and NVML disagree, by kind: "
+    "claimed_without_instance (an allocated MIG device's slice with no GPU instance on it: "
+    "the driver has not made it yet, or lost it) or instance_without_claim (a GPU instance "
+    "no allocated device accounts for: made outside DRA, or left behind). Brief while a "
+    "claim is prepared or released; absent when NVML or the claims do not say.",
+    (*_COUNTER_SET, "kind"),
+    "gpu",
+)

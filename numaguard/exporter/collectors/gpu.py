@@ -1,5 +1,6 @@
 """GPU and MIG slice metrics: identity, memory, power once per GPU, activity per GPU and
-per slice with what each can measure, and which pod container uses which device."""
+per slice with what each can measure, which pod container uses which device, and what
+each GPU's DRA counters still allow."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ from numaguard.contract import catalogue as c
 from numaguard.exporter.collectors import Collector
 from numaguard.exporter.exposition import Families, Family
 from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.model.counters import CounterSetState
+from numaguard.exporter.readers.dra import is_memory_slice
 from numaguard.exporter.records import READ_FAILURES, Activity, GpuRecord
 
 
 def families(snap: NodeSnapshot) -> list[Family]:
-    if snap.gpus is None:
-        return []
     f = Families("gpu", snap.node_name, snap.detail)
+    _counters(f.add, snap.counters, snap.detail)
+    if snap.gpus is None:
+        return list(f.values())
     versions = (snap.gpus.driver_version, snap.gpus.nvml_version)
     for gpu in snap.gpus.gpus:
         _gpu(f.add, gpu, versions)
@@ -86,6 +90,24 @@ def _gpu(add, gpu: GpuRecord, versions: tuple[str, str]) -> None:
         _activity(
             add, s.activity, labels, c.MIG_UTILIZATION, c.MIG_UTILIZATION_SUPPORTED, c.MIG_PCIE
         )
+
+
+def _counters(add, counters: tuple[CounterSetState, ...], detail: bool) -> None:
+    """Each DRA counter set's capacity and consumption (a memory slice's only with
+    --detail: 16 series a GPU that mig_info's placements already show), the MIG profiles
+    that still fit on its GPU, and where the claims and NVML's GPU instances disagree."""
+    for state in counters:
+        ids = (state.driver, state.name, state.gpu_uuid)
+        for counter, value in sorted(state.capacity.items()):
+            if is_memory_slice(counter) and not detail:
+                continue
+            add(c.DRA_COUNTER, value, *ids, counter, "capacity")
+            if state.consumed is not None:
+                add(c.DRA_COUNTER, state.consumed.get(counter, 0), *ids, counter, "consumed")
+        for profile, free in sorted((state.profiles_free or {}).items()):
+            add(c.GPU_MIG_PROFILES_FREE, free, *ids, profile)
+        for kind, slices in (state.mismatches or {}).items():
+            add(c.DRA_COUNTER_MISMATCH, slices, *ids, kind)
 
 
 def _activity(add, activity: Activity, labels, utilization, supported, pcie) -> None:

@@ -1,8 +1,8 @@
 """The model: one NodeSnapshot per collection cycle, with every derived signal computed
 once, here. Pure: readings (and the previous snapshot, for rates) in, snapshot out. By
 topic: placement (topology, pods, cpu_span and memory_remote), devices (who uses which
-GPU or slice, device_remote), starvation, zones (capacity per NUMA node); thresholds
-holds what decides the verdicts.
+GPU or slice, device_remote), starvation, counters (DRA's partitionable devices), zones
+(capacity per NUMA node); thresholds holds what decides the verdicts.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from numaguard.exporter.model.counters import CounterSetState, counter_states
 from numaguard.exporter.model.devices import (
     DeviceFinder,
     DeviceUse,
@@ -56,6 +57,7 @@ class NodeSnapshot:
     device_uses: tuple[DeviceUse, ...] = ()
     zones: tuple[Zone, ...] = ()
     starvation: tuple[Starvation, ...] = ()
+    counters: tuple[CounterSetState, ...] = ()  # DRA counter sets (partitionable devices)
     # the readings of the collectors turned on this cycle (None: failed), by name
     readings: Mapping[str, object] = field(default_factory=dict)
     detail: bool = False  # the families render their detail too (--detail)
@@ -120,6 +122,7 @@ def build_snapshot(
             traffic,
             thresholds,
         )
+    counters = counter_states(dra, {g.uuid: g for g in gpus.gpus if g.uuid} if gpus else {})
     return NodeSnapshot(
         node_name=node_name,
         timestamp=timestamp,
@@ -132,8 +135,9 @@ def build_snapshot(
         resctrl=traffic,
         gpus=gpus,
         device_uses=uses,
-        zones=zones_of(kubelet, topology, dra_devices(find, uses)) if kubelet else (),
+        zones=zones_of(kubelet, topology, dra_devices(find, uses, counters)) if kubelet else (),
         starvation=starvation,
+        counters=counters,
         readings=dict(readings or {}),
         detail=detail,
     )

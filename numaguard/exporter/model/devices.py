@@ -178,9 +178,17 @@ class DeviceFinder:
         parent = self.units.get(device.parent_uuid) if device.parent_uuid else None
         if parent is None or device.placement is None:
             return None
-        gpu, where = parent[0], device.placement
-        placed = (s for s in gpu.slices if (s.placement_start, s.placement_size) == where)
-        return next(((gpu, s) for s in placed), None)
+        (gpu, _), (start, size) = parent, device.placement
+        # one instance at most starts on a memory slice: the start names it
+        placed = (s for s in gpu.slices if s.placement_start == start)
+        found = next(placed, None)
+        if (
+            found is None
+            or size not in (None, found.placement_size)
+            or device.profile not in ("", found.profile)  # another profile's instance
+        ):
+            return None
+        return gpu, found
 
 
 def with_device_verdicts(

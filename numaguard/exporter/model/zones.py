@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from numaguard.exporter.model.counters import CounterSetState
 from numaguard.exporter.model.devices import DeviceFinder, DeviceUse
 from numaguard.exporter.model.placement import Topology
 from numaguard.exporter.records import KubeletReading
@@ -25,27 +26,45 @@ class Zone:
 
 
 def dra_devices(
-    find: DeviceFinder | None, uses: tuple[DeviceUse, ...]
-) -> list[tuple[int | None, str, bool]]:
-    """(NUMA node, driver, free) of each DRA device of the node's ResourceSlices that is a
-    GPU or slice NVML knows; taken when a pod holds it through a claim."""
+    find: DeviceFinder | None, uses: tuple[DeviceUse, ...], counters: tuple[CounterSetState, ...]
+) -> list[tuple[int | None, str, int, int | None]]:
+    """(NUMA node, driver, allocatable, free) of the DRA devices of the node's
+    ResourceSlices: one for each GPU or slice NVML knows that consumes no counters (free
+    unless a pod holds it through a claim); for each counter set's GPU, the partitions
+    its counters allow (the most of any one profile) and how many more still fit (free
+    None: unknown, some claim not read yet)."""
     if find is None or find.dra is None:
         return []
     held = {(u.mig or u.gpu).uuid for u in uses if u.source != "process"}
-    out = []
-    for driver, pool, name in sorted(find.dra.devices):
-        unit = find.dra_device(driver, pool, name)
+    out: list[tuple[int | None, str, int, int | None]] = []
+    for key, device in sorted(find.dra.devices.items()):
+        unit = None if device.consumes else find.dra_device(*key)  # counters: below
         if unit is not None:
-            out.append((unit[0].numa_node, driver, (unit[1] or unit[0]).uuid not in held))
+            out.append(
+                (unit[0].numa_node, device.driver, 1, int((unit[1] or unit[0]).uuid not in held))
+            )
+    for state in counters:
+        gpu = find.units.get(state.gpu_uuid) if state.gpu_uuid else None
+        if gpu is None:
+            continue  # on no NUMA node NVML knows
+        unused = int(not any((state.consumed or {}).values()))  # the whole GPU, if nothing else
+        free = None
+        if state.profiles_free is not None and state.consumed is not None:
+            free = max(state.profiles_free.values(), default=unused)
+        out.append(
+            (gpu[0].numa_node, state.driver, max(state.profiles_max.values(), default=1), free)
+        )
     return out
 
 
 def zones_of(
-    kubelet: KubeletReading, topology: Topology | None, dra: list[tuple[int | None, str, bool]]
+    kubelet: KubeletReading,
+    topology: Topology | None,
+    dra: list[tuple[int | None, str, int, int | None]],
 ) -> tuple[Zone, ...]:
     """Per NUMA node: allocatable and allocated exclusive CPUs, devices per resource and
-    memory, from the kubelet's GetAllocatableResources and List; DRA devices (``dra``)
-    under their driver's name."""
+    memory, from the kubelet's GetAllocatableResources and List; DRA devices and
+    partitions (``dra``) under their driver's name."""
     alloc = kubelet.allocatable
     if kubelet.pods is None or alloc is None:
         return ()
@@ -74,12 +93,17 @@ def zones_of(
             devices_free.setdefault(node, {}).setdefault(d.resource, 0)
             devices_all[node][d.resource] += 1
             devices_free[node][d.resource] += (d.resource, i) not in taken
-    for node, driver, free in dra:
+    unknown = set()
+    for node, driver, allocatable, free in dra:
         nodes.add(node)
         devices_all.setdefault(node, {}).setdefault(driver, 0)
         devices_free.setdefault(node, {}).setdefault(driver, 0)
-        devices_all[node][driver] += 1
-        devices_free[node][driver] += free
+        devices_all[node][driver] += allocatable
+        devices_free[node][driver] += free or 0
+        if free is None:
+            unknown.add((node, driver))
+    for node, driver in unknown:  # no made-up count: the driver's devices left out
+        del devices_all[node][driver], devices_free[node][driver]
     memory_all: dict[int | None, int] = {}
     memory_used: dict[int | None, int] = {}
     for m in alloc.memory:

@@ -19,8 +19,9 @@ from numaguard.common.apiserver import ApiServer
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.readers.dra import (
     Allocated,
-    DraDevice,
     DraView,
+    PublishedSlice,
+    dra_view,
     read_claim_allocation,
     read_resource_slice,
 )
@@ -33,7 +34,7 @@ VERSIONS = ("v1", "v1beta2", "v1beta1")
 CLAIMS_EVERY_SECONDS = 5.0  # how often the pods' claims not yet known are fetched
 
 
-def _slice(obj: dict) -> tuple[str, tuple[DraDevice, ...]]:
+def _slice(obj: dict) -> tuple[str, PublishedSlice]:
     return obj["metadata"]["name"], read_resource_slice(obj)
 
 
@@ -54,14 +55,16 @@ class DraWatch:
             "ResourceSlices",
         )
         self._claims: dict[tuple[str, str], tuple[Allocated, ...]] = {}
+        self._read: set[tuple[str, str]] = set()  # claims read (allocated or not)
+        self._wanted: set[tuple[str, str]] = set()
 
     def current(self) -> DraView | None:
         """None until the node's ResourceSlices were listed."""
         slices = self.slices.current()
         if slices is None:
             return None
-        devices = {(d.driver, d.pool, d.name): d for ds in slices.values() for d in ds}
-        return DraView(devices, dict(self._claims))
+        unknown = len(self._wanted - self._read)
+        return dra_view(slices.values(), dict(self._claims), unknown)
 
     async def run(self) -> None:
         await asyncio.gather(self.slices.run(), self._follow_claims())
@@ -84,12 +87,15 @@ class DraWatch:
             return  # nothing to ask for, or the version the server serves not known yet
         wanted = {(meta.namespace, claim) for meta in pods.values() for claim in meta.claims}
         self._claims = {k: v for k, v in self._claims.items() if k in wanted}
+        self._read &= wanted
+        self._wanted = wanted
         version = self.slices.path.split("/")[3]  # the version the server serves
         for namespace, name in sorted(wanted - set(self._claims)):
             path = f"/apis/resource.k8s.io/{version}/namespaces/{namespace}/resourceclaims/{name}"
             async with self.api.request("GET", path, REQUEST_TIMEOUT_SECONDS) as r:
                 if r.status == 404:
-                    continue  # gone, or not made yet
+                    self._read.add((namespace, name))  # gone: it holds no device
+                    continue
                 if r.status != 200:
                     raise RuntimeError(f"GET ResourceClaim {namespace}/{name}: HTTP {r.status}")
                 obj = await r.json()
@@ -97,6 +103,7 @@ class DraWatch:
                 allocated = read_claim_allocation(obj)
             except ParseError as err:
                 log.warning("ResourceClaim %s/%s: %s", namespace, name, err)
-                continue
+                continue  # what it holds stays unknown
+            self._read.add((namespace, name))
             if allocated is not None:  # allocations do not change once made
                 self._claims[(namespace, name)] = allocated

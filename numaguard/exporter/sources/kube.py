@@ -42,8 +42,9 @@ class WatchExpired(Exception):
 
 def pod_meta(pod: dict) -> tuple[str, PodMeta]:
     """A pod object -> (uid, PodMeta) with container id (without runtime prefix) -> name,
-    and its ResourceClaims: a claim named in the pod (``resourceClaimName``) or made for
-    it from a template (named in ``status.resourceClaimStatuses`` once made)."""
+    and its ResourceClaims: a claim named in the pod (``resourceClaimName``), made for it
+    from a template (named in ``status.resourceClaimStatuses`` once made), or made by the
+    scheduler for its extended resources (``status.extendedResourceClaimStatus``)."""
     containers: dict[str, str] = {}
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
@@ -63,6 +64,14 @@ def pod_meta(pod: dict) -> tuple[str, PodMeta]:
         name = claim.get("resourceClaimName") or made.get(claim.get("name"))
         if name:  # a template's claim not made yet has no devices yet
             claims[name] = tuple(users.get(claim.get("name"), ()))
+    # the claim the scheduler made for extended resources a DeviceClass maps (1.34 on)
+    extended = status.get("extendedResourceClaimStatus") or {}
+    if isinstance(extended, dict) and isinstance(extended.get("resourceClaimName"), str):
+        mappings = extended.get("requestMappings") or ()
+        names = {m.get("containerName") for m in mappings if isinstance(m, dict)}
+        claims[extended["resourceClaimName"]] = tuple(
+            sorted(n for n in names if isinstance(n, str))
+        )
     meta = pod["metadata"]
     request = (meta.get("annotations") or {}).get(REQUEST_ANNOTATION, "")
     request = request if isinstance(request, str) and REQUEST.fullmatch(request) else ""

@@ -16,6 +16,7 @@ class Profile:
     memory_slices: int  # of 8
     sm_count: int
     memory_mib: int
+    placements: tuple[int, ...]  # the memory slices a GPU instance of it may start at
 
     @property
     def index(self) -> int:
@@ -48,8 +49,18 @@ class Model:
         raise ValueError(f"{self.name} has no MIG profile {name}")
 
 
+# Where a GPU instance may start, by its memory slices, on the 8-slice GPUs below (the MIG
+# user guide's placement tables; nvmlDeviceGetGpuInstancePossiblePlacements_v2): a 1g of
+# one slice anywhere but the last, of two on even slices, a 2g on 0, 2 or 4, a 3g on 0 or
+# 4, a 4g and a 7g on 0 only.
+_STARTS = {(1, 1): range(7), (1, 2): range(0, 8, 2), (2, 2): range(0, 6, 2), (3, 4): (0, 4)}
+
+
 def _profiles(*rows: tuple[str, int, int, int, int]) -> tuple[Profile, ...]:
-    return tuple(Profile(*row) for row in rows)
+    def starts(name: str, memory_slices: int) -> tuple[int, ...]:
+        return tuple(_STARTS.get((int(name.split("g.")[0]), memory_slices), (0,)))
+
+    return tuple(Profile(*row, starts(row[0], row[2])) for row in rows)
 
 
 # Geometry per docs/design.md (Signals); SM counts as the drivers report them.

@@ -105,10 +105,36 @@ class FakeGpu:
     mig: list[FakeSlice] | None = None  # None: MIG off
     processes: list[Process] = field(default_factory=list)
     slices_made: int = 0  # a MIG device's UUID is never given twice, as the driver does
+    instances_made: int = 0  # nor a GPU instance id
 
     @property
     def memory_total_bytes(self) -> int:
         return self.model.memory_mib * MIB
+
+
+def _layout(profiles: list[Profile], taken: set[int]) -> list[int] | None:
+    """A start for each profile, in order, on memory slices none other takes (the
+    lowest first, as mig-parted's layouts put them); None when they cannot all fit."""
+    if not profiles:
+        return []
+    first, *rest = profiles
+    for start in first.placements:
+        mine = set(range(start, start + first.memory_slices))
+        if start + first.memory_slices <= 8 and not mine & taken:
+            others = _layout(rest, taken | mine)
+            if others is not None:
+                return [start, *others]
+    return None
+
+
+def _free(gpu: FakeGpu, start: int, size: int) -> bool:
+    """Memory slices start..start+size-1 exist and no instance of the GPU holds one."""
+    taken = {
+        i
+        for s in gpu.mig or []
+        for i in range(s.placement_start, s.placement_start + s.profile.memory_slices)
+    }
+    return start + size <= 8 and not taken & set(range(start, start + size))
 
 
 class FakeNvml:
@@ -171,24 +197,43 @@ class FakeNvml:
             gpu.mig = None
             return []
         gpu.activity.set(**dict.fromkeys(gpu.activity.rates, 0.0))  # busy only through slices
-        start = 0
-        slices = []
-        used_ids = {s.gi_id for s in gpu.mig or []}
-        next_id = max(used_ids, default=0) + 1
-        for i, name in enumerate(profiles):
-            profile = gpu.model.profile(name)
-            if uuids:
-                uuid = uuids[i]
-            else:
-                gpu.slices_made += 1
-                uuid = f"MIG-{_uuid(0x316, self.node_id, gpu_index << 16 | gpu.slices_made)}"
-            slices.append(FakeSlice(profile, next_id, 0, start, uuid, Activity(self.clock)))
-            start += profile.memory_slices
-            next_id += 1
-        if start > 8:
+        starts = _layout([gpu.model.profile(name) for name in profiles], set())
+        if starts is None:
             raise ValueError(f"profiles {profiles} do not fit one GPU")
-        gpu.mig = slices
-        return slices
+        gpu.mig = []
+        for i, (name, start) in enumerate(zip(profiles, starts, strict=True)):
+            self.make_slice(gpu_index, name, start, uuids[i] if uuids else None)
+        return gpu.mig
+
+    def make_slice(
+        self, gpu_index: int, profile_name: str, start: int, uuid: str | None = None
+    ) -> FakeSlice:
+        """Create one GPU instance of ``profile_name`` at memory slice ``start`` (MIG
+        on), as NVIDIA's DRA driver does when it prepares a DynamicMIG claim; refused,
+        as by NVML, where the profile may not start or a slice is taken."""
+        gpu = self.gpus[gpu_index]
+        profile = gpu.model.profile(profile_name)
+        if gpu.mig is None or start not in profile.placements:
+            raise ValueError(f"no {profile_name} can start at memory slice {start}")
+        if not _free(gpu, start, profile.memory_slices):
+            raise ValueError(f"memory slices {start}+{profile.memory_slices} are taken")
+        if uuid is None:
+            gpu.slices_made += 1
+            uuid = f"MIG-{_uuid(0x316, self.node_id, gpu_index << 16 | gpu.slices_made)}"
+        gpu.instances_made += 1  # a new instance id, never one given before
+        made = FakeSlice(profile, gpu.instances_made, 0, start, uuid, Activity(self.clock))
+        gpu.mig.append(made)
+        return made
+
+    def destroy_slice(self, gpu_index: int, uuid: str) -> None:
+        """Destroy a GPU instance; refused while processes run on it, as NVML's
+        nvmlGpuInstanceDestroy answers NVML_ERROR_IN_USE."""
+        gpu = self.gpus[gpu_index]
+        (gone,) = (s for s in gpu.mig or [] if s.uuid == uuid)
+        if gone.processes:
+            raise N.NVMLError(N.NVML_ERROR_IN_USE)
+        _add_slices(gpu.activity.integrals, gpu, [gone])
+        gpu.mig = [s for s in gpu.mig or [] if s is not gone]
 
     def fail(self, function: str, gpu: int | None = None, code: int = N.NVML_ERROR_UNKNOWN):
         """Make C function ``function`` return ``code`` (for GPU index ``gpu``, or any)."""
