@@ -79,12 +79,15 @@ def dra_job() -> dict:
 
 
 def holder(got) -> dict | None:
-    """The labels of the dra-job pod's holder series."""
+    """The labels of the dra-job pod's holder series, once found through its claim (its
+    process on the slice may name it first: claims are fetched every few seconds)."""
     return next(
         (
             dict(k[1])
             for k in got
-            if k[0] == "numaguard_gpu_holder_info" and dict(k[1])["pod"].startswith("dra-job")
+            if k[0] == "numaguard_gpu_holder_info"
+            and dict(k[1])["pod"].startswith("dra-job")
+            and dict(k[1])["source"] == "claim"
         ),
         None,
     )
@@ -186,3 +189,120 @@ async def test_an_older_api_server_is_read_in_the_version_it_serves(control_plan
         claims = [e.path for e in proxy.log if "resourceclaims" in e.path]
         assert claims and all("/v1beta1/namespaces/default/" in p for p in claims)
         assert watch.current().allocations == {}
+
+
+def mig_pod(name: str, claim_name: str) -> dict:
+    container = {
+        "name": "main",
+        "image": "registry.example/main:1.0",
+        "resources": {"claims": [{"name": "gpu"}]},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {
+            "containers": [container],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            "nodeSelector": {"kubernetes.io/hostname": DYNAMIC_NODE},
+            "automountServiceAccountToken": False,
+        },
+    }
+
+
+def mig_claim(name: str, profile: str) -> dict:
+    request = {"deviceClassName": dra.MIG_CLASS, "selectors": [dra.profile_selector(profile)]}
+    return {
+        "apiVersion": dra.API,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "mig", "exactly": request}]}},
+    }
+
+
+DYNAMIC_NODE = "dynamic-mig-node"
+
+
+async def test_the_exporter_says_what_mig_slices_the_scheduler_will_still_allocate(
+    control_plane,
+):
+    """GPU 7 under NVIDIA's DynamicMIG (v25.12, its counters in a slice of their own): pods
+    ask for MIG profiles one after another; before each, the exporter's free count for
+    the profile says whether the real scheduler will allocate it from the counters, and
+    it says 0 before the scheduler first refuses. Each slice allocated is made on the
+    node as the driver prepares the claim, and the cross-check finds nothing amiss."""
+    cp = control_plane
+    host, nvml = presets.gpu_node()
+    host.pods = []
+    nvml.set_mig(7, [])  # MIG on, nothing made: DynamicMIG makes slices as claims come
+    gpu = nvml.gpus[7]
+    ids = {"node": DYNAMIC_NODE, "driver": dra.DRIVER, "counter_set": "gpu-7-counter-set"}
+    ids["gpu_uuid"] = gpu.uuid
+
+    def key(name: str, **labels: str):
+        return name, frozenset((ids | labels).items())
+
+    async with one_node(cp, host, nvml, DYNAMIC_NODE, policy="none") as (sim, url):
+        s = sim.session
+        with contextlib.suppress(ApiError):  # another cluster of this session made it
+            await cp.create(s, dra.device_class(dra.MIG_CLASS, "mig"))
+        published = dra.resource_slices(DYNAMIC_NODE, nvml, [7], dynamic=True)
+        try:
+            for obj in published:
+                await cp.create(s, obj)
+            await sim.ensure_namespace("ml")
+            sms = 0  # what the claims allocated so far take
+            refused = None
+            asked = ["2g.20gb", "3g.40gb", *["1g.10gb"] * 6]
+            for step, profile in enumerate(asked):
+
+                def said(got, profile=profile, sms=sms):
+                    consumed = key(
+                        "numaguard_dra_counter", counter="multiprocessors", state="consumed"
+                    )
+                    amiss = key(
+                        "numaguard_dra_counter_mismatch_slices", kind="claimed_without_instance"
+                    )
+                    free = key("numaguard_gpu_mig_profiles_free", mig_profile=profile)
+                    caught_up = got.get(consumed) == sms and got.get(amiss) == 0
+                    return (got[free],) if caught_up and free in got else None  # 0 is news
+
+                _, (free,) = await scrape_until(url, said)
+                name = f"mig-{step}"
+                await cp.create(s, mig_claim(name, profile))
+                await cp.create(s, mig_pod(name, name))
+
+                async def decided(name=name):
+                    pod = await cp.get(s, "Pod", "ml", name)
+                    conditions = {c["type"]: c for c in pod["status"].get("conditions", [])}
+                    scheduled = conditions.get("PodScheduled", {})
+                    if (
+                        scheduled.get("status") == "False"
+                        and scheduled.get("reason") == "Unschedulable"
+                    ):
+                        return "refused"
+                    return "running" if sim.running(name) else None
+
+                outcome = await until(decided, f"the scheduler decided on {name}", 120)
+                assert outcome == ("running" if free else "refused"), (profile, free)
+                if outcome == "refused":
+                    claim = await cp.get(s, "ResourceClaim", "ml", name)
+                    assert not claim.get("status", {}).get("allocation")
+                    refused = profile
+                    break
+                sms += gpu.model.profile(profile).sm_count
+            assert refused == "1g.10gb", "the scheduler never refused: the GPU was not filled"
+            # what the scheduler placed is what NVML now has, slice for slice
+            made = sorted((sl.profile.name, sl.placement_start) for sl in gpu.mig)
+            allocated = []
+            for step in range(len(made)):
+                claim = await cp.get(s, "ResourceClaim", "ml", f"mig-{step}")
+                (result,) = claim["status"]["allocation"]["devices"]["results"]
+                allocated.append(result["device"])
+            assert sorted(allocated) == sorted(
+                dra.mig_name(7, gpu.model.profile(p), st) for p, st in made
+            )
+        finally:
+            for obj in published:
+                name = obj["metadata"]["name"]
+                await cp.request(s, "DELETE", f"/apis/{dra.API}/resourceslices/{name}")

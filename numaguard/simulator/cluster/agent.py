@@ -15,8 +15,11 @@ from datetime import UTC, datetime
 import aiohttp
 
 from numaguard.exporter.readers import format_id_list, parse_id_list
+from numaguard.exporter.readers.dra import read_claim_allocation
+from numaguard.exporter.sources.kube import pod_meta
 from numaguard.simulator.cluster.manifests import parse_quantity
 from numaguard.simulator.cluster.node import SimNode, admit, advertised, first_touch, free_cpus
+from numaguard.simulator.fakes import dra
 from numaguard.simulator.fakes.host import FakeContainer, FakePod
 from numaguard.simulator.fakes.nvml import FakeGpu, FakeSlice, Process
 from numaguard.simulator.parts.controlplane import ApiError
@@ -187,7 +190,7 @@ class NodeAgent:
             preset.uid = uid
             self._start_pod(node, preset)
         else:
-            placed = self._place(node, pod)
+            placed = self._place(node, pod, await self._prepare(node, pod))
             if placed is None:
                 status = {
                     "phase": "Failed",
@@ -275,9 +278,29 @@ class NodeAgent:
         node.host.pods.append(pod)
         node.write()
 
-    def _place(self, node: SimNode, obj: dict) -> FakePod | None:
+    async def _prepare(self, node: SimNode, pod: dict) -> list[FakeGpu | FakeSlice]:
+        """The devices the pod's ResourceClaims were allocated on this node, as NVIDIA's
+        DRA kubelet plugin prepares them: a DynamicMIG slice made now (and destroyed
+        when the pod stops)."""
+        _, meta = pod_meta(pod)
+        units = []
+        for name in meta.claims:
+            claim = await self.cp.get(self.session, "ResourceClaim", meta.namespace, name)
+            for allocated in read_claim_allocation(claim or {}) or ():
+                if (allocated.driver, allocated.pool) != (dra.DRIVER, node.name):
+                    continue
+                there = {s.uuid for g in node.nvml.gpus for s in g.mig or []}
+                unit = dra.prepare(node.nvml, allocated.device)
+                if isinstance(unit, FakeSlice) and unit.uuid not in there:
+                    self._made.setdefault(pod["metadata"]["uid"], []).append(unit.uuid)
+                if unit is not None:
+                    units.append(unit)
+        return units
+
+    def _place(self, node: SimNode, obj: dict, claimed=()) -> FakePod | None:
         """Admit a pod as the kubelet would: exclusive CPUs and devices by policy, its
-        memory where its CPUs first touch it; its GPU job started."""
+        memory where its CPUs first touch it; its GPU job started, on its claims'
+        devices (``claimed``) too."""
         container = obj["spec"]["containers"][0]
         requests = container.get("resources", {}).get("requests", {})
         limits = container.get("resources", {}).get("limits", {})
@@ -308,7 +331,7 @@ class NodeAgent:
                         c.cpus = format_id_list(parse_id_list(c.cpus) - cpus)
         node.host.pods.append(pod)
         workload = (meta.get("labels") or {}).get("app", meta["name"])
-        self._run(node, pod, units, workload)
+        self._run(node, pod, [*units, *claimed], workload)
         node.write()
         return pod
 
@@ -319,6 +342,11 @@ class NodeAgent:
                 if any(p.pid in pids for p in unit.processes):
                     unit.processes = [p for p in unit.processes if p.pid not in pids]
                     unit.activity.set(**dict.fromkeys(unit.activity.rates, 0.0))
+        for uuid in self._made.pop(pod.uid, ()):  # the driver unprepares its claims
+            (index,) = (
+                i for i, g in enumerate(node.nvml.gpus) if uuid in {s.uuid for s in g.mig or []}
+            )
+            node.nvml.destroy_slice(index, uuid)
         node.host.pods.remove(pod)
         node.write()
 

@@ -16,6 +16,8 @@ GPU (at most 128 devices a slice).
 
 from __future__ import annotations
 
+import re
+
 from numaguard.exporter.readers.dra import DraView, dra_view, read_resource_slice
 from numaguard.simulator.fakes.gpu_models import Profile
 from numaguard.simulator.fakes.nvml import FakeGpu, FakeNvml, FakeSlice
@@ -36,6 +38,32 @@ def device_name(index: int, unit: FakeGpu | FakeSlice, generation: str = "v25.12
     if isinstance(unit, FakeGpu):
         return f"gpu-{index}"
     return mig_name(index, unit.profile, unit.placement_start, generation)
+
+
+_NAMES = re.compile(r"gpu-(\d+)(?:-mig-[0-9a-z+-]+?-(\d+)-(\d+))?")
+
+
+def prepare(nvml: FakeNvml, device: str) -> FakeGpu | FakeSlice | None:
+    """What the driver's kubelet plugin does when a claim allocated ``device`` (a
+    v25.12 name) is prepared: the GPU, the MIG slice at that placement, made at once
+    under DynamicMIG when there is none. None: not a device of this node's GPUs."""
+    m = _NAMES.fullmatch(device)
+    if m is None or int(m[1]) >= len(nvml.gpus):
+        return None
+    index = int(m[1])
+    gpu = nvml.gpus[index]
+    if m[2] is None:
+        return gpu
+    profile = next((p for p in gpu.model.profiles if p.id == int(m[2])), None)
+    start = int(m[3])
+    if profile is None:
+        return None
+    made = next((s for s in gpu.mig or [] if s.placement_start == start), None)
+    if made is not None:
+        return made if made.profile == profile else None
+    if gpu.mig is None:
+        nvml.set_mig(index, [])  # the driver turns MIG mode on
+    return nvml.make_slice(index, profile.name, start)
 
 
 def counter_set(index: int) -> str:

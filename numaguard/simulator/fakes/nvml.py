@@ -186,10 +186,15 @@ class FakeNvml:
         return gpu
 
     def set_mig(
-        self, gpu_index: int, profiles: list[str] | None, uuids: list[str] | None = None
+        self,
+        gpu_index: int,
+        profiles: list[str] | None,
+        uuids: list[str] | None = None,
+        starts: list[int] | None = None,
     ) -> list[FakeSlice]:
         """Re-partition a GPU (None: MIG off). New GPU instance ids and new UUIDs, as
-        the driver gives (``uuids``: those another fake gave, to show the same node)."""
+        the driver gives (``uuids`` and ``starts``: those another fake gave, to show the
+        same node)."""
         gpu = self.gpus[gpu_index]
         # GPU counters never go back: what the old slices did stays in the GPU's own
         _add_slices(gpu.activity.integrals, gpu, gpu.mig or [])
@@ -197,7 +202,7 @@ class FakeNvml:
             gpu.mig = None
             return []
         gpu.activity.set(**dict.fromkeys(gpu.activity.rates, 0.0))  # busy only through slices
-        starts = _layout([gpu.model.profile(name) for name in profiles], set())
+        starts = starts or _layout([gpu.model.profile(name) for name in profiles], set())
         if starts is None:
             raise ValueError(f"profiles {profiles} do not fit one GPU")
         gpu.mig = []
@@ -247,7 +252,8 @@ class FakeNvml:
     def from_description(cls, text: str, clock: Callable[[], float] = time.monotonic):
         """A node from JSON: ``{"node_id", "branch", "gpus": [{"model", "numa_node", "mig":
         [profiles], "activity": {...}, "memory_used_bytes", "processes": [{"pid",
-        "used_bytes"}], "slices": [{"uuid", "activity", "memory_used_bytes", "processes"}]}]}``
+        "used_bytes"}], "slices": [{"uuid", "start", "activity", "memory_used_bytes",
+        "processes"}]}]}``
         (``branch``: a name in BRANCHES, R580 when absent)."""
         d = json.loads(text)
         nvml = cls(clock, d.get("node_id", 0), BRANCHES[d.get("branch", "R580")])
@@ -262,12 +268,14 @@ class FakeNvml:
         carry on)."""
         for i, (gpu, g) in enumerate(zip(self.gpus, json.loads(text)["gpus"], strict=True)):
             described = [sd["uuid"] for sd in g.get("slices", []) if "uuid" in sd]
+            starts = [sd["start"] for sd in g.get("slices", []) if "start" in sd]
             if (
                 [s.profile.name for s in gpu.mig or []] != (g.get("mig") or [])
                 or (gpu.mig is None) != (g.get("mig") is None)
                 or (described and described != [s.uuid for s in gpu.mig or []])
+                or (starts and starts != [s.placement_start for s in gpu.mig or []])
             ):
-                self.set_mig(i, g.get("mig"), described or None)
+                self.set_mig(i, g.get("mig"), described or None, starts or None)
             _set_rates(gpu.activity, g.get("activity", {}))
             gpu.memory_used_bytes = g.get("memory_used_bytes", 0)
             gpu.processes = [Process(**p) for p in g.get("processes", [])]
@@ -311,6 +319,7 @@ class FakeNvml:
                 d["slices"] = [
                     {
                         "uuid": s.uuid,
+                        "start": s.placement_start,
                         "activity": s.activity.rates,
                         "memory_used_bytes": s.memory_used_bytes,
                         "processes": [vars(p) for p in s.processes],
