@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numaguard.remediator.core import queries as q
-from numaguard.remediator.core.actions import PodInfo
+from numaguard.remediator.core.actions import DRA, PodInfo
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
+from numaguard.remediator.core.claims import ClaimRef, claim_profile, template_name, with_profile
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Detection, FindingState, smallest_fit, update
 from numaguard.remediator.core.guards import GUARDS
@@ -1039,3 +1040,130 @@ def test_a_finding_that_cannot_be_planned_refuses_only_itself(monkeypatch):
     assert [(r.finding.pod, r.guard, r.detail) for r in result.refusals] == [
         ("a", "internal", "not planned: KeyError('numa_node')")
     ]
+
+
+# -- MIG slices through DRA claims ---------------------------------------------------------
+
+
+def claim_spec(profile: str, quote: str = '"') -> dict:
+    expression = (
+        f"device.attributes[{quote}gpu.nvidia.com{quote}].profile == {quote}{profile}{quote}"
+    )
+    request = {
+        "deviceClassName": "mig.nvidia.com",
+        "selectors": [{"cel": {"expression": expression}}],
+    }
+    return {"devices": {"requests": [{"name": "mig", "exactly": request}]}}
+
+
+def test_a_claim_s_profile_is_read_and_swapped_and_nothing_else_changes():
+    for quote in ('"', "'"):
+        spec = claim_spec("3g.40gb", quote)
+        spec["devices"]["constraints"] = [{"matchAttribute": "gpu.nvidia.com/parentUUID"}]
+        assert claim_profile(spec) == "3g.40gb"
+        swapped = with_profile(spec, "3g.40gb", "1g.10gb")
+        assert claim_profile(swapped) == "1g.10gb" and claim_profile(spec) == "3g.40gb"
+        expression = swapped["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]
+        assert (
+            expression["expression"]
+            == claim_spec("1g.10gb", quote)["devices"]["requests"][0]["exactly"]["selectors"][0][
+                "cel"
+            ]["expression"]
+        )
+        assert swapped["devices"]["constraints"] == spec["devices"]["constraints"]
+    # by capacity, or two profiles at once: no one profile to resize from
+    by_size = {
+        "cel": {
+            "expression": "device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity('10Gi'))"
+        }
+    }
+    spec = claim_spec("1g.10gb")
+    assert (
+        claim_profile(
+            {"devices": {"requests": [{"name": "x", "exactly": {"selectors": [by_size]}}]}}
+        )
+        == ""
+    )
+    spec["devices"]["requests"].append(claim_spec("2g.20gb")["devices"]["requests"][0])
+    assert claim_profile(spec) == ""
+    assert claim_profile({}) == "" and claim_profile({"devices": {"requests": [None]}}) == ""
+    assert template_name("infer", "1g.10gb") == "infer-mig-1g-10gb"
+    assert template_name("x" * 300, "1g.10gb+me").endswith("-mig-1g-10gb-me")
+    assert len(template_name("x" * 300, "1g.10gb+me")) <= 253
+
+
+def dra_infer(**kw) -> PodInfo:
+    """infer on a 3g.40gb slice it gets through a claim (from a template, by default)."""
+    claim = ClaimRef("gpu", template="infer-mig", profile="3g.40gb")
+    kw = {"claims": (claim,), "resources": frozenset({DRA}), **kw}
+    return replace(opted_in_infer(), **kw)
+
+
+def dra_sizing(**profiles_free) -> Signals:
+    rows = sizing_rows(sm=0.1, memory_gib=6)
+    rows["holders"][0]["resource"] = "gpu.nvidia.com"
+    free = [
+        {"node": "n2", "gpu_uuid": "GPU-9", "mig_profile": p.replace("_", "."), "value": v}
+        for p, v in profiles_free.items()
+    ]
+    return signals(**merge(healthy("n1", "n2"), rows, {"mig_profiles_free": free}))
+
+
+def test_a_slice_from_a_claim_template_is_resized_where_counters_leave_room():
+    pod = dra_infer()
+    result = run(dra_sizing(**{"1g_10gb": 2}), [pod])
+    assert [(a.kind, a.finding.recommended) for a in result.actions] == [("resize", "1g.10gb")]
+    assert not result.refusals
+    # no GPU's counters leave room for one: no_fit, named
+    result = run(dra_sizing(**{"2g_20gb": 1}), [pod])
+    assert [(r.guard, r.detail) for r in result.refusals] == [
+        ("no_fit", "no GPU's DRA counters leave room for a 1g.10gb")
+    ]
+    # a shared claim is other pods' too: refused by name
+    shared = ClaimRef("gpu", claim="team-gpu", profile="3g.40gb")
+    result = run(dra_sizing(**{"1g_10gb": 2}), [dra_infer(claims=(shared,))])
+    assert [(r.guard, r.detail) for r in result.refusals] == [
+        ("shared_claim", "its slice is ResourceClaim team-gpu's, which other pods may share")
+    ]
+    # a claim of another profile is no evidence the pod holds this one
+    other = ClaimRef("gpu", template="t", profile="7g.80gb")
+    result = run(dra_sizing(**{"1g_10gb": 2}), [dra_infer(claims=(other,))])
+    assert [r.guard for r in result.refusals] == ["evidence_mismatch"]
+    # an exporter gone stale says nothing of its counters
+    stale = dra_sizing(**{"1g_10gb": 2})
+    stale = signals(
+        **merge(
+            healthy("n1"),
+            {
+                k: v.to_dict("records")
+                for k, v in stale.frames.items()
+                if k not in ("targets_up", "collector_age", "collector_success")
+            },
+        )
+    )
+    assert [r.guard for r in run(stale, [pod]).refusals] == ["no_fit"]
+
+
+def test_one_cycle_places_one_resize_per_counted_room():
+    """Two pods resized to 1g.10gb; the node's counters leave room for one: the other
+    is refused this cycle, not sent to the same placement."""
+    first = dra_infer()
+    second = replace(
+        dra_infer(), uid="uid-infer-2", name="infer-2", workload="Deployment/ml/infer-2"
+    )
+    sig = dra_sizing(**{"1g_10gb": 1})
+    rows = {k: v.to_dict("records") for k, v in sig.frames.items()}
+    for name in (
+        "slice_sm",
+        "slice_sm_peak",
+        "slice_memory_peak",
+        "slice_memory_total",
+        "slice_age",
+    ):
+        rows[name] += [dict(r, mig_uuid="MIG-2") for r in rows[name]]
+    rows["holders"] += [
+        dict(rows["holders"][0], mig_uuid="MIG-2", pod="infer-2", pod_uid="uid-infer-2")
+    ]
+    result = run(signals(**rows), [first, second])
+    assert [a.kind for a in result.actions] == ["resize"]
+    assert [r.guard for r in result.refusals] == ["no_fit"]

@@ -28,6 +28,11 @@ STEER_ANNOTATION = "numaguard.io/steer"
 
 # -- on numaguard's own objects -----------------------------------------------------------
 
+# on a ResourceClaimTemplate a MIG resize made: "true", and the name of the template it
+# replaced, deleted once no pod or workload uses it any more
+RESIZED_LABEL = "numaguard.io/resized"
+REPLACES_ANNOTATION = "numaguard.io/replaces"
+
 # on the webhook configuration: webhook name -> {"workload": ..., "until": ...}
 STEERING_ANNOTATION = "numaguard.io/steering"
 PAUSE_ANNOTATION = "numaguard.io/paused"  # on the Lease: no replica acts while "true"

@@ -28,10 +28,18 @@ from typing import Protocol
 from numaguard.contract.names import (
     HISTORY_ANNOTATION,
     PENDING_LABEL,
+    REPLACES_ANNOTATION,
     REQUEST_ANNOTATION,
+    RESIZED_LABEL,
     mig_resource,
 )
 from numaguard.remediator.core.actions import Action, PodInfo, Refusal
+from numaguard.remediator.core.claims import (
+    RESOURCE_API,
+    claim_profile,
+    template_name,
+    with_profile,
+)
 from numaguard.remediator.core.guards import HISTORY_OWNERS
 from numaguard.remediator.core.history import DONE, WorkloadHistory
 from numaguard.remediator.core.kinds import MIGRATE_MEMORY
@@ -280,14 +288,18 @@ class Actuator:
     async def _resize(
         self, pod: PodInfo, old: str, new: str, intent: WorkloadHistory | None
     ) -> str:
-        """Swap nvidia.com/mig-<old> for nvidia.com/mig-<new> in the owner's pod template,
-        with the history recording it in the same write."""
+        """Swap the owner's pod template from slices of ``old`` to ``new``, with the
+        history recording it in the same write: nvidia.com/mig-<old> for
+        nvidia.com/mig-<new> in its containers, or, where its pods get the slice from a
+        ResourceClaimTemplate, a new template asking for ``new`` in place of the old."""
         kind, namespace, name = pod.workload.split("/")
         path = f"/apis/apps/v1/namespaces/{namespace}/{HISTORY_OWNERS[kind]}/{name}"
         answer = await self.kube.get(path)
         if not answer.ok:
             return "gone" if answer.status == 404 else "failed"
-        containers = answer.body["spec"]["template"]["spec"]["containers"]
+        workload = answer.body
+        spec = workload["spec"]["template"]["spec"]
+        containers = spec["containers"]
         before, after = mig_resource(old), mig_resource(new)
         changed = False
         for c in containers:
@@ -297,14 +309,115 @@ class Actuator:
                     values[after] = values.pop(before)
                     c["resources"][part] = values
                     changed = True
+        template = {"containers": containers}
         if not changed:
-            return "failed"  # the template no longer asks for that profile
-        meta = {"resourceVersion": answer.body["metadata"]["resourceVersion"]}
+            claims = await self._claim_template_swapped(workload, old, new)
+            if claims is None:
+                return "failed"  # the template no longer asks for that profile
+            template = {"resourceClaims": claims}
+        meta = {"resourceVersion": workload["metadata"]["resourceVersion"]}
         if intent is not None:
             meta.update(_history_metadata(intent))
-        patch = {"metadata": meta, "spec": {"template": {"spec": {"containers": containers}}}}
+        patch = {"metadata": meta, "spec": {"template": {"spec": template}}}
         patched = await self.writer.patch(path, patch)
         return "resized" if patched.ok else "failed"
+
+    async def _claim_template_swapped(self, workload: dict, old: str, new: str) -> list | None:
+        """The workload's pod template's resourceClaims with the one from a template
+        selecting ``old`` pointed at a new template selecting ``new`` — made here (a
+        template's spec is immutable), owned by the workload; None when none selects
+        ``old`` or the new template cannot be made."""
+        meta = workload["metadata"]
+        namespace = meta["namespace"]
+        claims = workload["spec"]["template"]["spec"].get("resourceClaims") or []
+        templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+        for entry in claims:
+            was = entry.get("resourceClaimTemplateName")
+            if not was:
+                continue
+            answer = await self.kube.get(f"{templates}/{was}")
+            spec = (answer.body.get("spec") or {}) if answer.ok else {}
+            if claim_profile(spec.get("spec") or {}) != old:
+                continue
+            made = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {
+                    "name": template_name(meta["name"], new),
+                    "namespace": namespace,
+                    "labels": {RESIZED_LABEL: "true"},
+                    "annotations": {REPLACES_ANNOTATION: was},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": workload.get("apiVersion", "apps/v1"),
+                            "kind": workload.get("kind", "Deployment"),
+                            "name": meta["name"],
+                            "uid": meta["uid"],
+                        }
+                    ],
+                },
+                "spec": {**spec, "spec": with_profile(spec["spec"], old, new)},
+            }
+            created = await self.writer.post(templates, made)
+            if created.status == 409:  # an earlier try made it: used only if it is this
+                existing = await self.kube.get(f"{templates}/{made['metadata']['name']}")
+                if not existing.ok or existing.body.get("spec") != made["spec"]:
+                    return None
+            elif not created.ok:
+                log.warning("creating ResourceClaimTemplate: HTTP %s", created.status)
+                return None
+            entry["resourceClaimTemplateName"] = made["metadata"]["name"]
+            return claims
+        return None
+
+    async def collect_templates(self) -> list[str]:
+        """Delete the templates resizes replaced once nothing uses them: no pod, and no
+        workload that makes pods (a ReplicaSet scaled to 0 keeps its template only for a
+        rollback). Returns the namespace/names deleted."""
+        listed = await self.kube.get(
+            f"{RESOURCE_API}/resourceclaimtemplates", labelSelector=f"{RESIZED_LABEL}=true"
+        )
+        if not listed.ok:
+            return []
+        deleted = []
+        for made in listed.body.get("items") or ():
+            namespace = made["metadata"]["namespace"]
+            was = (made["metadata"].get("annotations") or {}).get(REPLACES_ANNOTATION)
+            if not was or await self._template_in_use(namespace, was):
+                continue
+            path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates/{was}"
+            answer = await self.writer.delete(path, {})
+            if answer.ok:
+                deleted.append(f"{namespace}/{was}")
+                log.info(
+                    "deleted ResourceClaimTemplate %s/%s: a resize replaced it, nothing uses it",
+                    namespace,
+                    was,
+                    extra={"decision": "template_deleted", "namespace": namespace, "name": was},
+                )
+        return deleted
+
+    async def _template_in_use(self, namespace: str, name: str) -> bool:
+        """Whether a pod, or a workload that makes pods, of ``namespace`` uses template
+        ``name``; True when that cannot be read (nothing is deleted on doubt)."""
+
+        def uses(pod_spec: dict | None) -> bool:
+            claims = (pod_spec or {}).get("resourceClaims") or ()
+            return any(c.get("resourceClaimTemplateName") == name for c in claims)
+
+        pods = await self.kube.get(f"/api/v1/namespaces/{namespace}/pods")
+        if not pods.ok or any(uses(p.get("spec")) for p in pods.body.get("items") or ()):
+            return True
+        for kind in ("deployments", "statefulsets", "replicasets"):
+            listed = await self.kube.get(f"/apis/apps/v1/namespaces/{namespace}/{kind}")
+            if not listed.ok:
+                return True
+            for w in listed.body.get("items") or ():
+                making = kind != "replicasets" or (w["spec"].get("replicas") or 0) > 0
+                making = making or ((w.get("status") or {}).get("replicas") or 0) > 0
+                if making and uses((w["spec"].get("template") or {}).get("spec")):
+                    return True
+        return False
 
     async def event(
         self, pod: PodInfo | None, reason: str, message: str, kind: str, owner: bool = False

@@ -12,6 +12,7 @@ from datetime import datetime
 from numaguard.contract.names import HISTORY_ANNOTATION, PENDING_LABEL
 from numaguard.remediator.core.actions import DRA, PodInfo
 from numaguard.remediator.core.capacity import Need
+from numaguard.remediator.core.claims import RESOURCE_API, ClaimRef, claim_profile
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.guards import HISTORY_OWNERS
 from numaguard.remediator.core.history import WorkloadHistory
@@ -114,7 +115,28 @@ async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> Po
         placement=placement,
         requests=requests_of(spec),
         selector=selector,
+        claims=await _claims(kube, namespace, spec),
     )
+
+
+async def _claims(kube: Kube, namespace: str, spec: dict) -> tuple[ClaimRef, ...]:
+    """The pod's ResourceClaims, each with the MIG profile its spec selects by name
+    ("" when it selects none, or cannot be read)."""
+    refs = []
+    for entry in spec.get("resourceClaims") or ():
+        template = entry.get("resourceClaimTemplateName") or ""
+        claim = entry.get("resourceClaimName") or ""
+        kind, name = ("resourceclaimtemplates", template) if template else ("resourceclaims", claim)
+        profile = ""
+        if name:
+            answer = await kube.get(f"{RESOURCE_API}/namespaces/{namespace}/{kind}/{name}")
+            if answer.ok:
+                claim_spec = answer.body.get("spec") or {}
+                if template:  # a template's spec holds the claims' spec
+                    claim_spec = claim_spec.get("spec") or {}
+                profile = claim_profile(claim_spec)
+        refs.append(ClaimRef(entry.get("name", ""), template, claim, profile))
+    return tuple(refs)
 
 
 async def _workload(

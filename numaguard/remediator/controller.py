@@ -167,6 +167,7 @@ class Controller:
             if not policy.paused and not policy.dry_run:  # a verification writes its outcome
                 try:
                     await self._verify(report)
+                    await self.actuator.collect_templates()  # those resizes replaced
                 except (ClusterError, SignalsError, *_TRANSPORT) as err:
                     self._failed(report, "verification", str(err) or type(err).__name__)
         m.duration.set(time.monotonic() - started)

@@ -53,6 +53,10 @@ DRY_RUN_API_USE = {
     ("apps", "deployments", "list"),
     ("apps", "statefulsets", "get"),
     ("apps", "statefulsets", "list"),
+    # the MIG profile a pod's ResourceClaims select; list: templates a resize replaced
+    ("resource.k8s.io", "resourceclaims", "get"),
+    ("resource.k8s.io", "resourceclaimtemplates", "get"),
+    ("resource.k8s.io", "resourceclaimtemplates", "list"),
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),
@@ -65,6 +69,9 @@ ENFORCE_API_USE = {
     ("apps", "replicasets", "patch"),
     ("apps", "deployments", "patch"),
     ("apps", "statefulsets", "patch"),
+    # a resize through a claim template: a new template, the old one once unused
+    ("resource.k8s.io", "resourceclaimtemplates", "create"),
+    ("resource.k8s.io", "resourceclaimtemplates", "delete"),
 }
 # the steering component's (run --steer): its own webhook configuration and the webhook's
 # certificate Secret (which the install makes empty), each by name

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from numaguard.remediator.core.claims import ClaimRef
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import DONE, Pending, WorkloadHistory, measured_uid
 from numaguard.remediator.core.kinds import MIGRATE_MEMORY
@@ -45,6 +46,7 @@ class PodInfo:
     # the matchLabels of the controller that makes its replacements (steering finds them
     # by it); empty when its selector has expressions
     selector: dict[str, str] = field(default_factory=dict)
+    claims: tuple[ClaimRef, ...] = ()  # its ResourceClaims, with the profiles they select
 
 
 @dataclass(frozen=True)

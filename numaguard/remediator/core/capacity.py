@@ -76,8 +76,11 @@ class Capacity:
         memory: np.ndarray,
         devices: dict[str, np.ndarray],
         held: dict,
+        placements: dict[str, dict[str, float]] | None = None,
     ) -> None:
         self.zones = zones
+        # node -> MIG profile -> how many more its GPUs' DRA counters allow
+        self.placements = placements or {}
         self.index = {z: i for i, z in enumerate(zones)}
         # each zone's node, as a number (node_names[n]): nodes are picked per finding
         # among thousands of zones, in arrays
@@ -118,12 +121,21 @@ class Capacity:
             free = rows.groupby(key, sort=False)["value"].sum()
             devices[resource] = np.array(free.reindex(index, fill_value=0), dtype=float)
         held = holdings(s, pods)
+        placements: dict[str, dict[str, float]] = {}
+        free = s["mig_profiles_free"]
+        if not free.empty:
+            fresh = free[[not evidence.node_stale(n, ("gpu",)) for n in free["node"]]]
+            for (node, profile), value in (
+                fresh.groupby(["node", "mig_profile"])["value"].sum().items()
+            ):
+                placements.setdefault(node, {})[profile] = float(value)
         return cls(
             list(index),
             np.array(zone_cpus.reindex(index), dtype=float),
             np.array(zone_memory.reindex(index), dtype=float),
             devices,
             held,
+            placements,
         )
 
     def need(self, f: Finding) -> Need:
@@ -181,6 +193,18 @@ class Capacity:
             return None
         found = np.flatnonzero(free > 0)
         return int(found[0]) if found.size else None
+
+    def placement_nodes(self, profile: str) -> list[str]:
+        """The fresh nodes whose GPUs' DRA counters leave room for a ``profile``, the
+        roomiest first."""
+        room = [(-free.get(profile, 0.0), node) for node, free in self.placements.items()]
+        return [node for more, node in sorted(room) if more <= -1]
+
+    def take_placement(self, node: str, profile: str) -> None:
+        """One ``profile`` placed on ``node``: what else fits there is unknown until its
+        exporter says again (a placement may block others), so nothing else does."""
+        left = self.placements[node].get(profile, 0.0) - 1
+        self.placements[node] = dict.fromkeys(self.placements[node], 0.0) | {profile: left}
 
     def take_slice(self, zone: int, profile: str) -> None:
         self.devices[mig_resource(profile)][zone] -= 1

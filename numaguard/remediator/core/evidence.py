@@ -10,6 +10,7 @@ import pandas as pd
 from numaguard.contract import catalogue as c
 from numaguard.contract.names import mig_resource
 from numaguard.remediator.core.answers import Signals
+from numaguard.remediator.core.claims import mechanism
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.kinds import (
     CROSS_NUMA,
@@ -185,8 +186,11 @@ class Evidence:
             wanted = mig_resource(f.profile)
             if (f.node, f.device) not in self.slices:
                 return "evidence_mismatch", f"no slice {f.device} on {f.node}"
-            if wanted not in pod.resources:
-                return "evidence_mismatch", f"the pod does not request {wanted}"
+            how, _ = mechanism(pod.resources, pod.claims, f.profile)
+            if how is None:
+                return "evidence_mismatch", (
+                    f"the pod requests neither {wanted} nor a claim selecting {f.profile}"
+                )
         return None, ""
 
     def _sample_age(self, f: Finding) -> float | None:

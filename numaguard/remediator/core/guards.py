@@ -38,6 +38,7 @@ class Asked:
     now: float
     in_place: bool = False
     taken: Counter[str] | None = None
+    resize: bool = False  # the fix swaps the pod's MIG slice through its owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,7 @@ def _local_storage(a: Asked) -> str | None:
 def _resource_claims(a: Asked) -> str | None:
     # The scheduler allocates claims with no regard to NUMA, and a shared claim keeps
     # its devices: no eviction can be shown to bring the pod back aligned.
-    if DRA in a.pod.resources and not a.in_place:
+    if DRA in a.pod.resources and not a.in_place and not a.resize:
         return "its devices come from DRA ResourceClaims"
     return None
 
@@ -193,6 +194,7 @@ GUARD_LIST = (
     Guard("not_lower_priority", True, where="plan: a noisy neighbour's feeder"),
     Guard("no_free_memory", True, where="planner: the room at the pod's home"),
     Guard("no_fit", True, where="planner: a zone that takes the pod aligned"),
+    Guard("shared_claim", True, where="planner: a resize whose slice is a shared claim's"),
     Guard("cap_cycle", False, _cap_cycle),
     Guard("cap_node", False, _cap_node),
     Guard("cap_namespace", False, _cap_namespace),

@@ -18,6 +18,7 @@ from numaguard.contract.names import AUTO_RESIZE_ANNOTATION, REQUEST_ANNOTATION
 from numaguard.remediator.core.actions import Action, Plan, PodInfo, Refusal
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
+from numaguard.remediator.core.claims import SHARED, TEMPLATE, mechanism
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding, shared_pool_advice
 from numaguard.remediator.core.guards import CAP_GUARDS, POD_GUARDS, Asked, first_refusal
@@ -83,7 +84,15 @@ def plan(
             return
         # the node that would move the pod's memory home in place; None: evict instead
         mover = _mover(finding, pod, evidence, reasons) if intent == "evict" else None
-        asked = Asked(pod, policy, history.get(pod.workload), now, mover is not None, taken)
+        asked = Asked(
+            pod,
+            policy,
+            history.get(pod.workload),
+            now,
+            mover is not None,
+            taken,
+            intent == "resize",
+        )
         guard, detail = first_refusal(POD_GUARDS, asked)
         if guard is None and finding.kind == NOISY_NEIGHBOUR.name:
             feeder = pods.get(finding.feeder_uid)
@@ -103,9 +112,28 @@ def plan(
                 target, steer, detail = _fit(capacity, reach, pod, need)
                 guard = "no_fit" if target is None else None
         elif guard is None and intent == "resize":
-            target = capacity.free_slice(finding.recommended)
-            if target is None:
-                guard, detail = "no_fit", f"no free {finding.recommended} slice in the cluster"
+            how, claim = mechanism(pod.resources, pod.claims, finding.profile)
+            if how == SHARED:
+                guard = "shared_claim"
+                detail = f"its slice is ResourceClaim {claim.claim}'s, which other pods may share"
+            elif how == TEMPLATE:  # a new claim: wherever a GPU's DRA counters leave room
+                target = next(
+                    (
+                        node
+                        for node in capacity.placement_nodes(finding.recommended)
+                        if node in reach.nodes
+                        and pod.placement is not None
+                        and reach.why_not(pod, node) is None
+                    ),
+                    None,
+                )
+                if target is None:
+                    guard = "no_fit"
+                    detail = f"no GPU's DRA counters leave room for a {finding.recommended}"
+            else:
+                target = capacity.free_slice(finding.recommended)
+                if target is None:
+                    guard, detail = "no_fit", f"no free {finding.recommended} slice in the cluster"
         if guard is None:
             guard, detail = first_refusal(CAP_GUARDS, asked)
         if guard is not None:
@@ -124,7 +152,10 @@ def plan(
             detail = f"evict: fits aligned on {node} NUMA node {numa}"
         else:
             steer = ()
-            capacity.take_slice(target, finding.recommended)
+            if how == TEMPLATE:
+                capacity.take_placement(target, finding.recommended)
+            else:
+                capacity.take_slice(target, finding.recommended)
             detail = f"resize {finding.profile} -> {finding.recommended} ({pod.workload})"
         for key in (f"node/{pod.node}", f"ns/{pod.namespace}", f"wl/{pod.workload}", "all"):
             taken[key] += 1
@@ -171,7 +202,8 @@ def nodes_to_check(
     findings: list[Finding], pods: dict[str, PodInfo], prepared: Prepared, policy: Policy
 ) -> list[str]:
     """The nodes whose reachability ``plan`` needs: for each finding it may evict for,
-    the NODES_PER_FINDING roomiest nodes with a zone that fits it, and its own."""
+    the NODES_PER_FINDING roomiest nodes with a zone that fits it, and its own; for a
+    resize, those with the most room for the new profile on their DRA counters."""
     evicting = [
         f for f in findings if f.pod_uid in pods and intent_of(f) == "evict" and not policy.paused
     ]
@@ -181,6 +213,12 @@ def nodes_to_check(
     for f in evicting:
         zones = capacity.fitting(capacity.need(f), freed_in_time(pods[f.pod_uid]))
         wanted.update(dict.fromkeys(capacity.nodes(zones)[:NODES_PER_FINDING]))
+    # a resize through a claim template: the nodes whose GPUs' counters leave room
+    for f in findings:
+        if f.pod_uid in pods and intent_of(f) == "resize" and f.recommended:
+            wanted.update(
+                dict.fromkeys(capacity.placement_nodes(f.recommended)[:NODES_PER_FINDING])
+            )
     return [n for n in wanted if n]
 
 

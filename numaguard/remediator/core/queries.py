@@ -127,6 +127,8 @@ def expressions(
         "zone_free_cpus": f"{m(c.ZONE_CPUS_ALLOCATABLE)} - {m(c.ZONE_CPUS_ALLOCATED)}",
         "zone_free_devices": m(c.ZONE_DEVICES_FREE),
         "zone_free_memory": m(c.NUMA_MEMORY_FREE),
+        # how many more slices of a MIG profile each GPU's DRA counters allow
+        "mig_profiles_free": f"{m(c.GPU_MIG_PROFILES_FREE)} >= 1",
         # LLC: each pod's share of each L3 domain
         "llc_share": m(c.POD_LLC_SHARE),
         "llc_age": f"time() - timestamp({m(c.POD_LLC_SHARE)})",
@@ -164,6 +166,7 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     # a zone without numa_node is a device on several NUMA nodes: no aligned room
     "zone_free_cpus": ("node",),
     "zone_free_devices": ("node", "resource"),
+    "mig_profiles_free": ("node", "mig_profile"),
     "zone_free_memory": ("node",),
     "llc_share": ("node", "instance", "l3_domain", "pod_uid"),
     "llc_age": ("node", "instance", "l3_domain", "pod_uid"),
@@ -190,6 +193,11 @@ HOLDINGS = (
 ZONES = ("zone_free_cpus", "zone_free_devices", "zone_free_memory")
 NODE_EVIDENCE = ("targets_up", "collector_age", "collector_success")
 Queries = list[tuple[str, str]]  # (frame name, PromQL): a name may come in several batches
+
+
+def is_name(value: str) -> bool:
+    """A label value ``matching`` can name."""
+    return _NAME.fullmatch(value) is not None
 
 
 def matching(label: str, values: Iterable[str]) -> list[str]:

@@ -104,11 +104,21 @@ def rounds(asked: Round, state: FindingState, sizing: Sizing) -> Rounds:
     for need in asked.rejected:  # where the kubelet would have admitted them
         needs.append((need.cpus, need.memory, tuple(need.devices.items())))
     policy = asked.policy
-    zones = yield q.zone_candidates(
-        needs, policy.max_per_cycle + 1, CAPACITY_DEPENDS_ON, policy.stale_after_seconds, selector
-    )
+    # a resize through a claim template fits wherever a GPU's DRA counters leave room
+    profiles = {f.recommended for f in findings if intent_of(f) == "resize" and f.recommended}
+    zones = yield [
+        *q.zone_candidates(
+            needs,
+            policy.max_per_cycle + 1,
+            CAPACITY_DEPENDS_ON,
+            policy.stale_after_seconds,
+            selector,
+        ),
+        *scoped(["mig_profiles_free"], "mig_profile", {p for p in profiles if q.is_name(p)}),
+    ]
 
     nodes = {f.node for f in findings} | set(zones["zone_candidates"]["node"])
+    nodes |= set(zones["mig_profiles_free"]["node"])
     # whose exporters could move remote memory home in place
     movers = {f.node for f in findings if f.reason == "memory_remote"}
     evidence = yield [

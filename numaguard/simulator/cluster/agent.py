@@ -20,7 +20,7 @@ from numaguard.exporter.sources.kube import pod_meta
 from numaguard.simulator.cluster.manifests import parse_quantity
 from numaguard.simulator.cluster.node import SimNode, admit, advertised, first_touch, free_cpus
 from numaguard.simulator.fakes import dra
-from numaguard.simulator.fakes.host import FakeContainer, FakePod
+from numaguard.simulator.fakes.host import FakeClaim, FakeContainer, FakePod
 from numaguard.simulator.fakes.nvml import FakeGpu, FakeSlice, Process
 from numaguard.simulator.parts.controlplane import ApiError
 
@@ -278,7 +278,9 @@ class NodeAgent:
         node.host.pods.append(pod)
         node.write()
 
-    async def _prepare(self, node: SimNode, pod: dict) -> list[FakeGpu | FakeSlice]:
+    async def _prepare(
+        self, node: SimNode, pod: dict
+    ) -> list[tuple[FakeClaim, FakeGpu | FakeSlice]]:
         """The devices the pod's ResourceClaims were allocated on this node, as NVIDIA's
         DRA kubelet plugin prepares them: a DynamicMIG slice made now (and destroyed
         when the pod stops)."""
@@ -294,7 +296,8 @@ class NodeAgent:
                 if isinstance(unit, FakeSlice) and unit.uuid not in there:
                     self._made.setdefault(pod["metadata"]["uid"], []).append(unit.uuid)
                 if unit is not None:
-                    units.append(unit)
+                    claimed = FakeClaim(name, allocated.device, allocated.driver, allocated.pool)
+                    units.append((claimed, unit))
         return units
 
     def _place(self, node: SimNode, obj: dict, claimed=()) -> FakePod | None:
@@ -321,6 +324,7 @@ class NodeAgent:
             first_touch(node, cpus, memory),
             exclusive_cpus=exclusive,
             devices={r: [u.uuid] for r, u in zip(resources, units, strict=True)},
+            claims=[c for c, _ in claimed] if node.claims_in_pod_resources else [],
         )
         meta = obj["metadata"]
         pod = FakePod(meta["name"], meta["uid"], qos, [ctr], meta["namespace"])
@@ -331,7 +335,7 @@ class NodeAgent:
                         c.cpus = format_id_list(parse_id_list(c.cpus) - cpus)
         node.host.pods.append(pod)
         workload = (meta.get("labels") or {}).get("app", meta["name"])
-        self._run(node, pod, [*units, *claimed], workload)
+        self._run(node, pod, [*units, *(u for _, u in claimed)], workload)
         node.write()
         return pod
 

@@ -38,6 +38,8 @@ class SimNode:
     description: str = ""  # the fake NVML description file its exporter follows
     presets: dict[tuple[str, str], FakePod] = field(default_factory=dict)
     reserved: frozenset[int] = frozenset()  # reservedSystemCPUs: never given exclusively
+    # its kubelet's PodResources names the devices of DRA claims (KEP-3695): on from 1.34
+    claims_in_pod_resources: bool = False
 
     def write(self) -> None:
         self.root.write()
