@@ -55,7 +55,13 @@ from numaguard.simulator.parts.processes import exporter_process, routable_addre
 
 # what a cluster leaves behind in its namespaces, deleted when it stops
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
-LEFT_BEHIND = (*WORKLOAD_KINDS, "PodDisruptionBudget", "Event", "ResourceClaim")
+LEFT_BEHIND = (
+    *WORKLOAD_KINDS,
+    "PodDisruptionBudget",
+    "Event",
+    "ResourceClaim",
+    "ResourceClaimTemplate",
+)
 
 
 # control plane (by id) -> the names of the Nodes its simulated clusters now run

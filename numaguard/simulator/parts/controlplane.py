@@ -50,6 +50,7 @@ CONTROLLERS = (
     "endpointslice-controller",
     "namespace-controller",
     "serviceaccount-controller",
+    "resourceclaim-controller",  # a pod's claims from its ResourceClaimTemplates
 )
 # kind -> (API path prefix, plural, namespaced): what the simulator and tests create.
 KINDS = {
@@ -101,6 +102,7 @@ KINDS = {
     "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
     "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
     "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
+    "ResourceClaimTemplate": ("/apis/resource.k8s.io/v1", "resourceclaimtemplates", True),
     # the scheduler-plugins project's, published by the exporter's --nrt
     "NodeResourceTopology": (
         "/apis/topology.node.k8s.io/v1alpha2",
