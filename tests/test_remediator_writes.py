@@ -2,7 +2,8 @@
 no-dry-run's ValidatingAdmissionPolicy), not only by its planner. Seen: with `patch
 deployments` cluster-wide its token set a kube-system Deployment's image, hostPID and a
 hostPath volume of `/`. Now it writes numaguard's own annotations and labels, swaps one
-MIG profile for another in a pod template, evicts and deletes pods — nowhere in a kube-*
+MIG profile for another in a pod template (a nvidia.com/mig-* resource or a claim's
+template, and makes and deletes such templates), evicts and deletes pods — nowhere in a kube-*
 namespace — and nothing else."""
 
 from __future__ import annotations
@@ -141,3 +142,92 @@ async def test_the_remediator_writes_only_numaguard_s_fields_and_nothing_in_kube
             for path in made:
                 await cp.request(session, "DELETE", path)
             await cp.request(session, "DELETE", path_of("Pod", NS, "job") + "?gracePeriodSeconds=0")
+
+
+def claim_deployment() -> dict:
+    """trainer, its slice from a ResourceClaimTemplate."""
+    obj = deployment(NS)
+    obj["metadata"]["name"] = "claimer"
+    spec = obj["spec"]["template"]["spec"]
+    spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "claimer-3g"}]
+    return obj
+
+
+def template(name: str, labelled: bool = True, owned: bool = True) -> dict:
+    request = {"deviceClassName": "mig.nvidia.com"}
+    meta: dict = {"name": name, "namespace": NS}
+    if labelled:
+        meta["labels"] = {"numaguard.io/resized": "true"}
+    if owned:
+        meta["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "Deployment", "name": "claimer", "uid": "0" * 8}
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": meta,
+        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": request}]}}},
+    }
+
+
+def claims(*entries: dict) -> dict:
+    return {"spec": {"template": {"spec": {"resourceClaims": list(entries)}}}}
+
+
+async def test_a_resize_through_a_claim_template_writes_only_that(control_plane):
+    """It may make a template labelled and owned as a resize's, point a workload's claim
+    at another template, and delete a template; not point it at a shared claim, add a
+    claim, make an unlabelled template, or change any claim."""
+    cp = control_plane
+    token = cp.tokens["numaguard-remediator"]
+    async with aiohttp.ClientSession() as session:
+        with contextlib.suppress(ApiError):
+            await cp.create(
+                session, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+            )
+        with contextlib.suppress(ApiError):
+            await cp.create(session, claim_deployment())
+        with contextlib.suppress(ApiError):
+            await cp.create(session, template("claimer-3g", owned=False))  # the team's
+        templates = "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaimtemplates"
+        try:
+            at = path_of("Deployment", NS, "claimer") + "?dryRun=All"
+
+            async def patch(body: dict) -> tuple[int, dict]:
+                return await cp.request(session, "PATCH", at, body, token)
+
+            async def in_force() -> bool:
+                made = template("bare", labelled=False)
+                path = templates.format(NS) + "?dryRun=All"
+                return (await cp.request(session, "POST", path, made, token))[0] == 403
+
+            await until(in_force, "the policy in force", 60)
+            swapped = {"name": "gpu", "resourceClaimTemplateName": "claimer-mig-1g-10gb"}
+            status, answer = await patch(claims(swapped))
+            assert status == 200, answer.get("message")
+            for what, body in {
+                "a shared claim": claims({"name": "gpu", "resourceClaimName": "team-gpu"}),
+                "another claim": claims(swapped, {"name": "more", "resourceClaimName": "x"}),
+            }.items():
+                status, answer = await patch(body)
+                assert status == 403 and "numaguard's remediator" in answer["message"], what
+            path = templates.format(NS) + "?dryRun=All"
+            status, answer = await cp.request(session, "POST", path, template("t1"), token)
+            assert status == 201, answer.get("message")
+            for made in (template("t2", labelled=False), template("t3", owned=False)):
+                status, answer = await cp.request(session, "POST", path, made, token)
+                assert status == 403 and "labelled" in answer["message"], answer
+            one = templates.format(NS) + "/claimer-3g?dryRun=All"
+            assert (await cp.request(session, "DELETE", one, None, token))[0] == 200
+            kube = templates.format("kube-system") + "?dryRun=All"
+            there = template("t4")
+            there["metadata"]["namespace"] = "kube-system"
+            status, answer = await cp.request(session, "POST", kube, there, token)
+            assert status == 403 and "kube-*" in answer["message"], answer
+            # no update of a template: RBAC grants none, and the spec is immutable anyway
+            status, _ = await cp.request(session, "PUT", one, template("claimer-3g"), token)
+            assert status == 403
+        finally:
+            await cp.request(session, "DELETE", path_of("Deployment", NS, "claimer"))
+            await cp.request(session, "DELETE", templates.format(NS) + "/claimer-3g")
