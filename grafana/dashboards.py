@@ -226,6 +226,29 @@ DASHBOARDS = (
                 description="Devices held back by their pod's host.",
             ),
             Panel(
+                "MIG slices that still fit, by profile (DRA counters)",
+                f"{c.GPU_MIG_PROFILES_FREE.name}{{{NODE}}}",
+                "short",
+                "{{node}} {{counter_set}} {{mig_profile}}",
+                description="How many more slices of each profile each GPU's DRA counters "
+                "allow, placement-exact, as the scheduler allocates them (DynamicMIG).",
+            ),
+            Panel(
+                "DRA counters consumed",
+                f'{c.DRA_COUNTER.name}{{{NODE}, state="consumed"}} / on (node, driver, '
+                f'counter_set, counter) {c.DRA_COUNTER.name}{{{NODE}, state="capacity"}}',
+                "percentunit",
+                "{{node}} {{counter_set}} {{counter}}",
+            ),
+            Panel(
+                "Where DRA claims and GPU instances disagree",
+                f"{c.DRA_COUNTER_MISMATCH.name}{{{NODE}}}",
+                "short",
+                kind="table",
+                description="Memory slices claimed with no GPU instance on them, or the "
+                "reverse; brief while a claim is prepared or released.",
+            ),
+            Panel(
                 "Activity a slice cannot measure (A100: no GPM)",
                 f"{c.MIG_UTILIZATION_SUPPORTED.name}{{{NODE}}} == 0 or "
                 f"{c.GPU_UTILIZATION_SUPPORTED.name}{{{NODE}}} == 0",

@@ -150,17 +150,20 @@ class SimulatedCluster(NodeAgent):
     async def _publish_dra(self, node: SimNode) -> None:
         """As NVIDIA's DRA driver on the node would: its DeviceClass (once per cluster)
         and a ResourceSlice of the GPUs the presets' claims hold."""
-        gpus = sorted(
+        gpus = {
             int(claim.device.removeprefix("gpu-"))
             for pod in node.presets.values()
             for ctr in pod.containers
             for claim in ctr.claims
-        )
+        }
+        gpus |= {i for i, g in enumerate(node.nvml.gpus) if g.dynamic_mig}
         if not gpus:
             return
-        with contextlib.suppress(ApiError):  # made by an earlier cluster: it stays
-            await self.cp.create(self.session, dra.device_class())
-        await self.cp.create(self.session, dra.resource_slice(node.name, node.nvml, gpus))
+        for made in (dra.device_class(), dra.device_class(dra.MIG_CLASS, "mig")):
+            with contextlib.suppress(ApiError):  # made by an earlier cluster: it stays
+                await self.cp.create(self.session, made)
+        for published in dra.resource_slices(node.name, node.nvml, sorted(gpus)):
+            await self.cp.create(self.session, published)
 
     async def _allocate_claims(self, node: SimNode, pod: FakePod) -> None:
         """A preset pod comes bound, its claims allocated, as the scheduler leaves them."""
@@ -243,10 +246,11 @@ class SimulatedCluster(NodeAgent):
                 for kind in LEFT_BEHIND:
                     await self.cp.request(self.session, "DELETE", path_of(kind, namespace))
             for node in self.nodes.values():
-                slice_name = dra.resource_slice(node.name, node.nvml, [])["metadata"]["name"]
-                await self.cp.request(
-                    self.session, "DELETE", path_of("ResourceSlice", None, slice_name)
-                )
+                for published in await self.cp.items(self.session, "ResourceSlice", None):
+                    if published["spec"].get("nodeName") == node.name:
+                        name = published["metadata"]["name"]
+                        path = path_of("ResourceSlice", None, name)
+                        await self.cp.request(self.session, "DELETE", path)
                 await self.cp.request(self.session, "DELETE", path_of("Node", None, node.name))
                 await self.cp.request(
                     self.session, "DELETE", path_of("Lease", "kube-node-lease", node.name)

@@ -30,8 +30,11 @@ NODE = "demo-gpu-node-1"
 
 
 def demo_node():
-    """The preset GPU node, plus a cache whose memory the kernel put on the far node."""
+    """The preset GPU node, plus a cache whose memory the kernel put on the far node and
+    GPU 7 under NVIDIA's DynamicMIG."""
     host, nvml = presets.gpu_node()
+    nvml.set_mig(7, [])  # GPU 7's slices made as DRA claims come (DynamicMIG)
+    nvml.gpus[7].dynamic_mig = True
     host.pods.append(
         FakePod(
             "redis-cache",

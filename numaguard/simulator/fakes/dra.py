@@ -17,6 +17,7 @@ GPU (at most 128 devices a slice).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from numaguard.exporter.readers.dra import DraView, dra_view, read_resource_slice
 from numaguard.simulator.fakes.gpu_models import Profile
@@ -170,14 +171,17 @@ def resource_slices(
     gpus: list[int],
     *,
     generation: str = "v25.12",
-    dynamic: bool = False,
+    dynamic: bool | Iterable[int] = False,
     split: bool = True,
     pool_generation: int = 1,
 ) -> list[dict]:
-    """The node's slices for the GPUs of ``gpus`` (indices). Static: one slice of what
-    exists. Dynamic (v25.12 on): ``split`` (Kubernetes 1.35 on) one slice of the counter
-    sets and one of devices per GPU, else one slice per GPU holding both."""
-    if not dynamic:
+    """The node's slices for the GPUs of ``gpus`` (indices), DynamicMIG on those
+    ``dynamic`` names (all of them: True) or whose ``dynamic_mig`` is set. Static only:
+    one slice of what exists. Dynamic (v25.12 on): ``split`` (Kubernetes 1.35 on) one
+    slice of the counter sets and one of devices per GPU, else one slice per GPU holding
+    both."""
+    on = {i for i in gpus if dynamic is True or i in (dynamic or ()) or nvml.gpus[i].dynamic_mig}
+    if not on:
         devices = [d for i in gpus for d in static_devices(i, nvml.gpus[i], generation)]
         name = f"{node_name}-{DRIVER}"
         return [_slice(node_name, name, 1, pool_generation, devices=devices)]
@@ -186,12 +190,15 @@ def resource_slices(
     counted = len(gpus) + 1 if split else len(gpus)
     slices = []
     if split:
-        sets = [counters_of(i, nvml.gpus[i]) for i in gpus]
+        sets = [counters_of(i, nvml.gpus[i]) for i in gpus if i in on]
         name = f"{node_name}-{DRIVER}-counters"
         slices.append(_slice(node_name, name, counted, pool_generation, sharedCounters=sets))
     for i in gpus:
-        spec = {"devices": dynamic_devices(i, nvml.gpus[i])}
-        if not split:
+        if i not in on:
+            spec = {"devices": static_devices(i, nvml.gpus[i], generation)}
+        else:
+            spec = {"devices": dynamic_devices(i, nvml.gpus[i])}
+        if not split and i in on:
             spec["sharedCounters"] = [counters_of(i, nvml.gpus[i])]
         name = f"{node_name}-{DRIVER}-gpu-{i}"
         slices.append(_slice(node_name, name, counted, pool_generation, **spec))

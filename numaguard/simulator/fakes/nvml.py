@@ -106,6 +106,7 @@ class FakeGpu:
     processes: list[Process] = field(default_factory=list)
     slices_made: int = 0  # a MIG device's UUID is never given twice, as the driver does
     instances_made: int = 0  # nor a GPU instance id
+    dynamic_mig: bool = False  # NVIDIA's DRA driver makes its slices as claims come
 
     @property
     def memory_total_bytes(self) -> int:
