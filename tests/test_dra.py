@@ -306,3 +306,56 @@ async def test_the_exporter_says_what_mig_slices_the_scheduler_will_still_alloca
             for obj in published:
                 name = obj["metadata"]["name"]
                 await cp.request(s, "DELETE", f"/apis/{dra.API}/resourceslices/{name}")
+
+
+async def test_an_extended_resource_a_device_class_maps_gets_a_claim_and_its_slice(
+    control_plane,
+):
+    """A pod asks for nvidia.com/mig-1g.20gb, which no device plugin on the node offers
+    and a DeviceClass maps (extendedResourceName, GA in 1.37): the real scheduler makes
+    and allocates its claim from GPU 7's counters, the slice is made, and the exporter
+    attributes it to the pod through that claim."""
+    cp = control_plane
+    host, nvml = presets.gpu_node()
+    host.pods = []
+    nvml.set_mig(7, [])
+    nvml.gpus[7].dynamic_mig = True
+    name = "extended-node"
+    mapped = dra.device_class("mig-1g.20gb", "mig", extended_resource="nvidia.com/mig-1g.20gb")
+    mapped["spec"]["selectors"].append(dra.profile_selector("1g.20gb"))
+    async with one_node(cp, host, nvml, name, policy="none") as (sim, url):
+        s = sim.session
+        with contextlib.suppress(ApiError):
+            await cp.create(s, mapped)
+        try:
+            await sim.ensure_namespace("ml")
+            pod = mig_pod("extended", "unused")
+            pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": name}
+            del pod["spec"]["resourceClaims"]
+            pod["spec"]["containers"][0]["resources"] = {
+                "limits": {"nvidia.com/mig-1g.20gb": "1", "cpu": "1", "memory": "1Gi"}
+            }
+            await cp.create(s, pod)
+
+            def attributed(got):
+                return next(
+                    (
+                        dict(k[1])
+                        for k in got
+                        if k[0] == "numaguard_gpu_holder_info"
+                        and dict(k[1])["pod"] == "extended"
+                        and dict(k[1])["source"] == "claim"
+                    ),
+                    None,
+                )
+
+            _, labels = await scrape_until(url, attributed, 120)
+            (made,) = [sl for sl in nvml.gpus[7].mig if sl.profile.name == "1g.20gb"]
+            assert (labels["gpu_uuid"], labels["mig_uuid"]) == (nvml.gpus[7].uuid, made.uuid)
+            status = (await cp.get(s, "Pod", "ml", "extended"))["status"]
+            claim = status["extendedResourceClaimStatus"]["resourceClaimName"]
+            allocated = await cp.get(s, "ResourceClaim", "ml", claim)
+            (result,) = allocated["status"]["allocation"]["devices"]["results"]
+            assert result["device"] == dra.mig_name(7, made.profile, made.placement_start)
+        finally:
+            await cp.request(s, "DELETE", f"/apis/{dra.API}/deviceclasses/mig-1g.20gb")

@@ -307,7 +307,11 @@ class NodeAgent:
         container = obj["spec"]["containers"][0]
         requests = container.get("resources", {}).get("requests", {})
         limits = container.get("resources", {}).get("limits", {})
-        resources = sorted(r for r in limits if r.startswith("nvidia.com/"))
+        # what a DeviceClass's extended resource gave through the claim the scheduler
+        # made is the claim's device, not a device plugin's
+        extended = (obj["status"].get("extendedResourceClaimStatus") or {}).get("requestMappings")
+        by_claim = {m.get("resourceName") for m in extended or ()}
+        resources = sorted(r for r in limits if r.startswith("nvidia.com/") and r not in by_claim)
         qos = obj["status"].get("qosClass", "BestEffort").lower()
         exclusive = qos == "guaranteed" and str(requests.get("cpu", "")).isdigit()
         need = int(requests["cpu"]) if exclusive else 0
