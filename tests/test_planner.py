@@ -500,7 +500,7 @@ def test_a_resize_must_name_a_slice_that_exists_and_the_pod_holds():
     other = replace(opted, resources=frozenset({"nvidia.com/mig-1g.10gb"}))
     result = run(signals(**merge(healthy("n1", "n2"), rows, room)), [other])
     assert [r.guard for r in result.refusals] == ["evidence_mismatch"]
-    assert "does not request nvidia.com/mig-3g.40gb" in result.refusals[0].detail
+    assert "requests neither nvidia.com/mig-3g.40gb nor a claim" in result.refusals[0].detail
     # the kubelet did not give it the slice
     not_held = {**rows, "holders": [{**rows["holders"][0], "source": "process"}]}
     result = run(signals(**merge(healthy("n1", "n2"), not_held, room)), [opted])
