@@ -22,6 +22,15 @@ NS = "writes"
 MIG = "nvidia.com/mig-1g.10gb"
 
 
+NAMESPACE = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+
+
+async def create(cp, session, *objects: dict) -> None:
+    for obj in objects:
+        with contextlib.suppress(ApiError):  # made by an earlier run
+            await cp.create(session, obj)
+
+
 def deployment(namespace: str) -> dict:
     labels = {"app": "trainer"}
     container = {
@@ -81,10 +90,7 @@ async def test_the_remediator_writes_only_numaguard_s_fields_and_nothing_in_kube
     cp = control_plane
     token = cp.tokens["numaguard-remediator"]
     async with aiohttp.ClientSession() as session:
-        with contextlib.suppress(ApiError):
-            await cp.create(
-                session, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
-            )
+        await create(cp, session, NAMESPACE)
         made = []
         for namespace in (NS, "kube-system"):
             with contextlib.suppress(ApiError):  # made by an earlier run
@@ -182,14 +188,8 @@ async def test_a_resize_through_a_claim_template_writes_only_that(control_plane)
     cp = control_plane
     token = cp.tokens["numaguard-remediator"]
     async with aiohttp.ClientSession() as session:
-        with contextlib.suppress(ApiError):
-            await cp.create(
-                session, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
-            )
-        with contextlib.suppress(ApiError):
-            await cp.create(session, claim_deployment())
-        with contextlib.suppress(ApiError):
-            await cp.create(session, template("claimer-3g", owned=False))  # the team's
+        team = template("claimer-3g", owned=False)  # the team's own
+        await create(cp, session, NAMESPACE, claim_deployment(), team)
         templates = "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaimtemplates"
         try:
             at = path_of("Deployment", NS, "claimer") + "?dryRun=All"

@@ -105,16 +105,7 @@ def read_resource_slice(obj: dict) -> PublishedSlice:
     spec = _mapping(obj.get("spec"), "spec")
     driver = _text(spec.get("driver"), "spec.driver")
     pool = _mapping(spec.get("pool"), "spec.pool")
-    sets = _list(spec.get("sharedCounters"), "spec.sharedCounters")
-    if len(sets) > MAX_COUNTER_SETS:
-        raise ParseError(f"{len(sets)} counter sets in one slice (at most {MAX_COUNTER_SETS})")
-    counter_sets: dict[str, dict[str, int]] = {}
-    for counter_set in sets:
-        counter_set = _mapping(counter_set, "spec.sharedCounters[]")
-        name = _text(counter_set.get("name"), "counter set name")
-        if name in counter_sets:
-            raise ParseError(f"counter set {name} twice in one slice")
-        counter_sets[name] = _counters(counter_set.get("counters"), name)
+    counter_sets = _sets(spec.get("sharedCounters"), "name", "sharedCounters", MAX_COUNTER_SETS)
     return PublishedSlice(
         driver,
         _text(pool.get("name"), "spec.pool.name"),
@@ -133,16 +124,9 @@ def _device(driver: str, pool: str, device: dict) -> DraDevice:
     fields = device if "basic" not in device else _mapping(device["basic"], "basic")
     attributes = _mapping(fields.get("attributes") or {}, "attributes")
     capacity = _mapping(fields.get("capacity") or {}, "capacity")
-    consumes: dict[str, dict[str, int]] = {}
-    consumptions = _list(fields.get("consumesCounters"), "consumesCounters")
-    if len(consumptions) > MAX_CONSUMPTIONS:
-        raise ParseError(f"device {name} consumes {len(consumptions)} counter sets")
-    for c in consumptions:
-        c = _mapping(c, "consumesCounters[]")
-        counter_set = _text(c.get("counterSet"), "consumesCounters[].counterSet")
-        if counter_set in consumes:
-            raise ParseError(f"device {name} consumes counter set {counter_set} twice")
-        consumes[counter_set] = _counters(c.get("counters"), counter_set)
+    consumes = _sets(
+        fields.get("consumesCounters"), "counterSet", f"{name} consumesCounters", MAX_CONSUMPTIONS
+    )
 
     def string(key: str) -> str:
         # an attribute is named bare (the driver's domain) or fully qualified
@@ -232,6 +216,22 @@ def parse_quantity(text) -> int:
     if value.denominator != 1 or abs(value) >= 2**63:
         raise ParseError(f"not a whole number a counter can hold: {text!r}")
     return int(value)
+
+
+def _sets(value, key: str, where: str, most: int) -> dict[str, dict[str, int]]:
+    """Counter sets by name (a slice's sharedCounters by ``name``, a device's
+    consumesCounters by ``counterSet``), each named once, ``most`` at the most."""
+    items = _list(value, where)
+    if len(items) > most:
+        raise ParseError(f"{where}: {len(items)} counter sets (at most {most})")
+    out: dict[str, dict[str, int]] = {}
+    for item in items:
+        item = _mapping(item, f"{where}[]")
+        name = _text(item.get(key), f"{where}[].{key}")
+        if name in out:
+            raise ParseError(f"{where}: counter set {name} twice")
+        out[name] = _counters(item.get("counters"), name)
+    return out
 
 
 def _counters(value, where: str) -> dict[str, int]:
