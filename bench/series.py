@@ -16,12 +16,13 @@ import pynvml
 from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.exporter.collection import Collection
+from numaguard.exporter.readers.dra import Allocated
 from numaguard.exporter.sources.cgroups import CgroupSource
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.exporter.sources.resctrl import ResctrlSource
-from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes import dra, presets
 from numaguard.simulator.fakes.host import FakeHostRoot, pod_metadata
 from numaguard.simulator.fakes.resctrl import FakeResctrl
 
@@ -53,11 +54,24 @@ class StepClock:
         return self.now
 
 
-def expositions(details: tuple[bool, ...] = (False, True)) -> dict[bool, str]:
+def expositions(
+    details: tuple[bool, ...] = (False, True), dynamic_mig: bool = False
+) -> dict[bool, str]:
     """The reference node's exposition text after two cycles 15 s apart, by whether
-    --detail is on."""
+    --detail is on; ``dynamic_mig``: its GPUs under NVIDIA's DRA DynamicMIG, each of
+    their slices made for a claim."""
     clock = StepClock()
     host, nvml = presets.reference_gpu_node(clock)
+    view = None
+    if dynamic_mig:
+        claims = {
+            ("ml", f"claim-{g}-{s.placement_start}"): (
+                Allocated("mig", dra.DRIVER, "reference", dra.device_name(g, s)),
+            )
+            for g, gpu in enumerate(nvml.gpus)
+            for s in gpu.mig or []
+        }
+        view = dra.view("reference", nvml, list(range(len(nvml.gpus))), claims, dynamic=True)
     with tempfile.TemporaryDirectory(prefix="ng", dir="/tmp") as tmp, nvml.installed():
         FakeHostRoot(tmp, host).write()
         kernel = FakeResctrl(tmp, host, snc={0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}).write()
@@ -70,7 +84,7 @@ def expositions(details: tuple[bool, ...] = (False, True)) -> dict[bool, str]:
             assert kubelet.stdout.readline().strip() == b"ready"
             names = pod_metadata(host)
             return {
-                detail: asyncio.run(_text(tmp, host, kernel, socket, names, clock, detail))
+                detail: asyncio.run(_text(tmp, host, kernel, socket, names, clock, detail, view))
                 for detail in details
             }
         finally:
@@ -78,7 +92,7 @@ def expositions(details: tuple[bool, ...] = (False, True)) -> dict[bool, str]:
             kubelet.wait()
 
 
-async def _text(tmp, host, kernel, socket, names, clock: StepClock, detail: bool) -> str:
+async def _text(tmp, host, kernel, socket, names, clock: StepClock, detail: bool, view=None) -> str:
     gpus = NvmlSource(pynvml, tmp, clock=clock)
     gpus.start()
     pod_resources = PodResourcesSource(socket)
@@ -94,6 +108,7 @@ async def _text(tmp, host, kernel, socket, names, clock: StepClock, detail: bool
         metadata=lambda: names,
         clock=clock,
         detail=detail,
+        dra=lambda: view,
     )
     try:
         for _ in range(2):  # rates and ratios need a cycle before
@@ -150,6 +165,11 @@ def main() -> None:
     print(
         f"{'Prometheus memory, MiB':<24}{total * KIB_PER_SERIES / 1024:>10.1f}"
         f"{total_full * KIB_PER_SERIES / 1024:>10.1f}  (at ~{KIB_PER_SERIES} KiB per series)"
+    )
+    dynamic = sum(bill(expositions((False,), dynamic_mig=True)[False])[0].values())
+    print(
+        f"{'under DynamicMIG':<24}{dynamic:>10,}{'':>10}  its 8 GPUs' DRA counters, free "
+        f"profiles, mismatches: +{dynamic - total} (+{(dynamic - total) / n['gpu']:.0f} a GPU)"
     )
     print("by family (default / --detail), the largest:")
     for name, n in full_families.most_common(25):
