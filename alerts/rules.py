@@ -181,6 +181,26 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "numaguard-node",
         ),
         Alert(
+            "NumaguardDRAClaimsAndGPUInstancesDisagree",
+            f"{e(c.DRA_COUNTER_MISMATCH)} > 0",
+            "15m",
+            "warning",
+            "GPU {{ $labels.gpu_uuid }}: DRA claims and MIG instances disagree "
+            "({{ $labels.kind }})",
+            "On node {{ $labels.node }}, memory slices of GPU {{ $labels.gpu_uuid }} "
+            "({{ $labels.counter_set }}) have been {{ $labels.kind }} for 15 minutes.",
+            "claimed_without_instance: the scheduler allocated a MIG device whose slice the DRA "
+            "driver never made (its kubelet plugin failing to prepare the claim: the pod stays "
+            "ContainerCreating) or lost. instance_without_claim: a GPU instance no allocated "
+            "claim accounts for (made by hand or by the MIG manager on a GPU the driver "
+            "partitions dynamically, or left behind by a failed unprepare): the scheduler "
+            "counts those memory slices free and will allocate over them.",
+            "Check the DRA driver's kubelet plugin logs on the node and `nvidia-smi mig -lgi`. "
+            "Destroy instances no claim holds (once no process runs on them), or restart the "
+            "plugin so that it prepares the claims again.",
+            "numaguard-gpus",
+        ),
+        Alert(
             "NumaguardRMIDsExhausted",
             f"{e(c.RESCTRL_UNMONITORED)} > 0",
             "15m",

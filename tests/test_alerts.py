@@ -207,6 +207,35 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
             ),
         ],
     ),
+    "NumaguardDRAClaimsAndGPUInstancesDisagree": (
+        {
+            # a slice claimed and not made, for good
+            'numaguard_dra_counter_mismatch_slices{node="n1",driver="gpu.nvidia.com",'
+            'counter_set="gpu-0-counter-set",gpu_uuid="GPU-0",kind="claimed_without_instance"}': (
+                "2x40"
+            ),
+            # a claim being prepared: brief, never an alert
+            'numaguard_dra_counter_mismatch_slices{node="n1",driver="gpu.nvidia.com",'
+            'counter_set="gpu-1-counter-set",gpu_uuid="GPU-1",kind="claimed_without_instance"}': (
+                "1x3 0x37"
+            ),
+        },
+        [
+            ("14m", []),
+            (
+                "16m",
+                [
+                    {
+                        "node": "n1",
+                        "driver": "gpu.nvidia.com",
+                        "counter_set": "gpu-0-counter-set",
+                        "gpu_uuid": "GPU-0",
+                        "kind": "claimed_without_instance",
+                    }
+                ],
+            ),
+        ],
+    ),
     "NumaguardUnremediableFindingsPiling": (
         {"numaguard_remediator_unremediable_findings": "6x40"},
         [("29m", []), ("31m", [{}])],
@@ -221,6 +250,7 @@ KEEP_JOB = {
     "NumaguardMIGSliceOversized",
     "NumaguardMIGSliceUndersized",
     "NumaguardRMIDsExhausted",
+    "NumaguardDRAClaimsAndGPUInstancesDisagree",
     "NumaguardCollectorFailing",
     "NumaguardExporterStale",
 }
