@@ -67,6 +67,17 @@ _WRITTEN_IN_DRY_RUN = re.compile(
 )
 
 
+# what makes pods from a template that may name a ResourceClaimTemplate
+_POD_MAKERS = (
+    ("apps/v1", "deployments"),
+    ("apps/v1", "statefulsets"),
+    ("apps/v1", "replicasets"),
+    ("apps/v1", "daemonsets"),
+    ("batch/v1", "jobs"),
+    ("batch/v1", "cronjobs"),
+)
+
+
 class Writer:
     """The write verbs, over the client's reads. ``acting`` False (a dry run, and leader
     election's): only Events and the remediator's own objects are written; any other
@@ -408,14 +419,16 @@ class Actuator:
         pods = await self.kube.get(f"/api/v1/namespaces/{namespace}/pods")
         if not pods.ok or any(uses(p.get("spec")) for p in pods.body.get("items") or ()):
             return True
-        for kind in ("deployments", "statefulsets", "replicasets"):
-            listed = await self.kube.get(f"/apis/apps/v1/namespaces/{namespace}/{kind}")
+        for group, kind in _POD_MAKERS:
+            listed = await self.kube.get(f"/apis/{group}/namespaces/{namespace}/{kind}")
             if not listed.ok:
                 return True
             for w in listed.body.get("items") or ():
-                making = kind != "replicasets" or (w["spec"].get("replicas") or 0) > 0
+                spec = w.get("spec") or {}
+                making = kind != "replicasets" or (spec.get("replicas") or 0) > 0
                 making = making or ((w.get("status") or {}).get("replicas") or 0) > 0
-                if making and uses((w["spec"].get("template") or {}).get("spec")):
+                template = (spec.get("jobTemplate") or {}).get("spec") or spec  # a CronJob's
+                if making and uses((template.get("template") or {}).get("spec")):
                     return True
         return False
 

@@ -53,8 +53,12 @@ DRY_RUN_API_USE = {
     ("apps", "deployments", "list"),
     ("apps", "statefulsets", "get"),
     ("apps", "statefulsets", "list"),
-    # the MIG profile a pod's ResourceClaims select; list: templates a resize replaced
+    # the MIG profile a pod's ResourceClaims select; list: templates a resize replaced,
+    # and what still makes pods from them before one is deleted
     ("resource.k8s.io", "resourceclaims", "get"),
+    ("apps", "daemonsets", "list"),
+    ("batch", "jobs", "list"),
+    ("batch", "cronjobs", "list"),
     ("resource.k8s.io", "resourceclaimtemplates", "get"),
     ("resource.k8s.io", "resourceclaimtemplates", "list"),
     ("coordination.k8s.io", "leases", "get"),
