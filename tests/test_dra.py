@@ -175,13 +175,14 @@ async def test_an_older_api_server_is_read_in_the_version_it_serves(control_plan
         )
         pods = {"uid-1": PodMeta("default", "job", {}, {"job-claim": ("main",)})}
         watch = DraWatch(api, "old-node", lambda: pods)
-        task = asyncio.create_task(watch.run())
+        task = asyncio.create_task(watch.slices.run())  # claims fetched below, by hand
         stack.callback(task.cancel)
 
         async def listed():
             return watch.current()
 
         view = await until(listed, "the node's ResourceSlices listed", 30)
+        assert view.claims_unknown == 1  # job-claim not read yet: its devices unknown
         assert watch.slices.path == "/apis/resource.k8s.io/v1beta1/resourceslices"
         assert {d.uuid for d in view.devices.values()} == {s.uuid for s in nvml.gpus[5].mig}
         # the claim is asked for in the version the server serves (not there: nothing)
@@ -189,6 +190,7 @@ async def test_an_older_api_server_is_read_in_the_version_it_serves(control_plan
         claims = [e.path for e in proxy.log if "resourceclaims" in e.path]
         assert claims and all("/v1beta1/namespaces/default/" in p for p in claims)
         assert watch.current().allocations == {}
+        assert watch.current().claims_unknown == 0  # read: none, it holds nothing
 
 
 def mig_pod(name: str, claim_name: str) -> dict:

@@ -56,15 +56,25 @@ class DraWatch:
         )
         self._claims: dict[tuple[str, str], tuple[Allocated, ...]] = {}
         self._read: set[tuple[str, str]] = set()  # claims read (allocated or not)
-        self._wanted: set[tuple[str, str]] = set()
 
     def current(self) -> DraView | None:
-        """None until the node's ResourceSlices were listed."""
+        """None until the node's ResourceSlices were listed. The claims the node's pods
+        name now and that were not read yet are counted unknown (all of them while the
+        pods are not known), never as holding nothing."""
         slices = self.slices.current()
         if slices is None:
             return None
-        unknown = len(self._wanted - self._read)
-        return dra_view(slices.values(), dict(self._claims), unknown)
+        wanted = self._wanted()
+        if wanted is None:
+            return dra_view(slices.values(), {}, 1)
+        claims = {k: v for k, v in self._claims.items() if k in wanted}
+        return dra_view(slices.values(), claims, len(wanted - self._read))
+
+    def _wanted(self) -> set[tuple[str, str]] | None:
+        pods = self.pods()
+        if pods is None:
+            return None
+        return {(meta.namespace, claim) for meta in pods.values() for claim in meta.claims}
 
     async def run(self) -> None:
         await asyncio.gather(self.slices.run(), self._follow_claims())
@@ -82,13 +92,11 @@ class DraWatch:
     async def fetch_claims(self) -> None:
         """Fetch the claims the node's pods name that are not known allocated yet, and
         forget those no pod names any more."""
-        pods = self.pods()
-        if pods is None or self.slices.current() is None:
+        wanted = self._wanted()
+        if wanted is None or self.slices.current() is None:
             return  # nothing to ask for, or the version the server serves not known yet
-        wanted = {(meta.namespace, claim) for meta in pods.values() for claim in meta.claims}
         self._claims = {k: v for k, v in self._claims.items() if k in wanted}
         self._read &= wanted
-        self._wanted = wanted
         version = self.slices.path.split("/")[3]  # the version the server serves
         for namespace, name in sorted(wanted - set(self._claims)):
             path = f"/apis/resource.k8s.io/{version}/namespaces/{namespace}/resourceclaims/{name}"
