@@ -27,7 +27,6 @@ Counters = Mapping[str, int]
 @dataclass(frozen=True, slots=True)
 class CounterSetState:
     driver: str
-    pool: str
     name: str
     gpu_uuid: str  # the GPU whose devices consume it, as the driver says; "" unsaid
     capacity: Counters
@@ -66,7 +65,6 @@ def counter_states(
         states.append(
             CounterSetState(
                 driver,
-                pool,
                 name,
                 gpu_uuid,
                 capacity,

@@ -35,20 +35,15 @@ class ClaimRef:
     profile: str = ""
 
 
-def profiles_selected(spec: dict) -> set[str]:
-    """The MIG profiles a ResourceClaimSpec's requests select by name."""
+def claim_profile(spec: dict) -> str:
+    """The one MIG profile a ResourceClaimSpec's requests select by name; "" when none,
+    or several."""
     found = set()
     for request in ((spec or {}).get("devices") or {}).get("requests") or ():
         exactly = (request or {}).get("exactly") or {}
         for selector in exactly.get("selectors") or ():
             expression = ((selector or {}).get("cel") or {}).get("expression") or ""
             found.update(m[4] for m in _SELECTOR.finditer(expression))
-    return found
-
-
-def claim_profile(spec: dict) -> str:
-    """The one profile a claim's spec selects by name; "" when none, or several."""
-    found = profiles_selected(spec)
     return next(iter(found)) if len(found) == 1 else ""
 
 

@@ -25,7 +25,6 @@ from numaguard.simulator.fakes.nvml import FakeGpu, FakeNvml, FakeSlice
 
 DRIVER = "gpu.nvidia.com"
 API = "resource.k8s.io/v1"
-GENERATIONS = ("v25.8", "v25.12")
 MIG_CLASS = "mig.nvidia.com"
 
 
