@@ -39,14 +39,12 @@ async def scrape_until(url: str, check, timeout: float = 90.0):
         return await until(scraped, "said by the exporter", timeout)
 
 
-def claim(profile: str) -> dict:
-    selector = f'device.attributes["{dra.DRIVER}"].profile == "{profile}"'
-    request = {"deviceClassName": dra.DRIVER, "selectors": [{"cel": {"expression": selector}}]}
+def mig_claim(name: str, profile: str, device_class: str = dra.MIG_CLASS) -> dict:
     return {
         "apiVersion": dra.API,
         "kind": "ResourceClaim",
-        "metadata": {"name": "mig-claim", "namespace": "ml"},
-        "spec": {"devices": {"requests": [{"name": "mig", "exactly": request}]}},
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": dra.mig_claim_spec(profile, device_class),
     }
 
 
@@ -78,15 +76,16 @@ def dra_job() -> dict:
     }
 
 
-def holder(got) -> dict | None:
-    """The labels of the dra-job pod's holder series, once found through its claim (its
-    process on the slice may name it first: claims are fetched every few seconds)."""
+def holder(got, pod: str = "dra-job") -> dict | None:
+    """The labels of the pod's holder series (its name starts with ``pod``), once found
+    through its claim (its process on the slice may name it first: claims are fetched
+    every few seconds)."""
     return next(
         (
             dict(k[1])
             for k in got
             if k[0] == "numaguard_gpu_holder_info"
-            and dict(k[1])["pod"].startswith("dra-job")
+            and dict(k[1])["pod"].startswith(pod)
             and dict(k[1])["source"] == "claim"
         ),
         None,
@@ -118,7 +117,7 @@ async def test_a_mig_slice_claimed_through_dra_is_its_pods(control_plane):
             for obj in published:
                 await cp.create(s, obj)
             await sim.ensure_namespace("ml")
-            await cp.create(s, claim("3g.40gb"))
+            await cp.create(s, mig_claim("mig-claim", "3g.40gb", dra.DRIVER))
             await cp.create(s, dra_job())
             # the real scheduler allocates the claim from the node's slice and binds the
             # pod; the exporter finds the device through the claim and the slice
@@ -212,16 +211,6 @@ def mig_pod(name: str, claim_name: str) -> dict:
     }
 
 
-def mig_claim(name: str, profile: str) -> dict:
-    request = {"deviceClassName": dra.MIG_CLASS, "selectors": [dra.profile_selector(profile)]}
-    return {
-        "apiVersion": dra.API,
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "ml"},
-        "spec": {"devices": {"requests": [{"name": "mig", "exactly": request}]}},
-    }
-
-
 DYNAMIC_NODE = "dynamic-mig-node"
 
 
@@ -237,6 +226,7 @@ async def test_the_exporter_says_what_mig_slices_the_scheduler_will_still_alloca
     host, nvml = presets.gpu_node()
     host.pods = []
     nvml.set_mig(7, [])  # MIG on, nothing made: DynamicMIG makes slices as claims come
+    nvml.gpus[7].dynamic_mig = True  # published so by the simulated cluster
     gpu = nvml.gpus[7]
     ids = {"node": DYNAMIC_NODE, "driver": dra.DRIVER, "counter_set": "gpu-7-counter-set"}
     ids["gpu_uuid"] = gpu.uuid
@@ -246,68 +236,56 @@ async def test_the_exporter_says_what_mig_slices_the_scheduler_will_still_alloca
 
     async with one_node(cp, host, nvml, DYNAMIC_NODE, policy="none") as (sim, url):
         s = sim.session
-        with contextlib.suppress(ApiError):  # another cluster of this session made it
-            await cp.create(s, dra.device_class(dra.MIG_CLASS, "mig"))
-        published = dra.resource_slices(DYNAMIC_NODE, nvml, [7], dynamic=True)
-        try:
-            for obj in published:
-                await cp.create(s, obj)
-            await sim.ensure_namespace("ml")
-            sms = 0  # what the claims allocated so far take
-            refused = None
-            asked = ["2g.20gb", "3g.40gb", *["1g.10gb"] * 6]
-            for step, profile in enumerate(asked):
+        await sim.ensure_namespace("ml")
+        sms = 0  # what the claims allocated so far take
+        refused = None
+        asked = ["2g.20gb", "3g.40gb", *["1g.10gb"] * 6]
+        for step, profile in enumerate(asked):
 
-                def said(got, profile=profile, sms=sms):
-                    consumed = key(
-                        "numaguard_dra_counter", counter="multiprocessors", state="consumed"
-                    )
-                    amiss = key(
-                        "numaguard_dra_counter_mismatch_slices", kind="claimed_without_instance"
-                    )
-                    free = key("numaguard_gpu_mig_profiles_free", mig_profile=profile)
-                    caught_up = got.get(consumed) == sms and got.get(amiss) == 0
-                    return (got[free],) if caught_up and free in got else None  # 0 is news
+            def said(got, profile=profile, sms=sms):
+                consumed = key("numaguard_dra_counter", counter="multiprocessors", state="consumed")
+                amiss = key(
+                    "numaguard_dra_counter_mismatch_slices", kind="claimed_without_instance"
+                )
+                free = key("numaguard_gpu_mig_profiles_free", mig_profile=profile)
+                caught_up = got.get(consumed) == sms and got.get(amiss) == 0
+                return (got[free],) if caught_up and free in got else None  # 0 is news
 
-                _, (free,) = await scrape_until(url, said)
-                name = f"mig-{step}"
-                await cp.create(s, mig_claim(name, profile))
-                await cp.create(s, mig_pod(name, name))
+            _, (free,) = await scrape_until(url, said)
+            name = f"mig-{step}"
+            await cp.create(s, mig_claim(name, profile))
+            await cp.create(s, mig_pod(name, name))
 
-                async def decided(name=name):
-                    pod = await cp.get(s, "Pod", "ml", name)
-                    conditions = {c["type"]: c for c in pod["status"].get("conditions", [])}
-                    scheduled = conditions.get("PodScheduled", {})
-                    if (
-                        scheduled.get("status") == "False"
-                        and scheduled.get("reason") == "Unschedulable"
-                    ):
-                        return "refused"
-                    return "running" if sim.running(name) else None
+            async def decided(name=name):
+                pod = await cp.get(s, "Pod", "ml", name)
+                conditions = {c["type"]: c for c in pod["status"].get("conditions", [])}
+                scheduled = conditions.get("PodScheduled", {})
+                if (
+                    scheduled.get("status") == "False"
+                    and scheduled.get("reason") == "Unschedulable"
+                ):
+                    return "refused"
+                return "running" if sim.running(name) else None
 
-                outcome = await until(decided, f"the scheduler decided on {name}", 120)
-                assert outcome == ("running" if free else "refused"), (profile, free)
-                if outcome == "refused":
-                    claim = await cp.get(s, "ResourceClaim", "ml", name)
-                    assert not claim.get("status", {}).get("allocation")
-                    refused = profile
-                    break
-                sms += gpu.model.profile(profile).sm_count
-            assert refused == "1g.10gb", "the scheduler never refused: the GPU was not filled"
-            # what the scheduler placed is what NVML now has, slice for slice
-            made = sorted((sl.profile.name, sl.placement_start) for sl in gpu.mig)
-            allocated = []
-            for step in range(len(made)):
-                claim = await cp.get(s, "ResourceClaim", "ml", f"mig-{step}")
-                (result,) = claim["status"]["allocation"]["devices"]["results"]
-                allocated.append(result["device"])
-            assert sorted(allocated) == sorted(
-                dra.mig_name(7, gpu.model.profile(p), st) for p, st in made
-            )
-        finally:
-            for obj in published:
-                name = obj["metadata"]["name"]
-                await cp.request(s, "DELETE", f"/apis/{dra.API}/resourceslices/{name}")
+            outcome = await until(decided, f"the scheduler decided on {name}", 120)
+            assert outcome == ("running" if free else "refused"), (profile, free)
+            if outcome == "refused":
+                claim = await cp.get(s, "ResourceClaim", "ml", name)
+                assert not claim.get("status", {}).get("allocation")
+                refused = profile
+                break
+            sms += gpu.model.profile(profile).sm_count
+        assert refused == "1g.10gb", "the scheduler never refused: the GPU was not filled"
+        # what the scheduler placed is what NVML now has, slice for slice
+        made = sorted((sl.profile.name, sl.placement_start) for sl in gpu.mig)
+        allocated = []
+        for step in range(len(made)):
+            claim = await cp.get(s, "ResourceClaim", "ml", f"mig-{step}")
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            allocated.append(result["device"])
+        assert sorted(allocated) == sorted(
+            dra.mig_name(7, gpu.model.profile(p), st) for p, st in made
+        )
 
 
 async def test_an_extended_resource_a_device_class_maps_gets_a_claim_and_its_slice(
@@ -339,19 +317,7 @@ async def test_an_extended_resource_a_device_class_maps_gets_a_claim_and_its_sli
             }
             await cp.create(s, pod)
 
-            def attributed(got):
-                return next(
-                    (
-                        dict(k[1])
-                        for k in got
-                        if k[0] == "numaguard_gpu_holder_info"
-                        and dict(k[1])["pod"] == "extended"
-                        and dict(k[1])["source"] == "claim"
-                    ),
-                    None,
-                )
-
-            _, labels = await scrape_until(url, attributed, 120)
+            _, labels = await scrape_until(url, lambda got: holder(got, "extended"), 120)
             (made,) = [sl for sl in nvml.gpus[7].mig if sl.profile.name == "1g.20gb"]
             assert (labels["gpu_uuid"], labels["mig_uuid"]) == (nvml.gpus[7].uuid, made.uuid)
             status = (await cp.get(s, "Pod", "ml", "extended"))["status"]

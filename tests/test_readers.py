@@ -467,13 +467,14 @@ def test_any_change_to_a_published_slice_is_read_or_a_parse_error(data):
         max_leaves=6,
     )
     for _ in range(data.draw(st.integers(1, 3))):
-        at = obj
-        while isinstance(at, (dict, list)) and at and data.draw(st.booleans()):
+        at = obj  # down to some value, replaced
+        while True:
             key = data.draw(st.sampled_from(list(at) if isinstance(at, dict) else range(len(at))))
-            if not isinstance(at[key], (dict, list)) or not at[key]:
+            child = at[key]
+            if not isinstance(child, (dict, list)) or not child or data.draw(st.booleans()):
                 at[key] = data.draw(junk)
                 break
-            at = at[key]
+            at = child
     with contextlib.suppress(ParseError):
         read_resource_slice(obj)
 

@@ -35,7 +35,7 @@ from numaguard.simulator.cluster.simulated import SimulatedCluster
 from numaguard.simulator.fakes import dra, presets
 from numaguard.simulator.fakes.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from numaguard.simulator.fakes.nvml import FakeNvml, Process
-from numaguard.simulator.parts.controlplane import ApiError, ControlPlane, path_of
+from numaguard.simulator.parts.controlplane import ControlPlane, path_of
 from numaguard.simulator.parts.processes import free_port, until
 from numaguard.simulator.parts.prometheus import PrometheusServer
 from tests.helpers.control_plane import allowed
@@ -1057,94 +1057,72 @@ async def test_a_slice_from_a_claim_template_is_resized_through_a_new_template(c
     points the Deployment at it with the history in the same write, the real scheduler
     allocates the new pod's claim from the counters, the old template is deleted once no
     pod uses it, and no template update is ever sent (their spec is immutable)."""
-    c = await cluster(prepare=lambda host, nvml: nvml.set_mig(7, []))
+
+    def dynamic(host, nvml):  # the driver makes GPU 7's slices as claims come
+        nvml.set_mig(7, [])
+        nvml.gpus[7].dynamic_mig = True
+
+    c = await cluster(prepare=dynamic)
     c.node.claims_in_pod_resources = True  # a 1.34+ kubelet names claims' devices
     c.sim.demand["dra-infer"] = 0.0
     s = c.sim.session
-    with contextlib.suppress(ApiError):  # another cluster of this session made it
-        await c.cp.create(s, dra.device_class(dra.MIG_CLASS, "mig"))
-    # the driver republishes the node's pool, GPU 6 (the dra-job preset's) and 7, as
-    # its next generation: one pool, one generation, or the scheduler allocates nothing
-    static = dra.resource_slice(NODE, c.nvml, [])["metadata"]["name"]
-    await c.cp.request(s, "DELETE", path_of("ResourceSlice", None, static))
-    published = dra.resource_slices(NODE, c.nvml, [6, 7], dynamic=True, pool_generation=2)
-    for obj in published:
-        await c.cp.create(s, obj)
-    try:
-        old_spec = {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "mig",
-                            "exactly": {
-                                "deviceClassName": dra.MIG_CLASS,
-                                "selectors": [dra.profile_selector("3g.40gb")],
-                            },
-                        }
-                    ]
-                }
-            }
-        }
-        template = {
-            "apiVersion": dra.API,
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "dra-infer-gpu", "namespace": "ml"},
-            "spec": old_spec,
-        }
-        await c.cp.create(s, template)
-        stored = (await c.get("ResourceClaimTemplate", "dra-infer-gpu"))["spec"]  # defaulted
-        await c.cp.create(s, dra_infer("dra-infer-gpu"))
-        await c.sim.wait_until(lambda: c.sim.running("dra-infer-"), "dra-infer running")
-        (first,) = c.sim.running("dra-infer-")
-        await c.prom.wait_for(expressions(Windows("4s", "4s"))["slice_sm"])
-        controller = c.controller(max_per_node=3)
+    old_spec = {"spec": dra.mig_claim_spec("3g.40gb")}
+    template = {
+        "apiVersion": dra.API,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "dra-infer-gpu", "namespace": "ml"},
+        "spec": old_spec,
+    }
+    await c.cp.create(s, template)
+    stored = (await c.get("ResourceClaimTemplate", "dra-infer-gpu"))["spec"]  # defaulted
+    await c.cp.create(s, dra_infer("dra-infer-gpu"))
+    await c.sim.wait_until(lambda: c.sim.running("dra-infer-"), "dra-infer running")
+    (first,) = c.sim.running("dra-infer-")
+    await c.prom.wait_for(expressions(Windows("4s", "4s"))["slice_sm"])
+    controller = c.controller(max_per_node=3)
 
-        def resized(reports):
-            return [
-                (a, r)
-                for rep in reports
-                for a, r in rep.results
-                if a.kind == "resize" and a.pod.name == first.name
-            ]
-
-        ((action, result),) = resized(await cycles_until(controller, resized))
-        new = action.finding.recommended
-        assert (action.finding.profile, result) == ("3g.40gb", "resized")
-        assert geometry(new) < geometry("3g.40gb")
-        made = await c.get("ResourceClaimTemplate", template_name("dra-infer", new))
-        assert made["spec"] == {**stored, "spec": with_profile(stored["spec"], "3g.40gb", new)}
-        owner = made["metadata"]["ownerReferences"][0]
-        assert (owner["kind"], owner["name"]) == ("Deployment", "dra-infer")
-        after = await c.get("Deployment", "dra-infer")
-        (claim,) = after["spec"]["template"]["spec"]["resourceClaims"]
-        assert claim["resourceClaimTemplateName"] == made["metadata"]["name"]
-        assert "numaguard.io/history" in after["metadata"]["annotations"]
-        # the rollout: the new pod's claim, allocated by the real scheduler to a slice of
-        # the new profile, which the driver made on GPU 7
-        profile = c.nvml.gpus[7].model.profile(new)
-
-        def rolled_out():
-            pods = [p for p in c.sim.running("dra-infer-") if p.uid != first.uid]
-            made = [sl for sl in c.nvml.gpus[7].mig or [] if sl.profile == profile]
-            return pods and made and [sl.processes for sl in made if sl.processes]
-
-        await c.sim.wait_until(rolled_out, f"dra-infer rolled out onto a {new} slice")
-        # once the old pod is gone, the old template goes too
-        await cycles_until(controller, lambda _: not c.sim.running(first.name), timeout=120)
-
-        async def old_gone():
-            await controller.cycle()
-            return await c.get("ResourceClaimTemplate", "dra-infer-gpu") is None
-
-        await until(old_gone, "the replaced template deleted", 120)
-        assert await c.get("ResourceClaimTemplate", made["metadata"]["name"]) is not None
-        updates = [
-            e
-            for e in c.proxy.log
-            if "resourceclaimtemplates" in e.path and e.method in ("PUT", "PATCH")
+    def resized(reports):
+        return [
+            (a, r)
+            for rep in reports
+            for a, r in rep.results
+            if a.kind == "resize" and a.pod.name == first.name
         ]
-        assert updates == []
-    finally:
-        for obj in published:
-            await c.cp.request(s, "DELETE", path_of("ResourceSlice", None, obj["metadata"]["name"]))
+
+    ((action, result),) = resized(await cycles_until(controller, resized))
+    new = action.finding.recommended
+    assert (action.finding.profile, result) == ("3g.40gb", "resized")
+    assert geometry(new) < geometry("3g.40gb")
+    made = await c.get("ResourceClaimTemplate", template_name("dra-infer", new))
+    assert made["spec"] == {**stored, "spec": with_profile(stored["spec"], "3g.40gb", new)}
+    owner = made["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("Deployment", "dra-infer")
+    after = await c.get("Deployment", "dra-infer")
+    (claim,) = after["spec"]["template"]["spec"]["resourceClaims"]
+    assert claim["resourceClaimTemplateName"] == made["metadata"]["name"]
+    assert "numaguard.io/history" in after["metadata"]["annotations"]
+    # the rollout: the new pod's claim, allocated by the real scheduler to a slice of
+    # the new profile, which the driver made on GPU 7
+    profile = c.nvml.gpus[7].model.profile(new)
+
+    def rolled_out():
+        pods = [p for p in c.sim.running("dra-infer-") if p.uid != first.uid]
+        made = [sl for sl in c.nvml.gpus[7].mig or [] if sl.profile == profile]
+        return pods and made and [sl.processes for sl in made if sl.processes]
+
+    await c.sim.wait_until(rolled_out, f"dra-infer rolled out onto a {new} slice")
+    # once the old pod is gone, the old template goes too
+    await cycles_until(controller, lambda _: not c.sim.running(first.name), timeout=120)
+
+    async def old_gone():
+        await controller.cycle()
+        return await c.get("ResourceClaimTemplate", "dra-infer-gpu") is None
+
+    await until(old_gone, "the replaced template deleted", 120)
+    assert await c.get("ResourceClaimTemplate", made["metadata"]["name"]) is not None
+    updates = [
+        e
+        for e in c.proxy.log
+        if "resourceclaimtemplates" in e.path and e.method in ("PUT", "PATCH")
+    ]
+    assert updates == []

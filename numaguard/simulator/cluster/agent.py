@@ -190,7 +190,12 @@ class NodeAgent:
             preset.uid = uid
             self._start_pod(node, preset)
         else:
-            placed = self._place(node, pod, await self._prepare(node, pod))
+            try:
+                claimed = await self._prepare(node, pod)
+            except dra.NotPrepared as err:  # as a kubelet: the pod waits, not started
+                self.unprepared.append((meta["name"], str(err)))
+                return
+            placed = self._place(node, pod, claimed)
             if placed is None:
                 status = {
                     "phase": "Failed",
@@ -283,7 +288,7 @@ class NodeAgent:
     ) -> list[tuple[FakeClaim, FakeGpu | FakeSlice]]:
         """The devices the pod's ResourceClaims were allocated on this node, as NVIDIA's
         DRA kubelet plugin prepares them: a DynamicMIG slice made now (and destroyed
-        when the pod stops)."""
+        when the pod stops). dra.NotPrepared when one cannot be."""
         _, meta = pod_meta(pod)
         units = []
         for name in meta.claims:
@@ -291,13 +296,14 @@ class NodeAgent:
             for allocated in read_claim_allocation(claim or {}) or ():
                 if (allocated.driver, allocated.pool) != (dra.DRIVER, node.name):
                     continue
-                there = {s.uuid for g in node.nvml.gpus for s in g.mig or []}
-                unit = dra.prepare(node.nvml, allocated.device)
-                if isinstance(unit, FakeSlice) and unit.uuid not in there:
-                    self._made.setdefault(pod["metadata"]["uid"], []).append(unit.uuid)
-                if unit is not None:
-                    claimed = FakeClaim(name, allocated.device, allocated.driver, allocated.pool)
-                    units.append((claimed, unit))
+                prepared = dra.prepare(node.nvml, allocated.device)
+                if prepared is None:
+                    continue
+                index, unit, made = prepared
+                if made:
+                    self._made.setdefault(pod["metadata"]["uid"], []).append((index, unit.uuid))
+                claimed = FakeClaim(name, allocated.device, allocated.driver, allocated.pool)
+                units.append((claimed, unit))
         return units
 
     def _place(self, node: SimNode, obj: dict, claimed=()) -> FakePod | None:
@@ -350,10 +356,7 @@ class NodeAgent:
                 if any(p.pid in pids for p in unit.processes):
                     unit.processes = [p for p in unit.processes if p.pid not in pids]
                     unit.activity.set(**dict.fromkeys(unit.activity.rates, 0.0))
-        for uuid in self._made.pop(pod.uid, ()):  # the driver unprepares its claims
-            (index,) = (
-                i for i, g in enumerate(node.nvml.gpus) if uuid in {s.uuid for s in g.mig or []}
-            )
+        for index, uuid in self._made.pop(pod.uid, ()):  # the driver unprepares its claims
             node.nvml.destroy_slice(index, uuid)
         node.host.pods.remove(pod)
         node.write()

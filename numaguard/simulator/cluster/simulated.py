@@ -87,7 +87,9 @@ class SimulatedCluster(NodeAgent):
         # uid -> (where it runs, its ReplicaSet's uid, the object): evicted, still holding
         self._terminating: dict[str, tuple[SimNode, FakePod, str, dict]] = {}
         self.workload: dict[str, str] = {}  # uid -> its workload (app label) once admitted
-        self._made: dict[str, list[str]] = {}  # uid -> the MIG slices its claims made
+        # uid -> (GPU index, UUID) of the MIG slices its claims made, destroyed with it
+        self._made: dict[str, list[tuple[int, str]]] = {}
+        self.unprepared: list[tuple[str, str]] = []  # (pod, why) its claims not prepared
         # (namespace, pod) -> the address its process really serves on, for its status
         self.addresses: dict[tuple[str, str], str] = {}
         self._tasks: list[asyncio.Task] = []

@@ -16,7 +16,6 @@ GPU (at most 128 devices a slice).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from numaguard.exporter.readers.dra import DraView, dra_view, read_resource_slice
@@ -40,30 +39,32 @@ def device_name(index: int, unit: FakeGpu | FakeSlice, generation: str = "v25.12
     return mig_name(index, unit.profile, unit.placement_start, generation)
 
 
-_NAMES = re.compile(r"gpu-(\d+)(?:-mig-[0-9a-z+-]+?-(\d+)-(\d+))?")
+class NotPrepared(Exception):
+    """The kubelet plugin could not prepare a claim: the pod does not start."""
 
 
-def prepare(nvml: FakeNvml, device: str) -> FakeGpu | FakeSlice | None:
+def prepare(nvml: FakeNvml, device: str) -> tuple[int, FakeGpu | FakeSlice, bool] | None:
     """What the driver's kubelet plugin does when a claim allocated ``device`` (a
-    v25.12 name) is prepared: the GPU, the MIG slice at that placement, made at once
-    under DynamicMIG when there is none. None: not a device of this node's GPUs."""
-    m = _NAMES.fullmatch(device)
-    if m is None or int(m[1]) >= len(nvml.gpus):
-        return None
-    index = int(m[1])
-    gpu = nvml.gpus[index]
-    if m[2] is None:
-        return gpu
-    profile = next((p for p in gpu.model.profiles if p.id == int(m[2])), None)
-    start = int(m[3])
-    if profile is None:
-        return None
-    made = next((s for s in gpu.mig or [] if s.placement_start == start), None)
-    if made is not None:
-        return made if made.profile == profile else None
-    if gpu.mig is None:
-        nvml.set_mig(index, [])  # the driver turns MIG mode on
-    return nvml.make_slice(index, profile.name, start)
+    v25.12 name) is prepared: (GPU index, the GPU or the MIG slice at that placement,
+    whether it was made now, under DynamicMIG). None: not a device of this node's GPUs;
+    NotPrepared when the placement is another instance's."""
+    for index, gpu in enumerate(nvml.gpus):
+        if device == f"gpu-{index}":
+            return index, gpu, False
+        for profile in gpu.model.profiles:
+            for start in profile.placements:
+                if device != mig_name(index, profile, start):
+                    continue
+                there = next((s for s in gpu.mig or [] if s.placement_start == start), None)
+                if there is not None and there.profile == profile:
+                    return index, there, False
+                if gpu.mig is None:
+                    nvml.set_mig(index, [])  # the driver turns MIG mode on
+                try:
+                    return index, nvml.make_slice(index, profile.name, start), True
+                except ValueError as err:  # another instance holds those memory slices
+                    raise NotPrepared(f"{device}: {err}") from None
+    return None
 
 
 def counter_set(index: int) -> str:
@@ -84,9 +85,16 @@ def _attributes(gpu: FakeGpu, generation: str) -> dict:
     }
 
 
+# The engine counters the driver publishes besides multiprocessors and memory. Their
+# amounts here stand in (a profile's compute slices: they bind no more than its
+# multiprocessors do); their names and number are the driver's.
+_ENGINES = ("copy-engines", "decoders", "encoders", "jpeg-engines", "ofa-engines")
+
+
 def _share(profile: Profile, start: int) -> dict:
     """What a GPU instance of ``profile`` at ``start`` takes of its GPU's counters."""
     counters = {"multiprocessors": profile.sm_count, "memory": f"{profile.memory_mib}Mi"}
+    counters |= dict.fromkeys(_ENGINES, int(profile.name.split("g.")[0]))
     slices = range(start, start + profile.memory_slices)
     return {k: {"value": str(v)} for k, v in counters.items()} | {
         f"memory-slice-{i}": {"value": "1"} for i in slices
@@ -131,9 +139,8 @@ def static_devices(index: int, gpu: FakeGpu, generation: str) -> list[dict]:
 def dynamic_devices(index: int, gpu: FakeGpu) -> list[dict]:
     """The whole GPU and every placement of every profile, each consuming its share of
     the GPU's counter set (the whole GPU all of it)."""
-    largest = max(gpu.model.profiles, key=lambda p: p.memory_slices)
     whole = _whole(index, gpu, "v25.12")
-    whole["consumesCounters"] = [{"counterSet": counter_set(index), "counters": _share(largest, 0)}]
+    whole["consumesCounters"] = [{"counterSet": counter_set(index), "counters": _all(gpu)}]
     devices = [whole]
     for profile in gpu.model.profiles:
         for start in profile.placements:
@@ -145,9 +152,13 @@ def dynamic_devices(index: int, gpu: FakeGpu) -> list[dict]:
     return devices
 
 
+def _all(gpu: FakeGpu) -> dict:
+    """The GPU's counters: its largest profile's share, every memory slice."""
+    return _share(max(gpu.model.profiles, key=lambda p: p.memory_slices), 0)
+
+
 def counters_of(index: int, gpu: FakeGpu) -> dict:
-    largest = max(gpu.model.profiles, key=lambda p: p.memory_slices)
-    return {"name": counter_set(index), "counters": _share(largest, 0)}
+    return {"name": counter_set(index), "counters": _all(gpu)}
 
 
 def _slice(node_name: str, name: str, count: int, generation: int, **spec) -> dict:
@@ -225,6 +236,12 @@ def device_class(name: str = DRIVER, kind: str = "", extended_resource: str = ""
 
 def profile_selector(profile: str) -> dict:
     return {"cel": {"expression": f'device.attributes["{DRIVER}"].profile == "{profile}"'}}
+
+
+def mig_claim_spec(profile: str, device_class: str = MIG_CLASS) -> dict:
+    """A ResourceClaimSpec asking for one MIG slice of ``profile`` by name."""
+    request = {"deviceClassName": device_class, "selectors": [profile_selector(profile)]}
+    return {"devices": {"requests": [{"name": "mig", "exactly": request}]}}
 
 
 def claim_object(namespace: str, name: str) -> dict:
