@@ -31,7 +31,7 @@ cd {root}
 async def test_the_exporter_on_a_two_socket_kernel_matches_its_sysfs(tmp_path):
     root = Path(__file__).resolve().parent.parent
     ran = await vm.run(SCRIPT.format(root=root), tmp_path / "job", timeout=1100)
-    assert ran.rc == 0, ran.output[-4000:] + ran.console[-2000:]
+    assert ran.rc == 0, f"{ran.ended}\n{ran.output[-4000:]}{ran.console[-2000:]}"
     assert "1 passed" in ran.output
     # not vacuous: the guest had two NUMA nodes, two CPUs each, at distance 21
     assert (ran.files / "nodes.txt").read_text() == "node0 0-1 10 21\nnode1 2-3 21 10\n"
@@ -49,7 +49,7 @@ def pods_ran(tmp_path_factory) -> vm.Ran:
     root = Path(__file__).resolve().parent.parent
     job = tmp_path_factory.mktemp("pods") / "job"
     ran = asyncio.run(vm.run(PODS_SCRIPT.format(root=root), job, timeout=1100))
-    assert ran.rc == 0, ran.output[-4000:] + ran.console[-2000:]
+    assert ran.rc == 0, f"{ran.ended}\n{ran.output[-4000:]}{ran.console[-2000:]}"
     return ran
 
 

@@ -1,9 +1,10 @@
 """The node VM's hang detector (pure): QEMU's TCG now and then stops a guest's CPUs for
-good within a minute of booting; its console then says so, every half minute, and the
-harness boots the node again rather than wait out its timeout."""
+good; its console then says so, every half minute, or, every CPU stopped, the guest's
+heartbeat stops, and the harness boots the node again rather than wait out its timeout."""
 
 from __future__ import annotations
 
+from numaguard.simulator.parts.vm import Heartbeat
 from numaguard.simulator.parts.vm_kubelet import HUNG_SECONDS, KubeNode
 
 # what the guest's watchdog printed in one such boot
@@ -28,3 +29,22 @@ def test_a_guest_is_hung_only_once_a_cpu_is_stuck_for_minutes(tmp_path):
     assert node._hung() == f"the node VM hung: a CPU stuck for {HUNG_SECONDS}s"
     console.write_text(HUNG)
     assert node._hung() == "the node VM hung: a CPU stuck for 496s"
+
+
+def test_a_guest_is_hung_once_its_heartbeat_is_still_for_minutes(tmp_path):
+    """Every CPU stopped, the guest's watchdog prints nothing: its silence says it."""
+    now = [0.0]
+    beat = Heartbeat(tmp_path, clock=lambda: now[0])
+    node = KubeNode(None, tmp_path)
+    node.heartbeat = beat
+    now[0] = HUNG_SECONDS - 1  # booting: no beat yet, not yet hung
+    assert node._hung() is None
+    (tmp_path / "alive").write_text("12.5 40.1\n")
+    now[0] = 2 * HUNG_SECONDS - 1  # the beat seen late still counts from when it was seen
+    assert node._hung() is None
+    (tmp_path / "alive").write_text("17.5 50.2\n")
+    assert node._hung() is None
+    now[0] += HUNG_SECONDS - 1  # the same beat since
+    assert node._hung() is None
+    now[0] += 1
+    assert node._hung() == f"the node VM hung: no heartbeat for {HUNG_SECONDS}s"

@@ -27,9 +27,11 @@ from google.protobuf.json_format import MessageToDict
 from numaguard.exporter.sources.podresources import api_pb2 as api, api_pb2_grpc as rpc
 stub = rpc.PodResourcesListerStub(
     grpc.insecure_channel("unix:///var/lib/kubelet/pod-resources/kubelet.sock"))
+# a busy emulated kubelet can take longer than the 20 s gRPC gives a connection
+wait = dict(wait_for_ready=True, timeout=180)
 print(__import__("json").dumps(MessageToDict(
-    stub.GetAllocatableResources(api.AllocatableResourcesRequest()))))
-print(__import__("json").dumps(MessageToDict(stub.List(api.ListPodResourcesRequest()))))
+    stub.GetAllocatableResources(api.AllocatableResourcesRequest(), **wait))))
+print(__import__("json").dumps(MessageToDict(stub.List(api.ListPodResourcesRequest(), **wait))))
 """
 
 

@@ -14,6 +14,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 
 from numaguard.simulator.parts.processes import exporter_process, get, until
 
@@ -54,6 +55,11 @@ if bind != "-":  # the memory stays where it was put, the policy goes: as the ke
 print("ready", flush=True)
 sys.stdin.read()  # held until the test closes its stdin (or kills it)
 """
+
+
+def step(what: str) -> None:
+    """Where the run got to, in out.txt as it goes: what a timeout shows."""
+    print(f"{time.monotonic():.1f} {what}", flush=True)
 
 
 def write(path: str, text: str) -> None:
@@ -98,6 +104,7 @@ async def main(out: str) -> None:
         )
     for child in children.values():
         assert child.stdout.readline().strip() == "ready"
+    step("both containers' memory touched")
     try:
         args = ("--node-name", "vm", "--interval", "2")
         args += ("--no-collector.gpu", "--no-collector.resctrl")
@@ -111,8 +118,10 @@ async def main(out: str) -> None:
                 judged = all(any(uid in ln for ln in verdicts) for uid, *_ in PODS.values())
                 return text if judged else None
 
+            step("the exporter is up")
             # an emulated guest is slow: the timeout only ends a hang
             text = await until(both_judged, "both pods judged", timeout=600)
+            step("both pods judged")
             write(f"{out}/metrics.txt", text)
             for name, child in children.items():
                 with open(f"{scopes[name]}/memory.numa_stat") as f:
@@ -154,7 +163,9 @@ async def move_home(out: str, child: subprocess.Popen, url: str) -> None:
             ],
             capture_output=True,
             text=True,
+            timeout=300,  # only ends a hang
         )
+        step(f"moved with CAP_{cap.upper()}: exit {ran.returncode}")
         write(f"{out}/move.{cap}.json", ran.stdout)
         write(f"{out}/move.{cap}.stderr", ran.stderr)
     write(f"{out}/remote.alive", str(child.poll() is None))

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -285,29 +286,76 @@ class Ran:
     output: str  # what it printed
     console: str  # the guest's console
     files: Path  # the job folder, with what the script wrote there
+    ended: str  # how the last boot ended: "powered off", hung or timed out
+
+
+# While its script runs the guest writes its uptime to this file of the job folder every
+# few seconds; a guest silent for HUNG_SECONDS, boot included, is hung: now and then
+# QEMU's TCG stops a guest's CPUs for good, and with every CPU stopped the guest's own
+# watchdog prints nothing either.
+HEARTBEAT = "alive"
+HUNG_SECONDS = 180
+_BEAT = f"(while :; do cat /proc/uptime > /mnt/{HEARTBEAT}; sleep 5; done) &\n"
+
+
+class Heartbeat:
+    """How long, by the host's clock, the guest's heartbeat has not changed."""
+
+    def __init__(self, job: Path, clock=time.monotonic) -> None:
+        self.path, self.clock = job / HEARTBEAT, clock
+        self.path.unlink(missing_ok=True)
+        self._seen: str | None = None
+        self._since = clock()
+
+    def silent(self) -> float:
+        beat = self.path.read_text() if self.path.exists() else None
+        if beat != self._seen:
+            self._seen, self._since = beat, self.clock()
+        return self.clock() - self._since
 
 
 async def run(script: str, job: Path, shape: Shape = Shape(), timeout: float = 600.0) -> Ran:
     """Boot the node, run ``script`` (sh, in the job folder, seen as /mnt) as root in
-    it, and power off; ``job`` is a folder of the caller's."""
-    parts = parts_dir()
+    it, and power off; ``job`` is a folder of the caller's. A guest that hangs is booted
+    once more (the script runs again from the start); ``timeout`` is each boot's."""
     job.mkdir(parents=True, exist_ok=True)
-    (job / "run.sh").write_text(script)
-    for name in ("out.txt", "rc"):
-        (job / name).unlink(missing_ok=True)
-    _, console = await _qemu(qemu_args(parts, shape, await accel(parts), job), timeout)
+    for boot in (1, 2):
+        for name in ("out.txt", "rc"):
+            (job / name).unlink(missing_ok=True)
+        ended = await _watched(script, job, shape, timeout)
+        if not ended.startswith("hung") or boot == 2:
+            break
+        print(f"node VM {ended}; booting it again", file=sys.stderr)
     rc = (job / "rc").read_text().strip() if (job / "rc").exists() else ""
     output = (job / "out.txt").read_text() if (job / "out.txt").exists() else ""
-    return Ran(int(rc) if rc.isdigit() else None, output, console, job)
+    console = (job / "console.txt").read_text(errors="replace")
+    return Ran(int(rc) if rc.isdigit() else None, output, console, job, ended)
+
+
+async def _watched(script: str, job: Path, shape: Shape, timeout: float) -> str:
+    """Run the guest to its end, its hang or ``timeout``: which of them."""
+    beat = Heartbeat(job)
+    deadline = time.monotonic() + timeout
+    async with booted(script, job, shape) as proc:
+        waiter = asyncio.ensure_future(proc.wait())
+        while True:
+            done, _ = await asyncio.wait({waiter}, timeout=2)
+            if done:
+                return "powered off"
+            if beat.silent() >= HUNG_SECONDS:
+                return f"hung: no heartbeat for {HUNG_SECONDS}s"
+            if time.monotonic() >= deadline:
+                return f"timed out after {timeout:.0f}s"
 
 
 @contextlib.asynccontextmanager
 async def booted(script: str, job: Path, shape: Shape = Shape(), net: Net | None = None):
     """Boot the node running ``script`` as ``run`` does, and leave it running: yields
-    QEMU's process (its console in job/console.txt); killed on exit."""
+    QEMU's process (its console in job/console.txt, its heartbeat in job/alive);
+    killed on exit."""
     parts = parts_dir()
     job.mkdir(parents=True, exist_ok=True)
-    (job / "run.sh").write_text(script)
+    (job / "run.sh").write_text(_BEAT + script)
     with open(job / "console.txt", "wb") as console:
         proc = await asyncio.create_subprocess_exec(
             *qemu_args(parts, shape, await accel(parts), job, net=net),

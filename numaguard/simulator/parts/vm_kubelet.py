@@ -11,7 +11,6 @@ no registry is reached. The kubelet's policies are the test's (KubeletPolicy).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import io
@@ -293,8 +292,7 @@ MOVER_SOCKET = "/run/numaguard/memory-mover.sock"
 # each process with the capabilities its container has (deploy/components/memory-mover):
 # the exporter none, the helper CAP_SYS_PTRACE alone
 CAPABILITIES = "setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-all"
-# a guest CPU stuck this long (the kernel's soft-lockup watchdog on its console): hung
-HUNG_SECONDS = 180
+HUNG_SECONDS = vm.HUNG_SECONDS  # a guest CPU stuck this long (its console says): hung
 _STUCK = re.compile(r"soft lockup - CPU#\d+ stuck for (\d+)s")
 
 # The guest's run.sh: containerd, the images, the commands the host sends, the kubelet,
@@ -367,6 +365,7 @@ class KubeNode:
         self._exporter_args: tuple[str, ...] = ()
         self._stack = contextlib.AsyncExitStack()
         self._commands = 0
+        self.heartbeat: vm.Heartbeat | None = None
 
     async def __aenter__(self) -> KubeNode:
         parts, job = vm.parts_dir(), self.job
@@ -407,6 +406,7 @@ class KubeNode:
         api_port = int(self.cp.url.rsplit(":", 1)[1])
         net = vm.Net(to_host=((API_PORT, api_port),), from_host=forwarded)
         for boot in (1, 2):
+            self.heartbeat = vm.Heartbeat(job)
             self.qemu = await self._stack.enter_async_context(
                 vm.booted(f"cd {CHECKOUT}\n{script}", job, self.shape, net)
             )
@@ -426,12 +426,14 @@ class KubeNode:
         raise AssertionError("unreachable")
 
     def _hung(self) -> str | None:
-        """Why the guest is hung, when its console says so: now and then (once in about
-        ten boots on a 2-core machine) QEMU's TCG stops a guest's CPUs for good within a
-        minute of booting."""
+        """Why the guest is hung, when its console or its silence says so: now and then
+        (once in about ten boots on a 2-core machine) QEMU's TCG stops a guest's CPUs for
+        good."""
         stuck = [int(s) for s in _STUCK.findall(self.log("console.txt"))]
         if stuck and max(stuck) >= HUNG_SECONDS:
             return f"the node VM hung: a CPU stuck for {max(stuck)}s"
+        if self.heartbeat is not None and self.heartbeat.silent() >= HUNG_SECONDS:
+            return f"the node VM hung: no heartbeat for {HUNG_SECONDS}s"
         return None
 
     def _ended(self) -> str | None:
@@ -555,7 +557,14 @@ class KubeNode:
         at.with_suffix(".tmp").write_text(script)
         at.with_suffix(".tmp").rename(at.with_suffix(".sh"))  # whole, or not at all
         rc = at.with_suffix(".rc")
-        await until(lambda: asyncio.sleep(0, rc.exists()), f"the node ran {script!r}", timeout)
+
+        async def ran() -> bool:
+            hung = self._hung()
+            if hung is not None:
+                raise AssertionError(f"{hung}, running {script!r}")
+            return rc.exists()
+
+        await until(ran, f"the node ran {script!r}", timeout)
         out = at.with_suffix(".out").read_text(errors="replace")
         assert rc.read_text().strip() == "0", f"{script!r} on the node failed: {out}"
         return out
