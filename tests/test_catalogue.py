@@ -58,6 +58,7 @@ ALLOWED_LABELS = {
     "nvml_version",
     "mode",
     "state",
+    "phase",
     "model",
     "pci_bus_id",
     "mig_mode",

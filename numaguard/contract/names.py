@@ -26,6 +26,15 @@ AUTO_RESIZE_ANNOTATION = "numaguard.io/auto-resize"
 # "required" makes the steering webhook's node affinity required, not preferred
 STEER_ANNOTATION = "numaguard.io/steer"
 
+# -- on nodes ----------------------------------------------------------------------------
+
+# the GPU Operator's MIG manager: the config it applies (set by whoever re-lays out the
+# node), and its state: pending, rebooting, success or failed
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
+# a re-layout numaguard began on the node (core/relayout.py), JSON: gone once it is done
+RELAYOUT_ANNOTATION = "numaguard.io/mig-relayout"
+
 # -- on numaguard's own objects -----------------------------------------------------------
 
 # on a ResourceClaimTemplate a MIG resize made: "true", and the name of the template it

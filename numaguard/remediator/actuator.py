@@ -2,8 +2,9 @@
 Eviction API (so PodDisruptionBudgets hold), owner patches for opted-in MIG resizes, a
 pod's request that its node move its memory home in place (an annotation on the pod),
 the workload's history (an annotation on the workload, written before the action it
-records), deletions of pods the kubelet refused for alignment beyond the few kept, and
-an Event for every action and refusal. Leadership is confirmed before each write,
+records), deletions of pods the kubelet refused for alignment beyond the few kept, the
+steps of an opted-in MIG re-layout of a node (its cordon, MIG manager label and
+annotation), and an Event for every action and refusal. Leadership is confirmed before each write,
 Events included; in dry-run only Events are written, saying what would have
 been done (as the descheduler's users asked: a dry run is watched where the cluster's
 news is, ``kubectl get events``).
@@ -28,6 +29,7 @@ from typing import Protocol
 from numaguard.contract.names import (
     HISTORY_ANNOTATION,
     PENDING_LABEL,
+    RELAYOUT_ANNOTATION,
     REPLACES_ANNOTATION,
     REQUEST_ANNOTATION,
     RESIZED_LABEL,
@@ -44,6 +46,7 @@ from numaguard.remediator.core.guards import HISTORY_OWNERS
 from numaguard.remediator.core.history import DONE, WorkloadHistory
 from numaguard.remediator.core.kinds import MIGRATE_MEMORY
 from numaguard.remediator.core.rejections import RejectedPod
+from numaguard.remediator.core.relayout import Step
 from numaguard.remediator.core.steering import Steer, Target, configured
 from numaguard.remediator.kube import Answer, Kube
 
@@ -432,6 +435,34 @@ class Actuator:
                     return True
         return False
 
+    async def relayout(self, step: Step, version: str) -> str:
+        """One step of a node's MIG re-layout, in one patch guarded by the node's
+        ``version`` (resourceVersion: a node changed since it was read is left to the
+        next cycle): done | dry_run | conflict | failed | not_leader | stopped."""
+        if not self.leading():
+            return "not_leader"
+        if self.stopping():
+            return "stopped"
+        annotation = step.relayout.encode() if step.relayout is not None else None
+        meta: dict = {"resourceVersion": version, "annotations": {RELAYOUT_ANNOTATION: annotation}}
+        if step.labels:
+            meta["labels"] = step.labels
+        patch: dict = {"metadata": meta}
+        if step.unschedulable is not None:
+            patch["spec"] = {"unschedulable": step.unschedulable or None}
+        if not self.writer.acting:
+            result = "dry_run"
+        else:
+            answer = await self.writer.patch(f"/api/v1/nodes/{step.node}", patch)
+            result = "done" if answer.ok else "conflict" if answer.status == 409 else "failed"
+        if result in ("done", "dry_run"):
+            verb = "would " if result == "dry_run" else ""
+            text = f"MIG re-layout: {verb}{_PHASE_VERBS[step.phase]}: {step.why}"
+            kind = "Warning" if step.phase in ("failed", "wedged") else "Normal"
+            involved = {"apiVersion": "v1", "kind": "Node", "name": step.node}
+            await self._post_event("default", step.node, involved, "MigRelayout", text, kind)
+        return result
+
     async def event(
         self, pod: PodInfo | None, reason: str, message: str, kind: str, owner: bool = False
     ) -> None:
@@ -454,13 +485,18 @@ class Actuator:
                 "namespace": pod.namespace,
                 "uid": pod.uid,
             }
+        await self._post_event(pod.namespace, pod.name, involved, reason, message, kind)
+
+    async def _post_event(
+        self, namespace: str, name: str, involved: dict, reason: str, message: str, kind: str
+    ) -> None:
         now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         answer = await self.writer.post(
-            f"/api/v1/namespaces/{pod.namespace}/events",
+            f"/api/v1/namespaces/{namespace}/events",
             {
                 "apiVersion": "v1",
                 "kind": "Event",
-                "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+                "metadata": {"generateName": f"{name}.", "namespace": namespace},
                 "involvedObject": involved,
                 "reason": reason,
                 "message": message[:1024],
@@ -473,7 +509,17 @@ class Actuator:
             },
         )
         if not answer.ok:  # an Event lost is not worth failing the cycle for
-            log.info("event %s on %s/%s: HTTP %s", reason, pod.namespace, pod.name, answer.status)
+            log.info("event %s on %s/%s: HTTP %s", reason, namespace, name, answer.status)
+
+
+_PHASE_VERBS = {
+    "cordoned": "cordoned",
+    "relabelled": "relabelled",
+    "done": "uncordoned",
+    "abandoned": "uncordoned, nothing changed",
+    "failed": "failed",
+    "wedged": "wedged",
+}
 
 
 def _uid_differs(answer: Answer) -> bool:

@@ -9,15 +9,17 @@ import math
 from collections import Counter
 from datetime import datetime
 
-from numaguard.contract.names import HISTORY_ANNOTATION, PENDING_LABEL
+from numaguard.contract.names import HISTORY_ANNOTATION, PENDING_LABEL, RELAYOUT_ANNOTATION
 from numaguard.remediator.core.actions import DRA, PodInfo
 from numaguard.remediator.core.capacity import Need
 from numaguard.remediator.core.claims import RESOURCE_API, ClaimRef, claim_profile
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.guards import HISTORY_OWNERS
 from numaguard.remediator.core.history import WorkloadHistory
+from numaguard.remediator.core.miglayout import Entry, parse_configs
 from numaguard.remediator.core.reach import NodeFacts, Placement
 from numaguard.remediator.core.rejections import ADMISSION_REJECTIONS, RejectedPod
+from numaguard.remediator.core.relayout import MigNode, Relayout
 from numaguard.remediator.kube import Kube, parse_quantity
 
 _CONCURRENCY = 16
@@ -393,3 +395,64 @@ async def nodes_of(kube: Kube, names: list[str]) -> dict[str, NodeFacts]:
 
     found = await _bounded(one, [(n,) for n in names])
     return {f.name: f for f in found if f is not None}
+
+
+async def mig_nodes(kube: Kube, selector: str) -> list[MigNode]:
+    """The nodes of ``selector`` (the MIG manager's, opted in to re-layout), their pods
+    not read yet."""
+    answer = await kube.get("/api/v1/nodes", labelSelector=selector)
+    if not answer.ok:
+        raise ClusterError(f"LIST nodes {selector}: HTTP {answer.status}")
+    out = []
+    for node in answer.body.get("items") or []:
+        meta = node.get("metadata") or {}
+        relayout, doubt = None, ""
+        if RELAYOUT_ANNOTATION in (meta.get("annotations") or {}):
+            try:
+                relayout = Relayout.decode(meta["annotations"][RELAYOUT_ANNOTATION])
+            except ValueError as err:
+                doubt = str(err)
+        unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
+        labels = meta.get("labels") or {}
+        version = meta.get("resourceVersion", "")
+        name = meta.get("name", "")
+        out.append(MigNode(name, labels, unschedulable, relayout, doubt, version=version))
+    return out
+
+
+async def gpu_pods(kube: Kube, node: str) -> tuple[str, ...]:
+    """The pods on ``node`` not ended that hold or ask for a GPU: an nvidia.com/
+    resource in any container, or a ResourceClaim (whatever its device: counted)."""
+    answer = await kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node},{_NOT_ENDED}")
+    if not answer.ok:
+        raise ClusterError(f"LIST pods on {node}: HTTP {answer.status}")
+    out = []
+    for pod in answer.body.get("items") or []:
+        spec = pod.get("spec") or {}
+        containers = (spec.get("containers") or []) + (spec.get("initContainers") or [])
+        asked = {
+            name
+            for c in containers
+            for part in ("requests", "limits")
+            for name in ((c.get("resources") or {}).get(part) or {})
+        }
+        if spec.get("resourceClaims") or any(n.startswith("nvidia.com/") for n in asked):
+            meta = pod.get("metadata") or {}
+            out.append(f"{meta.get('namespace')}/{meta.get('name')}")
+    return tuple(out)
+
+
+async def mig_configs(kube: Kube, config_map: str, key: str) -> dict[str, tuple[Entry, ...]]:
+    """The MIG manager's configs, from its ConfigMap; ClusterError when it cannot be
+    read or is not a mig-parted config."""
+    namespace, name = config_map.split("/")
+    answer = await kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+    if not answer.ok:
+        raise ClusterError(f"GET configmap {config_map}: HTTP {answer.status}")
+    text = (answer.body.get("data") or {}).get(key)
+    if text is None:
+        raise ClusterError(f"configmap {config_map} has no {key}")
+    try:
+        return parse_configs(text)
+    except ValueError as err:
+        raise ClusterError(f"configmap {config_map} {key}: {err}") from None

@@ -49,6 +49,7 @@ from numaguard.remediator.core.verification import Outcome, due, settled, verifi
 from numaguard.remediator.kube import Kube
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
+from numaguard.remediator.relayouts import relayout
 from numaguard.remediator.signals import Prometheus, SignalsError
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Controller:
         # workloads whose verification was refused last cycle, and why (said once)
         self.verify_refused: dict[str, tuple[str, str]] = {}  # workload -> (guard, why)
         self.storms_said: dict[tuple, str] = {}  # a storm -> the Event last written on it
+        self.layouts_said: dict[str, str] = {}  # a family or node -> what was last said
         self.sizing = Sizing()  # the slices to size, carried between looks for them
         # where the steering webhook is served (run --steer); None: replacements go
         # wherever the scheduler sends them
@@ -164,6 +166,19 @@ class Controller:
                 m.duration.set(time.monotonic() - started)
                 return report
             await self._clear_storms(report.storms)
+            try:
+                await relayout(
+                    self.kube,
+                    self.actuator,
+                    self.metrics,
+                    self.layouts_said,
+                    report,
+                    pods,
+                    policy,
+                    now,
+                )
+            except (ClusterError, *_TRANSPORT) as err:
+                self._failed(report, "mig_layout", str(err) or type(err).__name__)
             if not policy.paused and not policy.dry_run:  # a verification writes its outcome
                 try:
                     await self._verify(report)

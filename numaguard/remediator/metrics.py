@@ -16,6 +16,7 @@ from numaguard.contract import catalogue as c
 from numaguard.remediator.core.guards import GUARDS
 from numaguard.remediator.core.history import LANDINGS
 from numaguard.remediator.core.kinds import KINDS
+from numaguard.remediator.core.relayout import PHASES
 
 
 class Metrics:
@@ -48,6 +49,7 @@ class Metrics:
         self.paused = make(c.REMEDIATOR_PAUSED)
         self.last_success = make(c.REMEDIATOR_LAST_SUCCESS)
         self.rejected = make(c.REMEDIATOR_REJECTED)
+        self.relayouts = make(c.REMEDIATOR_MIG_RELAYOUTS)
         for guard in GUARDS:  # every guard and outcome starts at 0, so rate() sees the first
             self.refusals.labels(guard)
         for outcome in ("held", "no_gain", "did_not_hold", "unverified", "gave_up"):
@@ -56,5 +58,7 @@ class Metrics:
             self.landings.labels(outcome)
         for kind in KINDS:
             self.fix_gain.labels(kind)
+        for phase in PHASES:
+            self.relayouts.labels(phase)
         for reason in ("missing_label", "bad_value", "bad_label", "duplicate"):
             self.dropped_rows.labels(reason)

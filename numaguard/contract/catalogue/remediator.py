@@ -86,6 +86,14 @@ REMEDIATOR_REJECTED = declare(
     ("namespace", "workload", "node", "reason"),
     "remediator",
 )
+REMEDIATOR_MIG_RELAYOUTS = declare(
+    "remediator_mig_relayout_nodes",
+    "gauge",
+    "Nodes in each phase of a MIG re-layout through the GPU Operator's MIG manager "
+    "(cordoned, relabelled; failed and wedged are left cordoned for a person).",
+    ("phase",),
+    "remediator",
+)
 REMEDIATOR_DURATION = declare(
     "remediator_cycle_duration_seconds", "gauge", "Wall time of the last cycle.", (), "remediator"
 )

@@ -9,6 +9,7 @@ from numaguard.remediator.core.actions import Action, Plan
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.outcome import Gain
 from numaguard.remediator.core.rejections import Storm
+from numaguard.remediator.core.relayout import Recommendation, Step
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class CycleReport:
     results: list[tuple[Action, str]] = field(default_factory=list)
     verified: list[Verification] = field(default_factory=list)
     storms: list[Storm] = field(default_factory=list)  # pods the kubelet refused, grouped
+    # MIG layouts that would serve the slices sizing wants, and the re-layout steps taken
+    layouts: list[Recommendation] = field(default_factory=list)
+    relayouts: list[tuple[Step, str]] = field(default_factory=list)
     error: str = ""
     leader: bool = True
     warning: str = ""  # the cycle ran, but something a person should fix made it blind

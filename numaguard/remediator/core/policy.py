@@ -14,6 +14,7 @@ from numaguard.remediator.core.kinds import (
     STARVED,
     UNDERSIZED,
 )
+from numaguard.remediator.core.relayout import MigLayout
 from numaguard.remediator.core.validation import (
     FORBID_EXTRA,
     Count,
@@ -91,6 +92,7 @@ class Policy:
     min_fix_gain: FixGain = FixGain()  # a fix that cleared its finding with less: no_gain
     keep_rejected_pods: Count = 3  # of a workload's pods rejected on a node, for diagnosis
     max_rejected_deletes_per_cycle: Count = 100  # they run nothing, but the API server does
+    mig_layout: MigLayout = MigLayout()  # the GPU Operator's MIG manager (core/relayout.py)
 
     def __post_init__(self) -> None:
         """What holds across fields, here so that a Policy built in code is held to it
