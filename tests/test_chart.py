@@ -101,6 +101,7 @@ def test_helm_lint_is_clean():
         (("exporter.detail=true",), ("detail",)),
         (("exporter.memoryMover=true",), ("memory-mover",)),
         (("remediator.steering.enabled=true",), ("steering",)),
+        (("remediator.migLayout.enabled=true",), ("mig-layout",)),
         (
             ("networkPolicy.enabled=true", "networkPolicy.prometheusNamespace=monitoring"),
             ("network-policy",),
@@ -119,6 +120,7 @@ def test_the_chart_renders_what_kustomize_does(sets, components):
 EVERY_SWITCH = (
     "remediator.dryRun=false",
     "remediator.steering.enabled=true",
+    "remediator.migLayout.enabled=true",
     "exporter.resctrlManage=true",
     "exporter.nrt=true",
     "exporter.detail=true",

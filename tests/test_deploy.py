@@ -19,7 +19,12 @@ from numaguard.exporter.publishers.nrt import API_USE as NRT_API_USE
 from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.kube import API_USE as EXPORTER_API_USE
 from numaguard.remediator.kube import API_USE as REMEDIATOR_API_USE
-from numaguard.remediator.kube import DRY_RUN_API_USE, ENFORCE_API_USE, STEERING_API_USE
+from numaguard.remediator.kube import (
+    DRY_RUN_API_USE,
+    ENFORCE_API_USE,
+    MIG_LAYOUT_API_USE,
+    STEERING_API_USE,
+)
 from numaguard.simulator.parts.controlplane import kustomized, rendered
 from tests.helpers.deploy import CRDS, DEPLOY, K8S_VERSION
 
@@ -136,6 +141,15 @@ def test_rbac_grants_exactly_what_the_code_uses():
     for kind, name in (("ClusterRole", "steering"), ("Role", "certificate")):
         for rule in of(steering, kind, f"numaguard-remediator-{name}")["rules"]:
             assert rule.get("resourceNames"), rule
+    # the MIG manager mode's relabel: node patches and the MIG manager's ConfigMap by name
+    mig = rendered("mig-layout")
+    assert granted(mig, "numaguard-remediator") == DRY_RUN_API_USE | MIG_LAYOUT_API_USE
+    (configmaps,) = [
+        r
+        for r in of(mig, "ClusterRole", "numaguard-remediator-mig-layout")["rules"]
+        if "configmaps" in r["resources"]
+    ]
+    assert configmaps["resourceNames"] == ["default-mig-parted-config"]
     # seen: `secrets create` (no name can limit a create) let the remediator's token
     # mint a token Secret for any account of its namespace; the install makes the
     # certificate's Secret empty instead, and the leader fills it
@@ -168,6 +182,7 @@ COMPONENTS = (
     "network-policy",
     "steering",
     "memory-mover",
+    "mig-layout",
 )
 
 

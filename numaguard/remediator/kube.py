@@ -46,6 +46,7 @@ DRY_RUN_API_USE = {
     ("", "pods", "list"),  # a workload's pods, to verify a fix on its replacements
     ("", "events", "create"),
     ("", "nodes", "get"),  # where a replacement may be scheduled (core/reach.py)
+    ("", "nodes", "list"),  # the MIG manager's nodes, their GPUs and configs (relayouts.py)
     # get: owners and their history; list: those with actions awaiting verification
     ("apps", "replicasets", "get"),
     ("apps", "replicasets", "list"),
@@ -85,6 +86,13 @@ STEERING_API_USE = {
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "update"),
     ("", "secrets", "get"),
     ("", "secrets", "update"),
+}
+# the MIG manager mode's relabel (policy.mig_layout.mode relabel): its nodes' cordon,
+# label and annotation, and the MIG manager's ConfigMap by name
+# (deploy/components/mig-layout)
+MIG_LAYOUT_API_USE = {
+    ("", "nodes", "patch"),
+    ("", "configmaps", "get"),
 }
 API_USE = DRY_RUN_API_USE | ENFORCE_API_USE
 

@@ -18,6 +18,7 @@ from numaguard.exporter.readers import format_id_list, parse_id_list
 from numaguard.exporter.readers.dra import read_claim_allocation
 from numaguard.exporter.sources.kube import pod_meta
 from numaguard.simulator.cluster.manifests import parse_quantity
+from numaguard.simulator.cluster.mig_manager import mig_manager_labels
 from numaguard.simulator.cluster.node import SimNode, admit, advertised, first_touch, free_cpus
 from numaguard.simulator.fakes import dra
 from numaguard.simulator.fakes.host import FakeClaim, FakeContainer, FakePod
@@ -69,6 +70,7 @@ class NodeAgent:
                 "nvidia.com/gpu.product": node.nvml.gpus[0].model.name.replace(" ", "-"),
                 "nvidia.com/mig.strategy": "mixed",
             }
+            labels |= mig_manager_labels(node)
         now = _now()
         return {
             "apiVersion": "v1",

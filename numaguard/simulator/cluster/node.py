@@ -40,6 +40,9 @@ class SimNode:
     reserved: frozenset[int] = frozenset()  # reservedSystemCPUs: never given exclusively
     # its kubelet's PodResources names the devices of DRA claims (KEP-3695): on from 1.34
     claims_in_pod_resources: bool = False
+    # the GPU Operator's MIG manager's config on it (cluster/mig_manager.py); "": none
+    mig_config: str = ""
+    mig_wedged: bool = False  # its MIG manager stops at pending for good
 
     def write(self) -> None:
         self.root.write()

@@ -41,6 +41,7 @@ from numaguard.simulator.cluster.manifests import (
     replicaset,
     stem,
 )
+from numaguard.simulator.cluster.mig_manager import MigManager
 from numaguard.simulator.cluster.node import (
     POLICIES,
     SimNode,
@@ -68,7 +69,7 @@ LEFT_BEHIND = (
 _LIVE: dict[int, set[str]] = {}
 
 
-class SimulatedCluster(NodeAgent):
+class SimulatedCluster(NodeAgent, MigManager):
     def __init__(self, directory: str, control_plane: ControlPlane) -> None:
         self.directory = directory
         self.cp = control_plane
@@ -144,6 +145,8 @@ class SimulatedCluster(NodeAgent):
             asyncio.create_task(self._agent()),
             asyncio.create_task(self._heartbeat()),
         ]
+        if any(node.mig_config for node in self.nodes.values()):
+            self._tasks.append(asyncio.create_task(self._mig_manager()))
         await self.add_pods(
             [(node, pod) for node in self.nodes.values() for pod in node.presets.values()],
             customise,

@@ -386,12 +386,12 @@ class ControlPlane:
     async def install_numaguard(
         self,
         session: aiohttp.ClientSession,
-        components: tuple[str, ...] = ("no-dry-run", "steering"),
+        components: tuple[str, ...] = ("no-dry-run", "steering", "mig-layout"),
     ) -> None:
         """Apply deploy/'s namespace, ServiceAccounts, RBAC, admission objects and Secrets
         as kustomize renders them with ``components`` (no-dry-run: tests act; steering: its
         webhook configuration and its empty certificate Secret too; memory-mover: the
-        policy on move requests), and get a
+        policy on move requests; mig-layout: node writes of a MIG re-layout), and get a
         token for each of our ServiceAccounts (``self.tokens``): our components run as
         those."""
         for obj in rendered(*components):
