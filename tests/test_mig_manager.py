@@ -28,12 +28,12 @@ from numaguard.simulator.fakes.nvml import FakeNvml, Process
 from numaguard.simulator.parts.controlplane import path_of
 from numaguard.simulator.parts.processes import free_port
 from numaguard.simulator.parts.prometheus import PrometheusServer
-from tests.test_remediation import NODE, component_kubeconfigs, cycles_until, forget_leases
+from tests.helpers.remediation import component_kubeconfigs, cycles_until, forget_leases
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 
 GIB = 1 << 30
-SPARE = "gpu-spare"
+NODE, SPARE = "gpu-node-3", "gpu-spare"
 CONFIGS = """version: v1
 mig-configs:
   all-3g.40gb:

@@ -35,32 +35,15 @@ from numaguard.simulator.cluster.simulated import SimulatedCluster
 from numaguard.simulator.fakes import dra, presets
 from numaguard.simulator.fakes.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from numaguard.simulator.fakes.nvml import FakeNvml, Process
-from numaguard.simulator.parts.controlplane import ControlPlane, path_of
+from numaguard.simulator.parts.controlplane import ControlPlane
 from numaguard.simulator.parts.processes import free_port, until
 from numaguard.simulator.parts.prometheus import PrometheusServer
 from tests.helpers.control_plane import allowed
+from tests.helpers.remediation import component_kubeconfigs, cycles_until, forget_leases
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.cluster]
 
 NODE = "gpu-node-3"
-
-
-async def component_kubeconfigs(cp: ControlPlane, stack, directory):
-    """The exporter's and the remediator's kubeconfigs: each its ServiceAccount's token,
-    through its own fault proxy. Returns (exporter's, remediator's, remediator's proxy)."""
-    paths = []
-    for account in ("numaguard-exporter", "numaguard-remediator"):
-        proxy = await stack.enter_async_context(cp.fault_proxy())
-        path = directory / f"{account}.kubeconfig"
-        paths.append(cp.kubeconfig(path, cp.tokens[account], account, server=proxy.url))
-    return paths[0], paths[1], proxy
-
-
-async def forget_leases(cp: ControlPlane, session) -> None:
-    """Leader-election Leases live in deploy/'s namespace, which outlives each cluster."""
-    for lease in await cp.items(session, "Lease", "numaguard"):
-        name = lease["metadata"]["name"]
-        await cp.request(session, "DELETE", path_of("Lease", "numaguard", name))
 
 
 class Cluster:
@@ -139,19 +122,6 @@ async def cluster(tmp_path, control_plane):
     yield make
     for c in clusters:
         await c.stop()
-
-
-async def cycles_until(controller, done, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    reports = []
-    while time.monotonic() < deadline:
-        reports.append(await controller.cycle())
-        if done(reports):
-            return reports
-        await asyncio.sleep(1)
-    raise AssertionError(
-        f"not done in {timeout}s: {[(r.results, r.verified, r.error) for r in reports]}"
-    )
 
 
 async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
