@@ -327,6 +327,25 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "numaguard-remediation",
         ),
         Alert(
+            "NumaguardMIGRelayoutStuck",
+            f'{c.REMEDIATOR_MIG_RELAYOUTS.name}{{phase=~"failed|wedged"}} > 0',
+            "5m",
+            "warning",
+            "A MIG re-layout is {{ $labels.phase }}: its node stays cordoned",
+            "For 5 minutes a node the remediator re-laid out through the GPU Operator's MIG "
+            "manager has been left cordoned ({{ $labels.phase }}), and no other node will "
+            "be re-laid out until a person clears it.",
+            "failed: the MIG manager could not apply the config, most often because a process "
+            "outside any pod still used a slice it had to destroy (NVML_ERROR_IN_USE). "
+            "wedged: the state stayed pending past the timeout, as when the manager waits "
+            "for GPU clients that never stop (gpu-operator#2833).",
+            "`kubectl get nodes -l nvidia.com/mig.config.state` and the `MigRelayout` "
+            "Warning Event on the node say which; read the nvidia-mig-manager pod's log "
+            "there, fix it, then uncordon the node and remove its "
+            "`numaguard.io/mig-relayout` annotation.",
+            "numaguard-remediation",
+        ),
+        Alert(
             "NumaguardUnremediableFindingsPiling",
             f"{c.REMEDIATOR_UNREMEDIABLE.name} > 5",
             "30m",

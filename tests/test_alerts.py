@@ -236,6 +236,15 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
             ),
         ],
     ),
+    "NumaguardMIGRelayoutStuck": (
+        {
+            'numaguard_remediator_mig_relayout_nodes{phase="wedged"}': "0x3 1x20",
+            'numaguard_remediator_mig_relayout_nodes{phase="failed"}': "0x20",
+            # in flight: never an alert
+            'numaguard_remediator_mig_relayout_nodes{phase="relabelled"}': "1x20",
+        },
+        [("7m", []), ("9m", [{"phase": "wedged"}])],
+    ),
     "NumaguardUnremediableFindingsPiling": (
         {"numaguard_remediator_unremediable_findings": "6x40"},
         [("29m", []), ("31m", [{}])],
