@@ -44,7 +44,7 @@ mig-configs:
 
 
 @contextlib.asynccontextmanager
-async def mig_cluster(cp, tmp_path, busy: bool = False, wedged: bool = False):
+async def mig_cluster(cp, tmp_path, busy: bool = False, wedged: bool = False, dry_run=False):
     """The two nodes, their exporters, Prometheus, and a controller acting with the MIG
     manager mode's relabel on the MIG manager's nodes. ``busy``: a process outside any
     pod runs on a slice of gpu-spare; ``wedged``: its MIG manager stops at pending."""
@@ -100,7 +100,7 @@ async def mig_cluster(cp, tmp_path, busy: bool = False, wedged: bool = False):
         )
         await prom.wait_for(expressions(Windows("4s", "4s"))["slice_sm"])
         policy = Policy(
-            dry_run=False,
+            dry_run=dry_run,
             min_pod_age_seconds=0,
             stale_after_seconds=10,
             verify_after_seconds=8,
@@ -230,3 +230,21 @@ async def test_a_re_layout_that_fails_or_wedges_is_left_cordoned(tmp_path, contr
         assert warning["type"] == "Warning"
         assert "left cordoned for a person" in warning["message"]
         assert len(node_writes(proxy)) == 3  # cordon, relabel, its phase: never uncordoned
+
+
+async def test_a_dry_run_says_once_which_node_it_would_re_lay_out(tmp_path, control_plane):
+    async with mig_cluster(control_plane, tmp_path, dry_run=True) as (sim, controller, proxy, _):
+        reports = await cycles_until(controller, phases)
+        assert phases(reports) == [("cordoned", "dry_run")]
+        for _ in range(3):  # the same step each cycle: said once
+            assert (await controller.cycle()).relayouts == []
+        obj = await spare_node(sim)
+        assert not obj["spec"].get("unschedulable")
+        assert obj["metadata"]["labels"]["nvidia.com/mig.config"] == "all-3g.40gb"
+        assert node_writes(proxy) == []
+        events = await sim.cp.items(sim.session, "Event", "default")
+        said = [e["message"] for e in events if e["message"].startswith("MIG re-layout: would")]
+        assert said == [
+            "MIG re-layout: would cordon: all-1g.20gb holds 1 of the wanted slices "
+            "(1 1g.20gb); no GPU pod on it"
+        ]

@@ -456,8 +456,9 @@ class Actuator:
             answer = await self.writer.patch(f"/api/v1/nodes/{step.node}", patch)
             result = "done" if answer.ok else "conflict" if answer.status == 409 else "failed"
         if result in ("done", "dry_run"):
-            verb = "would " if result == "dry_run" else ""
-            text = f"MIG re-layout: {verb}{_PHASE_VERBS[step.phase]}: {step.why}"
+            would, did = _PHASE_VERBS[step.phase]
+            verb = f"would {would}" if result == "dry_run" else did
+            text = f"MIG re-layout: {verb}: {step.why}"
             kind = "Warning" if step.phase in ("failed", "wedged") else "Normal"
             involved = {"apiVersion": "v1", "kind": "Node", "name": step.node}
             await self._post_event("default", step.node, involved, "MigRelayout", text, kind)
@@ -512,13 +513,14 @@ class Actuator:
             log.info("event %s on %s/%s: HTTP %s", reason, namespace, name, answer.status)
 
 
+# a re-layout's step, as its Event says it: (in a dry run, done)
 _PHASE_VERBS = {
-    "cordoned": "cordoned",
-    "relabelled": "relabelled",
-    "done": "uncordoned",
-    "abandoned": "uncordoned, nothing changed",
-    "failed": "failed",
-    "wedged": "wedged",
+    "cordoned": ("cordon", "cordoned"),
+    "relabelled": ("relabel", "relabelled"),
+    "done": ("uncordon", "uncordoned"),
+    "abandoned": ("uncordon, nothing changed", "uncordoned, nothing changed"),
+    "failed": ("leave cordoned", "failed"),
+    "wedged": ("leave cordoned", "wedged"),
 }
 
 
