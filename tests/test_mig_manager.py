@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -248,3 +249,12 @@ async def test_a_dry_run_says_once_which_node_it_would_re_lay_out(tmp_path, cont
             "MIG re-layout: would cordon: all-1g.20gb holds 1 of the wanted slices "
             "(1 1g.20gb); no GPU pod on it"
         ]
+        # the default mode: the layout recommended, from the nodes' metadata alone
+        controller.policy = replace(controller.policy, mig_layout=MigLayout())
+        report = await controller.cycle()
+        assert [(r.family, r.label, r.layout) for r in report.layouts] == [
+            ("A100/H100-80GB", "numaguard-1x1g.20gb-6x1g.10gb", {"1g.20gb": 1, "1g.10gb": 6})
+        ]
+        assert report.relayouts == [] and report.error == ""
+        listed = [e for e in proxy.log if e.method == "GET" and e.path.startswith("/api/v1/nodes?")]
+        assert listed and all(e.status == 200 for e in listed)

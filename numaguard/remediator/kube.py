@@ -16,6 +16,7 @@ from kubernetes.utils import parse_quantity  # noqa: F401 (the client's, for clu
 from numaguard.common.apiserver import KubeconfigError, find_kubeconfig, in_cluster
 
 REQUEST_TIMEOUT_SECONDS = 15.0
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 
 async def api_client(kubeconfig: str | None) -> client.ApiClient | None:
@@ -115,6 +116,11 @@ class Kube:
     async def get(self, path: str, **query: str) -> Answer:
         return await self.call("GET", path, query=query)
 
+    async def list_metadata(self, path: str, **query: str) -> Answer:
+        """A list of objects' metadata alone (PartialObjectMetadataList): labels and
+        annotations for a fraction of the bytes."""
+        return await self.call("GET", path, query=query, accept=METADATA_LIST)
+
     async def call(
         self,
         method: str,
@@ -122,11 +128,12 @@ class Kube:
         query: dict | None = None,
         body: dict | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> Answer:
         """One request; a status the server gives is returned, never raised. Transport
         failures (refused, timeouts) raise as the client raises them."""
         self.requests += 1
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        headers = {"Content-Type": content_type, "Accept": accept}
         _, url, headers, body_out, _ = await self.api.param_serialize(
             method,
             path,

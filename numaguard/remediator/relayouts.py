@@ -48,7 +48,7 @@ async def relayout(
     if not want and not relabel:
         return
     selector = settings.node_selector if relabel else MIG_CONFIG_LABEL
-    nodes = await mig_nodes(kube, selector)
+    nodes = await mig_nodes(kube, selector, metadata_only=not relabel)
     families = {n.family.name: n.family for n in nodes if n.family is not None}
     report.layouts = rl.recommend(want, list(families.values()))
     for r in report.layouts:
