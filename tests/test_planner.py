@@ -1167,3 +1167,26 @@ def test_one_cycle_places_one_resize_per_counted_room():
     result = run(signals(**rows), [first, second])
     assert [a.kind for a in result.actions] == ["resize"]
     assert [r.guard for r in result.refusals] == ["no_fit"]
+
+
+def test_a_dra_slice_behind_an_extended_resource_is_resized_where_a_device_class_maps_it():
+    """nvidia.com/mig-3g.40gb in its containers, which a DeviceClass maps: the scheduler
+    made its claim, so room is on the counters, and the new resource must be mapped too."""
+    mapped = frozenset({"nvidia.com/mig-3g.40gb", "nvidia.com/mig-1g.10gb"})
+    pod = replace(opted_in_infer(), extended_claim="infer-0-gpu-abcde", mapped=mapped)
+    rows = sizing_rows(sm=0.1, memory_gib=6)
+    free = [{"node": "n2", "gpu_uuid": "GPU-9", "mig_profile": "1g.10gb", "value": 2}]
+    sized = signals(**merge(healthy("n1", "n2"), rows, {"mig_profiles_free": free}))
+    result = run(sized, [pod])
+    assert [(a.kind, a.finding.recommended) for a in result.actions] == [("resize", "1g.10gb")]
+    assert not result.refusals
+    unmapped = replace(pod, mapped=frozenset({"nvidia.com/mig-3g.40gb"}))
+    result = run(sized, [unmapped])
+    assert [(r.guard, r.detail) for r in result.refusals] == [
+        ("no_fit", "no DeviceClass maps nvidia.com/mig-1g.10gb (DRA)")
+    ]
+    full = signals(**merge(healthy("n1", "n2"), rows, {"mig_profiles_free": []}))
+    result = run(full, [pod])
+    assert [(r.guard, r.detail) for r in result.refusals] == [
+        ("no_fit", "no GPU's DRA counters leave room for a 1g.10gb")
+    ]

@@ -1096,3 +1096,87 @@ async def test_a_slice_from_a_claim_template_is_resized_through_a_new_template(c
         if "resourceclaimtemplates" in e.path and e.method in ("PUT", "PATCH")
     ]
     assert updates == []
+
+
+async def test_a_dra_slice_behind_an_extended_resource_is_resized_by_its_name(cluster):
+    """GPUs 3 and 7 under DynamicMIG; dra-ext asks for nvidia.com/mig-7g.80gb, which no
+    device plugin on the node offers and a DeviceClass maps: the real scheduler makes its
+    claim. It uses 12 GiB and nothing else: the remediator swaps the resource for
+    nvidia.com/mig-1g.20gb (mapped too), judged on the other GPU's counters (its own
+    slice is not free while the rolling update starts the new pod first), not on
+    pre-made slices, and the scheduler makes the new pod's claim for a 1g.20gb the driver
+    makes."""
+    dynamic_gpus = (3, 7)
+
+    def dynamic(host, nvml):
+        for i in dynamic_gpus:
+            nvml.set_mig(i, [])
+            nvml.gpus[i].dynamic_mig = True
+
+    c = await cluster(prepare=dynamic)
+    c.node.claims_in_pod_resources = True
+    c.sim.demand["dra-ext"] = 0.0
+    s = c.sim.session
+    classes = []
+    for profile in ("7g.80gb", "1g.20gb"):
+        mapped = dra.device_class(f"mig-{profile}", "mig", f"nvidia.com/mig-{profile}")
+        mapped["spec"]["selectors"].append(dra.profile_selector(profile))
+        await c.cp.create(s, mapped)
+        classes.append(f"/apis/{dra.API}/deviceclasses/mig-{profile}")
+    try:
+        deployment = dra_infer("unused")
+        deployment["metadata"]["name"] = "dra-ext"
+        spec = deployment["spec"]
+        spec["selector"]["matchLabels"]["app"] = "dra-ext"
+        spec["template"]["metadata"]["labels"]["app"] = "dra-ext"
+        del spec["template"]["spec"]["resourceClaims"]
+        limits = {"nvidia.com/mig-7g.80gb": "1", "cpu": "1", "memory": "1Gi"}
+        spec["template"]["spec"]["containers"][0]["resources"] = {"limits": limits}
+        await c.cp.create(s, deployment)
+        await c.sim.wait_until(lambda: c.sim.running("dra-ext-"), "dra-ext running")
+        (first,) = c.sim.running("dra-ext-")
+        (whole,) = [
+            sl for i in dynamic_gpus for sl in c.nvml.gpus[i].mig if sl.profile.name == "7g.80gb"
+        ]
+        whole.memory_used_bytes = 12 << 30
+        c.node.write()
+        await c.prom.wait_for(expressions(Windows("4s", "4s"))["slice_sm"])
+        controller = c.controller(max_per_node=3)
+
+        def resized(reports):
+            return [
+                (a, r)
+                for rep in reports
+                for a, r in rep.results
+                if a.kind == "resize" and a.pod.name == first.name
+            ]
+
+        ((action, result),) = resized(await cycles_until(controller, resized))
+        assert (action.detail, result) == (
+            "resize 7g.80gb -> 1g.20gb (Deployment/ml/dra-ext)",
+            "resized",
+        )
+        after = await c.get("Deployment", "dra-ext")
+        assert after["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+            "nvidia.com/mig-1g.20gb": "1",
+            "cpu": "1",
+            "memory": "1Gi",
+        }
+
+        def rolled_out():
+            pods = [p for p in c.sim.running("dra-ext-") if p.uid != first.uid]
+            made = [
+                sl
+                for i in dynamic_gpus
+                for sl in c.nvml.gpus[i].mig or []
+                if sl.profile.name == "1g.20gb"
+            ]
+            return pods and made
+
+        await c.sim.wait_until(rolled_out, "dra-ext rolled out onto a 1g.20gb the driver made")
+        (new,) = [p for p in c.sim.running("dra-ext-") if p.uid != first.uid]
+        status = (await c.get("Pod", new.name))["status"]
+        assert status["extendedResourceClaimStatus"]["resourceClaimName"]
+    finally:
+        for path in classes:
+            await c.cp.request(s, "DELETE", path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime
 
 from numaguard.contract.names import HISTORY_ANNOTATION, PENDING_LABEL, RELAYOUT_ANNOTATION
@@ -54,7 +55,34 @@ async def pods_of(kube: Kube, findings: list[Finding]) -> dict[str, PodInfo]:
         return await _pod_info(kube, pod, owners)
 
     results = await _bounded(one, [(ns, n, uid) for (ns, n), uid in wanted.items()])
+    if any(p is not None and p.extended_claim for p in results):
+        mapped = await mapped_resources(kube)
+        results = [_dra_mapped(p, mapped) if p and p.extended_claim else p for p in results]
     return {p.uid: p for p in results if p is not None}
+
+
+def _dra_mapped(pod: PodInfo, mapped: frozenset[str]) -> PodInfo:
+    """A pod whose extended resources DRA serves: those a DeviceClass maps are no node's
+    allocatable (the scheduler makes a claim for them on a node without a device plugin
+    offering them), so where its replacement may go is not judged by them."""
+    placement = pod.placement
+    if placement is not None:
+        kept = {k: v for k, v in placement.requests.items() if k not in mapped}
+        placement = replace(placement, requests=kept)
+    return replace(pod, mapped=mapped, placement=placement)
+
+
+async def mapped_resources(kube: Kube) -> frozenset[str]:
+    """The extended resources DeviceClasses map (extendedResourceName): those a pod's
+    containers may ask for that the scheduler turns into a ResourceClaim."""
+    answer = await kube.get(f"{RESOURCE_API}/deviceclasses")
+    if not answer.ok:
+        raise ClusterError(f"LIST deviceclasses: HTTP {answer.status}")
+    return frozenset(
+        name
+        for c in answer.body.get("items") or []
+        if (name := (c.get("spec") or {}).get("extendedResourceName"))
+    )
 
 
 async def _bounded(call, args: list[tuple]) -> list:
@@ -118,6 +146,9 @@ async def _pod_info(kube: Kube, pod: dict, owners: dict[str, dict | None]) -> Po
         requests=requests_of(spec),
         selector=selector,
         claims=await _claims(kube, namespace, spec),
+        extended_claim=((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+            "resourceClaimName", ""
+        ),
     )
 
 

@@ -63,6 +63,8 @@ DRY_RUN_API_USE = {
     ("batch", "cronjobs", "list"),
     ("resource.k8s.io", "resourceclaimtemplates", "get"),
     ("resource.k8s.io", "resourceclaimtemplates", "list"),
+    # the extended resources DeviceClasses map, for a pod whose slice is DRA's behind one
+    ("resource.k8s.io", "deviceclasses", "list"),
     ("coordination.k8s.io", "leases", "get"),
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),

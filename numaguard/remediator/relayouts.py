@@ -42,7 +42,8 @@ async def relayout(
         finding, pod = refusal.finding, pods.get(refusal.finding.pod_uid)
         if refusal.guard != "no_fit" or not finding.recommended or pod is None:
             continue
-        if mechanism(pod.resources, pod.claims, finding.profile)[0] == RESOURCES:
+        how = mechanism(pod.resources, pod.claims, finding.profile)[0]
+        if how == RESOURCES and not pod.extended_claim:  # a device plugin's slice
             want[finding.recommended] = want.get(finding.recommended, 0) + 1
     relabel = settings.mode == "relabel" and not policy.paused
     if not want and not relabel:

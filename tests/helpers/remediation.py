@@ -35,6 +35,13 @@ async def cycles_until(controller, done, timeout=120.0):
         if done(reports):
             return reports
         await asyncio.sleep(1)
-    raise AssertionError(
-        f"not done in {timeout}s: {[(r.results, r.verified, r.error) for r in reports]}"
-    )
+    said = [
+        (
+            r.results,
+            [(x.finding.pod, x.guard, x.detail) for x in r.plan.refusals] if r.plan else [],
+            r.verified,
+            r.error,
+        )
+        for r in reports[-3:]
+    ]
+    raise AssertionError(f"not done in {timeout}s; the last cycles: {said}")

@@ -47,6 +47,11 @@ class PodInfo:
     # by it); empty when its selector has expressions
     selector: dict[str, str] = field(default_factory=dict)
     claims: tuple[ClaimRef, ...] = ()  # its ResourceClaims, with the profiles they select
+    # the claim the scheduler made for its extended resources (a DeviceClass's
+    # extendedResourceName: DRA behind nvidia.com/mig-*); "": a device plugin's
+    extended_claim: str = ""
+    # with one: the extended resources DeviceClasses map, cluster-wide
+    mapped: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numaguard.contract.names import AUTO_RESIZE_ANNOTATION, REQUEST_ANNOTATION
+from numaguard.contract.names import AUTO_RESIZE_ANNOTATION, REQUEST_ANNOTATION, mig_resource
 from numaguard.remediator.core.actions import Action, Plan, PodInfo, Refusal
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity, Need
@@ -116,7 +116,10 @@ def plan(
             if how == SHARED:
                 guard = "shared_claim"
                 detail = f"its slice is ResourceClaim {claim.claim}'s, which other pods may share"
-            elif how == TEMPLATE:  # a new claim: wherever a GPU's DRA counters leave room
+            elif how == TEMPLATE or pod.extended_claim:
+                # a new claim: wherever a GPU's DRA counters leave room (for a DRA
+                # extended resource, one a DeviceClass maps to the new profile)
+                wanted = mig_resource(finding.recommended)
                 target = next(
                     (
                         node
@@ -127,7 +130,9 @@ def plan(
                     ),
                     None,
                 )
-                if target is None:
+                if how != TEMPLATE and wanted not in pod.mapped:
+                    guard, detail = "no_fit", f"no DeviceClass maps {wanted} (DRA)"
+                elif target is None:
                     guard = "no_fit"
                     detail = f"no GPU's DRA counters leave room for a {finding.recommended}"
             else:
@@ -152,7 +157,7 @@ def plan(
             detail = f"evict: fits aligned on {node} NUMA node {numa}"
         else:
             steer = ()
-            if how == TEMPLATE:
+            if how == TEMPLATE or pod.extended_claim:
                 capacity.take_placement(target, finding.recommended)
             else:
                 capacity.take_slice(target, finding.recommended)
