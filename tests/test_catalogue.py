@@ -73,6 +73,10 @@ ALLOWED_LABELS = {
     "driver",  # a DRA driver's name
     "counter_set",  # DRA counter sets: at most 8 a ResourceSlice, one a GPU under DynamicMIG
     "counter",  # at most 32 a counter set (the API server's limit)
+    "peer_gpu",  # the other GPU of a pair (--detail only: n² / 2 a node)
+    "level",  # how two GPUs reach each other: nvlink, pix, pxb, phb, node, sys
+    "nvlinks",  # NVLinks joining a pair: at most NVML_NVLINK_MAX_LINKS
+    "p2p",  # yes, no, unknown
 }
 
 
@@ -132,6 +136,24 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
         collection.moves = lambda: moves
         await collection.run_once()
         now[0] += 15
+        await collection.run_once()
+        gpus.close()
+        pod_resources.close()
+        await kubelet.stop()
+        shutil.rmtree(os.path.dirname(socket))
+    seen |= _declared_families(collection)
+    # and PCIe cards whose pods hold several GPUs and slices, in one container or two
+    host, nvml = presets.linked_gpu_node(lambda: now[0])
+    root = fake_root(host)
+    socket = f"{tempfile.mkdtemp(dir='/tmp')}/kubelet.sock"
+    kubelet = FakeKubelet(socket, host, nvml)
+    with nvml.installed():
+        await kubelet.start()
+        gpus = NvmlSource(pynvml, str(root.root), clock=lambda: now[0])
+        pod_resources = PodResourcesSource(socket)
+        collection = make_collection(
+            root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
+        )
         await collection.run_once()
         gpus.close()
         pod_resources.close()

@@ -299,6 +299,10 @@ STATIC = (
     "nvmlDeviceGetAttributes_v2",
     "nvmlGpuInstanceGetInfo",
     "nvmlDeviceGetGpuInstanceProfileInfoByIdV",
+    # how GPUs reach each other: asked when the GPUs change
+    "nvmlDeviceGetTopologyCommonAncestor",
+    "nvmlDeviceGetP2PStatus",
+    "nvmlDeviceGetNvLinkState",
 )
 
 
@@ -446,14 +450,22 @@ CALLED = [
     "nvmlDeviceGetComputeRunningProcesses_v3",
     "nvmlDeviceGetUtilizationRates",
     "nvmlDeviceGetNumaNodeId",
+    "nvmlDeviceGetTopologyCommonAncestor",
+    "nvmlDeviceGetP2PStatus",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkRemoteDeviceType",
+    "nvmlDeviceGetNvLinkRemotePciInfo_v2",
 ]
 
 
 def mixed_node(clock):
-    """The preset GPU node plus an A100 (no GPM, MIG off) whose PCI entry sysfs lacks:
-    every NVML call the source can make is made."""
+    """The preset GPU node plus an A100 (no GPM, MIG off) whose PCI entry sysfs lacks,
+    GPUs 3 and 7 joined by two NVLinks and GPU 0 on an NVSwitch: every NVML call the
+    source can make is made."""
     host, nvml = presets.gpu_node(clock)
     nvml.add_gpu("A100-40GB", 1, None, GIB, graphics=0.3)
+    nvml.gpus[3].nvlinks, nvml.gpus[7].nvlinks = [7, 7], [3, 3]
+    nvml.gpus[0].nvlinks = ["00000000:A0:00.0"]
     return host, nvml
 
 

@@ -87,6 +87,19 @@ class SliceRecord:
     holders: tuple[Holder, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class LinkRecord:
+    """How a GPU reaches one of the GPUs after it (by index), as NVML says; None where
+    NVML would not say."""
+
+    peer: int
+    level: str | None  # PCIe: pix | pxb | phb | node | sys (readers.nvml.LINK_LEVELS)
+    p2p_read: int | None  # nvmlGpuP2PStatus_t: 0 is OK
+    p2p_write: int | None
+    p2p_nvlink: int | None
+    nvlinks: int | None  # NVLinks joining the two directly
+
+
 @dataclass(slots=True)
 class GpuRecord:
     index: int
@@ -105,6 +118,10 @@ class GpuRecord:
     processes: int | None = None  # with MIG on: see the slices
     holders: tuple[Holder, ...] = ()
     slices: tuple[SliceRecord, ...] = ()
+    # its root complex and the bridges down to it, from sysfs (readers.nvml.pci_chain)
+    pci_chain: tuple[str, ...] | None = None
+    links: tuple[LinkRecord, ...] = ()  # to each GPU after it
+    nvswitch_links: int | None = None  # its NVLinks to NVSwitches (0: none); None unknown
 
 
 @dataclass(frozen=True, slots=True)

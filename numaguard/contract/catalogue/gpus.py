@@ -1,9 +1,11 @@
-"""GPUs and MIG slices: activity, holders, starvation."""
+"""GPUs and MIG slices: activity, holders, starvation, DRA counters, and how GPUs reach
+each other (links)."""
 
 from __future__ import annotations
 
 from numaguard.contract.catalogue.spec import (
     CONTAINER,
+    POD,
     declare,
 )
 from numaguard.contract.reasons import STARVED_REASONS
@@ -176,5 +178,54 @@ DRA_COUNTER_MISMATCH = declare(
     "no allocated device accounts for: made outside DRA, or left behind). Brief while a "
     "claim is prepared or released; absent when NVML or the claims do not say.",
     (*_COUNTER_SET, "kind"),
+    "gpu",
+)
+
+GPU_LINK_MISMATCH = declare(
+    "gpu_link_level_mismatch_pairs",
+    "gauge",
+    "Pairs of the node's GPUs whose PCIe level NVML (nvmlDeviceGetTopologyCommonAncestor) "
+    "and the sysfs PCI tree (root complex, bridges, NUMA node) give differently. Absent "
+    "when neither can be compared.",
+    (),
+    "gpu",
+)
+GPU_LINK = declare(
+    "gpu_link_info",
+    "gauge",
+    "1 for each pair of full GPUs (gpu the lower index): how they reach each other, as "
+    "nvidia-smi topo -m names it (nvlink, pix, pxb, phb, node, sys; unknown when NVML and "
+    "sysfs cannot say), with their NVLinks (direct, or the fewer of their NVSwitch links) "
+    "and whether P2P read and write work (yes, no, unknown).",
+    ("gpu", "peer_gpu", "level", "nvlinks", "p2p"),
+    "gpu",
+    detail=True,
+)
+POD_GPU_LINK = declare(
+    "pod_gpu_link",
+    "gauge",
+    "1, for a pod holding two or more full GPUs, at the level of its worst pair: nvlink, "
+    "pix, pxb, phb, node or sys (nvidia-smi topo -m's names; NCCL uses P2P up to pxb by "
+    "default). Absent when a pair's level is unknown.",
+    (*POD, "level"),
+    "gpu",
+)
+POD_GPU_P2P = declare(
+    "pod_gpu_p2p_pairs",
+    "gauge",
+    "A pod's pairs of full GPUs whose P2P read and write work (state ok: the driver says "
+    "so, or NVLink joins them) or not (no). Absent when a pair's status is unknown.",
+    (*POD, "state"),
+    "gpu",
+)
+POD_GPU_LINK_POOR = declare(
+    "pod_gpu_link_poor",
+    "gauge",
+    "1 when a pod holding two or more GPUs or MIG slices cannot move data between them "
+    "peer to peer, for the reason given: no_p2p (two of its full GPUs joined beyond pxb, "
+    "or P2P refused), split_containers (its devices are in different containers: no CUDA "
+    "IPC nor NVLink between them, NVIDIA/nccl#324), mig_slices (two or more slices: MIG "
+    "does no P2P). 0 when the reason does not hold; absent when it cannot be decided.",
+    (*POD, "reason"),
     "gpu",
 )

@@ -38,6 +38,7 @@ def families(snap: NodeSnapshot) -> list[Family]:
             use.container_id,
             use.source,
         )
+    _links(f.add, snap)
     for starved in snap.starvation:
         use = starved.use
         for reason, verdict in starved.verdicts.items():
@@ -53,6 +54,27 @@ def families(snap: NodeSnapshot) -> list[Family]:
                 reason,
             )
     return list(f.values())
+
+
+def _links(add, snap: NodeSnapshot) -> None:
+    """How the node's GPUs reach each other, and what each multi-GPU pod got."""
+    pairs = snap.gpu_pairs.values()
+    compared = [p for p in pairs if p.a.pci_chain and p.b.pci_chain and p.level is not None]
+    if compared:
+        add(c.GPU_LINK_MISMATCH, sum(p.pcie_disagrees for p in pairs))
+    for p in pairs:
+        p2p = {True: "yes", False: "no", None: "unknown"}[p.p2p]
+        level = p.level or "unknown"
+        add(c.GPU_LINK, 1, str(p.a.index), str(p.b.index), level, str(p.nvlinks), p2p)
+    for pod in snap.pod_links:
+        ids = (pod.namespace, pod.pod, pod.pod_uid)
+        if pod.worst is not None:
+            add(c.POD_GPU_LINK, 1, *ids, pod.worst)
+        if pod.p2p is not None:
+            for state, n in pod.p2p.items():
+                add(c.POD_GPU_P2P, n, *ids, state)
+        for reason, verdict in pod.verdicts.items():
+            add(c.POD_GPU_LINK_POOR, int(verdict), *ids, reason)
 
 
 def _gpu(add, gpu: GpuRecord, versions: tuple[str, str]) -> None:

@@ -1,8 +1,9 @@
 """The model: one NodeSnapshot per collection cycle, with every derived signal computed
 once, here. Pure: readings (and the previous snapshot, for rates) in, snapshot out. By
 topic: placement (topology, pods, cpu_span and memory_remote), devices (who uses which
-GPU or slice, device_remote), starvation, counters (DRA's partitionable devices), zones
-(capacity per NUMA node); thresholds holds what decides the verdicts.
+GPU or slice, device_remote), links (how a pod's GPUs reach each other), starvation,
+counters (DRA's partitionable devices), zones (capacity per NUMA node); thresholds holds
+what decides the verdicts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from numaguard.exporter.model.devices import (
     device_uses,
     with_device_verdicts,
 )
+from numaguard.exporter.model.links import Pair, PodLinks, pairs, pod_links
 from numaguard.exporter.model.placement import (
     NumaNodeState,
     PodState,
@@ -58,6 +60,8 @@ class NodeSnapshot:
     zones: tuple[Zone, ...] = ()
     starvation: tuple[Starvation, ...] = ()
     counters: tuple[CounterSetState, ...] = ()  # DRA counter sets (partitionable devices)
+    gpu_pairs: Mapping[tuple[int, int], Pair] = field(default_factory=dict)
+    pod_links: tuple[PodLinks, ...] = ()
     # the readings of the collectors turned on this cycle (None: failed), by name
     readings: Mapping[str, object] = field(default_factory=dict)
     detail: bool = False  # the families render their detail too (--detail)
@@ -123,6 +127,7 @@ def build_snapshot(
             thresholds,
         )
     counters = counter_states(dra, {g.uuid: g for g in gpus.gpus if g.uuid} if gpus else {})
+    gpu_pairs = pairs(gpus.gpus) if gpus else {}
     return NodeSnapshot(
         node_name=node_name,
         timestamp=timestamp,
@@ -138,6 +143,8 @@ def build_snapshot(
         zones=zones_of(kubelet, topology, dra_devices(find, uses, counters)) if kubelet else (),
         starvation=starvation,
         counters=counters,
+        gpu_pairs=gpu_pairs,
+        pod_links=pod_links(uses, gpu_pairs),
         readings=dict(readings or {}),
         detail=detail,
     )

@@ -27,6 +27,11 @@ _PROFILE = re.compile(r"(?:MIG )?(\d+g\.\d+gb(?:[+-][a-z][a-z0-9]*(?:\.[a-z0-9]+
 _BUS_ID = re.compile(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])")
 
 
+def nvml_text(value) -> str:
+    """A string NVML gave (bytes from the C library, str from some wrappers); "" for none."""
+    return value.decode("ascii", "replace") if isinstance(value, bytes) else (value or "")
+
+
 def parse_profile_name(name: str | bytes) -> str:
     """``MIG 1g.10gb`` (nvmlDeviceGetGpuInstanceProfileInfo) -> ``1g.10gb``, the name the
     device plugin uses in ``nvidia.com/mig-1g.10gb``; ``MIG 1g.24gb-me`` -> ``1g.24gb-me``."""
@@ -69,3 +74,52 @@ def gpm_values(
                 raise ParseError(f"GPM PCIe {direction} {value} is not a rate")
             pcie[direction] = value * (1 << 20)
     return utilization, supported, pcie
+
+
+# How two GPUs reach each other, best first: nvidia-smi topo -m's names (lowercase), which
+# NCCL's NCCL_P2P_LEVEL uses too. NCCL uses P2P only up to pxb by default
+# (src/graph/paths.cc, p2pLevel = PATH_PXB).
+LINK_LEVELS = ("nvlink", "pix", "pxb", "phb", "node", "sys")
+P2P_UP_TO = "pxb"
+# nvmlGpuTopologyLevel_t -> its name; INTERNAL (two GPUs on one board) is as close as PIX
+_NVML_LEVELS = {0: "pix", 10: "pix", 20: "pxb", 30: "phb", 40: "node", 50: "sys"}
+_SYSFS_PCI = re.compile(r"/sys/devices/(pci[0-9a-f]{4}:[0-9a-f]{2})((?:/[0-9a-f:.]+)+)")
+_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+def nvml_level(value: int) -> str:
+    """nvmlDeviceGetTopologyCommonAncestor's answer -> a LINK_LEVELS name."""
+    if value not in _NVML_LEVELS:
+        raise ParseError(f"not an NVML topology level: {value!r}")
+    return _NVML_LEVELS[value]
+
+
+def pci_chain(realpath: str) -> tuple[str, ...]:
+    """A PCI device's sysfs path, resolved (``/sys/devices/pci0000:00/0000:00:01.0/
+    0000:18:00.0``) -> its root complex and the bridges down to it, the device last."""
+    m = _SYSFS_PCI.search(realpath)
+    if m is None or not realpath.endswith(m[0]):
+        raise ParseError(f"not a PCI device's sysfs path: {realpath[-120:]!r}")
+    parts = m[2].strip("/").split("/")
+    if not all(_BDF.fullmatch(p) for p in parts):
+        raise ParseError(f"not a chain of PCI addresses: {m[2][-120:]!r}")
+    return (m[1], *parts)
+
+
+def pci_level(a: tuple[str, ...], b: tuple[str, ...], numa_a: int | None, numa_b: int | None):
+    """The level between two PCI devices from their chains alone, as the DRA helper
+    derives pcieRoot and NCCL its tree: other root complexes, ``node`` on one NUMA node
+    and ``sys`` across (None when a NUMA node is unknown); on one, ``phb`` when they meet
+    at the root complex, else by the bridges below where they meet: one at most on
+    either side ``pix``, more ``pxb``."""
+    if a[0] != b[0]:
+        if numa_a is None or numa_b is None:
+            return None
+        return "node" if numa_a == numa_b else "sys"
+    shared = 0
+    while shared < min(len(a), len(b)) - 1 and a[shared] == b[shared]:
+        shared += 1
+    if shared == 1:  # they meet at the root complex
+        return "phb"
+    below = max(len(a), len(b)) - shared - 1  # bridges under where they meet, the devices aside
+    return "pix" if below <= 1 else "pxb"

@@ -30,7 +30,9 @@ from numaguard.exporter.readers.cgroup import parse_proc_cgroup
 from numaguard.exporter.readers.nvml import (
     GPM_METRIC_IDS,
     gpm_values,
+    nvml_text,
     parse_profile_name,
+    pci_chain,
     sysfs_pci_address,
 )
 from numaguard.exporter.records import (
@@ -44,6 +46,7 @@ from numaguard.exporter.records import (
     SliceRecord,
 )
 from numaguard.exporter.sources import read_parsed
+from numaguard.exporter.sources.gpu_links import links_of
 from numaguard.exporter.sources.nvml_calls import Caller, Lost, read_in_turn
 
 if TYPE_CHECKING:
@@ -63,6 +66,7 @@ class _GpuStatic:
     name: str
     pci_address: str
     numa_node: int | None
+    pci_chain: tuple[str, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,9 @@ class NvmlSource:
         self._static: dict[int, dict[str, _GpuStatic | _SliceStatic]] = {}
         # GPU index -> (GPM sample, when taken) per GPU or slice
         self._samples: dict[int, dict[tuple, tuple[Any, float]]] = {}
+        # GPU index -> (the UUIDs of it and the GPUs after it, its links to them and to
+        # NVSwitches): asked again only when one of those GPUs changed
+        self._links: dict = {}
 
     def start(self) -> None:
         """Initialise NVML; GpuUnavailable when the host has no NVIDIA driver."""
@@ -119,8 +126,8 @@ class NvmlSource:
             raise GpuUnavailable(str(err)) from None
         self.started = True
         call = Caller(n, "nvml", [], self._missing)  # a version NVML won't give stays ""
-        self.driver_version = _text(call.optional(n.nvmlSystemGetDriverVersion))
-        self.nvml_version = _text(call.optional(n.nvmlSystemGetNVMLVersion))
+        self.driver_version = nvml_text(call.optional(n.nvmlSystemGetDriverVersion))
+        self.nvml_version = nvml_text(call.optional(n.nvmlSystemGetNVMLVersion))
         log.info(
             "NVML %s, driver %s",
             self.nvml_version or "(version unknown)",
@@ -249,6 +256,7 @@ class NvmlSource:
             pids = self._pids(call, handle)
             processes = None if pids is None else len(pids)
             holders = self._holders(pids or (), owners)
+        links, nvswitch_links = links_of(self.nvml, call, index, handle, uuid, self._links)
         return GpuRecord(
             index,
             uuid,
@@ -266,6 +274,9 @@ class NvmlSource:
             processes,
             holders,
             slices,
+            static.pci_chain,
+            links,
+            nvswitch_links,
         )
 
     def _gpu_static(self, call: Caller, handle) -> _GpuStatic:
@@ -277,7 +288,16 @@ class NvmlSource:
                 address = sysfs_pci_address(pci.busId)
             except ParseError as err:
                 call.issues.append(Issue("parse", f"{call.where}/busId", str(err)))
-        return _GpuStatic(name, address, self._numa_node(call, handle, address))
+        chain = None
+        if address:
+            device = os.path.join(self.host_root, f"sys/bus/pci/devices/{address}")
+            try:
+                chain = pci_chain(os.path.realpath(device, strict=True))
+            except OSError:
+                pass  # no sysfs: the level comes from NVML alone
+            except ParseError as err:
+                call.issues.append(Issue("parse", f"{call.where}/pci", str(err)))
+        return _GpuStatic(name, address, self._numa_node(call, handle, address), chain)
 
     def _slices(self, call, parent, gpu_uuid, gpm, samples, used, cache, known, seen):
         n = self.nvml
@@ -488,10 +508,6 @@ def _parsed_profile(call: Caller, info) -> str:
     except ParseError as err:
         call.issues.append(Issue("parse", f"{call.where}/profile", str(err)))
         return ""
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else (value or "")
 
 
 class GpuBackendError(Exception):

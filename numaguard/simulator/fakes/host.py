@@ -114,6 +114,11 @@ class FakeHost:
     l3_size_bytes: int = 64 * MIB  # size of the default ones
     # PCI devices (sysfs address, 0000:18:00.0) -> NUMA node (-1: the platform does not say)
     pci_devices: dict[str, int] = field(default_factory=dict)
+    # PCI devices (sysfs address) -> the root complex and bridges above it, top first
+    # ("pci0000:00", "0000:01:00.0", ...): its /sys/bus/pci/devices link resolves
+    # through them, as the kernel's does; without one, straight under a root complex
+    # of its own bus
+    pci_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _tids: dict[str, list[int]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -210,7 +215,18 @@ class FakeHostRoot:
 
     def _write_pci(self) -> None:
         for address, node in self.host.pci_devices.items():
-            _put(self.root / f"sys/bus/pci/devices/{address}/numa_node", str(node))
+            path = self.host.pci_paths.get(address) or (f"pci{address[:7]}",)
+            device = Path("devices", *path, address)
+            _put(self.root / "sys" / device / "numa_node", str(node))
+            link = self.root / f"sys/bus/pci/devices/{address}"
+            target = Path("../../..", device)
+            if not link.is_symlink() or Path(os.readlink(link)) != target:
+                link.parent.mkdir(parents=True, exist_ok=True)
+                if link.is_symlink():
+                    link.unlink()
+                elif link.exists():
+                    shutil.rmtree(link)
+                link.symlink_to(target)
 
     def _write_procs(self) -> None:
         """``/proc/<pid>/cgroup``, ``maps`` and ``numa_maps`` of each container's main

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Callable
 
 from numaguard.exporter.readers.nvml import sysfs_pci_address
+from numaguard.simulator.fakes import gpu_topology
 from numaguard.simulator.fakes.host import (
     GIB,
     MIB,
@@ -321,3 +322,47 @@ def reference_gpu_node(
 
 
 PRESETS = {"gpu_node": gpu_node, "reference_gpu_node": reference_gpu_node}
+
+
+def linked_gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHost, FakeNvml]:
+    """gpu_topology.pcie's 8 PCIe cards (no NVLink; GPU 7 in two 3g.40gb slices) and
+    pods holding several devices each, busy on all of them:
+
+    * near: GPUs 0 and 1, one PCIe switch apart (pix): P2P works;
+    * far: GPUs 2 and 4, across sockets (sys): no P2P;
+    * split: GPU 5 in one container, GPU 6 in another (phb between them);
+    * sliced: both slices of GPU 7 in one container.
+    """
+    host = FakeHost(
+        nodes=[
+            FakeNumaNode("0-15", socket=0, memory_total_bytes=512 * GIB),
+            FakeNumaNode("16-31", socket=1, memory_total_bytes=512 * GIB),
+        ],
+    )
+    nvml = FakeNvml(clock)
+    gpu_topology.pcie(nvml, host)
+    nvml.set_mig(7, ["3g.40gb", "3g.40gb"])
+    held = {
+        "near": [("main", "0-1", [0, 1])],
+        "far": [("main", "2-3", [2, 4])],
+        "split": [("a", "16-17", [5]), ("b", "18-19", [6])],
+        "sliced": [("main", "20-21", ["7/0", "7/1"])],
+    }
+    for name, containers in held.items():
+        pod = FakePod(name, pod_uid(name), "guaranteed", [], "ml")
+        host.pods.append(pod)
+        for cname, cpus, units in containers:
+            numa = 0 if int(cpus.split("-")[0]) < 16 else 1
+            ctr = FakeContainer(cname, cpus, {numa: 2 * GIB}, exclusive_cpus=True)
+            pod.containers.append(ctr)
+            for unit in units:
+                if isinstance(unit, str):
+                    gpu, index = map(int, unit.split("/"))
+                    device: FakeGpu | FakeSlice = nvml.gpus[gpu].mig[index]
+                    resource = f"nvidia.com/mig-{device.profile.name}"
+                else:
+                    device, resource = nvml.gpus[unit], "nvidia.com/gpu"
+                ctr.devices.setdefault(resource, []).append(device.uuid)
+                device.processes.append(Process(host.pid(pod, ctr), 4 * GIB))
+                device.activity.set(sm=0.6, graphics=0.7)
+    return host, nvml

@@ -1,0 +1,103 @@
+"""How a GPU reaches the GPUs after it, through NVML: the topology level of each pair,
+P2P read, write and NVLink status, and its NVLinks (to a peer GPU, counted per peer, or
+to an NVSwitch). Asked when the node's GPUs change, never each cycle; a driver without a
+call leaves what it gives unknown."""
+
+from __future__ import annotations
+
+from numaguard.exporter.readers import ParseError
+from numaguard.exporter.readers.nvml import nvml_level, nvml_text
+from numaguard.exporter.records import Issue, LinkRecord
+from numaguard.exporter.sources.nvml_calls import Caller, Lost
+
+
+def links_of(nvml, call: Caller, index: int, handle, uuid: str, cache: dict):
+    """Its links to each GPU after it and its NVLinks to NVSwitches, as asked when
+    the GPUs last changed: NVML's topology does not change under a running node.
+    ``cache``: GPU index -> (the UUIDs of it and the GPUs after it, what was asked)."""
+    try:
+        return _links_of(nvml, call, index, handle, uuid, cache)
+    except Lost:  # a peer fell off the bus (its own read says so): unknown this cycle
+        return (), None
+
+
+def _links_of(n, call: Caller, index: int, handle, uuid: str, cache: dict):
+    peers = []  # (index, handle, uuid)
+    for j in range(index + 1, call.optional(n.nvmlDeviceGetCount) or 0):
+        other = call.optional(n.nvmlDeviceGetHandleByIndex, j)
+        peer_uuid = other and call.optional(n.nvmlDeviceGetUUID, other)
+        if not peer_uuid:
+            return (), None  # the peers not known: asked again next cycle
+        peers.append((j, other, peer_uuid))
+    key = (uuid, *(p[2] for p in peers))
+    known = cache.get(index)
+    if known is not None and known[0] == key:
+        return known[1], known[2]
+    bus_ids = {}
+    for j, other, _ in peers:
+        pci = call.optional(n.nvmlDeviceGetPciInfo, other)
+        if pci is None:
+            return (), None
+        bus_ids[nvml_text(pci.busId).lower()] = j
+    failed = len(call.issues)
+    to_peer, nvswitch_links = _nvlinks(n, call, handle, bus_ids)
+    links = []
+    for j, other, _ in peers:
+        level = call.optional(n.nvmlDeviceGetTopologyCommonAncestor, handle, other)
+        try:
+            level = None if level is None else nvml_level(level)
+        except ParseError as err:
+            call.issues.append(Issue("parse", f"{call.where}/topology", str(err)))
+            level = None
+        # plain ints: pynvml passes the index to C as it is (its READ is a tuple)
+        read, write, nvlink = (
+            call.optional(n.nvmlDeviceGetP2PStatus, handle, other, caps) for caps in (0, 1, 2)
+        )
+        count = None if to_peer is None else to_peer.get(j, 0)
+        links.append(LinkRecord(j, level, read, write, nvlink, count))
+    if len(call.issues) == failed:  # known for good; an error is asked again
+        cache[index] = (key, tuple(links), nvswitch_links)
+    return tuple(links), nvswitch_links
+
+
+def _nvlinks(n, call: Caller, handle, peers: dict[str, int]):
+    """({peer index: NVLinks to it}, NVLinks to NVSwitches), each None when unknown:
+    every link asked until NVML says there is none past it (INVALID_ARGUMENT; a GPU
+    without NVLink says NOT_SUPPORTED at the first, as go-gpuallocator expects)."""
+    to_peer: dict[int, int] = {}
+    switch = 0
+    for link in range(n.NVML_NVLINK_MAX_LINKS):
+        fn = n.nvmlDeviceGetNvLinkState
+        try:
+            if call.lacks(fn):
+                return None, None
+            if not fn(handle, link):
+                continue
+            fn = n.nvmlDeviceGetNvLinkRemoteDeviceType
+            if call.lacks(fn):
+                return None, None
+            if fn(handle, link) == n.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                switch += 1
+                continue
+            fn = n.nvmlDeviceGetNvLinkRemotePciInfo
+            far = nvml_text(fn(handle, link).busId).lower()
+        except n.NVMLError_NotSupported:
+            if fn is n.nvmlDeviceGetNvLinkState:
+                return ({}, 0) if link == 0 else (to_peer, switch)
+            return None, None
+        except n.NVMLError_InvalidArgument:
+            if fn is n.nvmlDeviceGetNvLinkState:
+                break  # past the GPU's links
+            call.issues.append(Issue("nvml", f"{call.where}/nvlink{link}", "Invalid Argument"))
+            return None, None
+        except n.NVMLError_GpuIsLost:
+            raise Lost from None
+        except (n.NVMLError_FunctionNotFound, n.NVMLLibraryMismatchError):
+            call.learn_missing(fn.__name__)  # an older driver: unknown, no error
+            return None, None
+        except n.NVMLError as err:
+            call.issues.append(Issue("nvml", f"{call.where}/nvlink{link}", str(err)))
+            return None, None
+        if far in peers:
+            to_peer[peers[far]] = to_peer.get(peers[far], 0) + 1
+    return to_peer, switch

@@ -1,0 +1,213 @@
+"""How GPUs reach each other (pure): the exporter's link table equals the matrix
+`nvidia-smi topo -m` prints for well-known machines (simulator/fakes/gpu_topology.py),
+NVML's levels agree with the ones the sysfs PCI tree gives (and a disagreement is
+counted, never silent), and each pod holding several GPUs or slices gets its worst pair,
+its P2P pairs and the link_poor verdict."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pynvml
+import pytest
+
+from numaguard.exporter.model.devices import DeviceUse
+from numaguard.exporter.model.links import pairs, pod_links
+from numaguard.exporter.readers import ParseError
+from numaguard.exporter.readers.nvml import pci_chain, pci_level
+from numaguard.exporter.sources.gpu import NvmlSource
+from numaguard.exporter.sources.kubelet import PodResourcesSource
+from numaguard.simulator.fakes import gpu_topology, presets
+from numaguard.simulator.fakes.host import FakeHost, FakeHostRoot, FakeNumaNode
+from numaguard.simulator.fakes.nvml import FakeNvml
+from numaguard.simulator.fakes.podresources import FakeKubelet
+from tests.conftest import NODE, make_collection, metadata_of, samples
+
+TOPO_M = {
+    "hgx": """
+\tGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7
+GPU0\tX\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18
+GPU1\tNV18\tX\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18
+GPU2\tNV18\tNV18\tX\tNV18\tNV18\tNV18\tNV18\tNV18
+GPU3\tNV18\tNV18\tNV18\tX\tNV18\tNV18\tNV18\tNV18
+GPU4\tNV18\tNV18\tNV18\tNV18\tX\tNV18\tNV18\tNV18
+GPU5\tNV18\tNV18\tNV18\tNV18\tNV18\tX\tNV18\tNV18
+GPU6\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tX\tNV18
+GPU7\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tX
+""",
+    "bridged": """
+\tGPU0\tGPU1\tGPU2\tGPU3
+GPU0\tX\tNV12\tSYS\tSYS
+GPU1\tNV12\tX\tSYS\tSYS
+GPU2\tSYS\tSYS\tX\tNV12
+GPU3\tSYS\tSYS\tNV12\tX
+""",
+    "pcie": """
+\tGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7
+GPU0\tX\tPIX\tPXB\tPXB\tSYS\tSYS\tSYS\tSYS
+GPU1\tPIX\tX\tPXB\tPXB\tSYS\tSYS\tSYS\tSYS
+GPU2\tPXB\tPXB\tX\tPIX\tSYS\tSYS\tSYS\tSYS
+GPU3\tPXB\tPXB\tPIX\tX\tSYS\tSYS\tSYS\tSYS
+GPU4\tSYS\tSYS\tSYS\tSYS\tX\tPIX\tPHB\tNODE
+GPU5\tSYS\tSYS\tSYS\tSYS\tPIX\tX\tPHB\tNODE
+GPU6\tSYS\tSYS\tSYS\tSYS\tPHB\tPHB\tX\tNODE
+GPU7\tSYS\tSYS\tSYS\tSYS\tNODE\tNODE\tNODE\tX
+""",
+}
+
+
+def machine(layout: str, tmp_path):
+    """A host laid out as ``layout``, its sysfs written; (host, NVML, the GPUs read)."""
+    host = FakeHost(nodes=[FakeNumaNode("0-7", socket=0), FakeNumaNode("8-15", socket=1)])
+    nvml = FakeNvml()
+    getattr(gpu_topology, layout)(nvml, host)
+    FakeHostRoot(str(tmp_path), host).write()
+    with nvml.installed():
+        reading = NvmlSource(pynvml, str(tmp_path)).read()
+    return host, nvml, reading
+
+
+def topo_m(reading) -> str:
+    joined = pairs(reading.gpus)
+    names = [f"GPU{g.index}" for g in reading.gpus]
+    rows = ["\t".join(["", *names])]
+    for a in reading.gpus:
+        cells = []
+        for b in reading.gpus:
+            if a.index == b.index:
+                cells.append("X")
+                continue
+            p = joined[min(a.index, b.index), max(a.index, b.index)]
+            cells.append(f"NV{p.nvlinks}" if p.level == "nvlink" else p.level.upper())
+        rows.append("\t".join([f"GPU{a.index}", *cells]))
+    return "\n" + "\n".join(rows) + "\n"
+
+
+@pytest.mark.parametrize("layout", sorted(TOPO_M))
+def test_the_link_table_is_what_topo_m_prints(layout, tmp_path):
+    _, _, reading = machine(layout, tmp_path)
+    assert reading.issues == []
+    assert topo_m(reading) == TOPO_M[layout]
+    # sysfs's tree says what NVML does, for every pair over PCIe
+    assert not [p for p in pairs(reading.gpus).values() if p.pcie_disagrees]
+    compared = [p for p in pairs(reading.gpus).values() if p.a.pci_chain and p.b.pci_chain]
+    assert len(compared) == len(reading.gpus) * (len(reading.gpus) - 1) // 2
+
+
+def test_a_level_sysfs_and_nvml_disagree_on_is_counted(tmp_path):
+    """GPU 1's sysfs link moved under another host bridge: NVML still says PIX with
+    GPU 0; the pairs sysfs now sees differently are counted."""
+    host = FakeHost(nodes=[FakeNumaNode("0-7", socket=0), FakeNumaNode("8-15", socket=1)])
+    nvml = FakeNvml()
+    gpu_topology.pcie(nvml, host)
+    address = "0000:28:00.0"
+    host.pci_paths[address] = ("pci0000:40", "0000:41:00.0")
+    FakeHostRoot(str(tmp_path), host).write()
+    with nvml.installed():
+        reading = NvmlSource(pynvml, str(tmp_path)).read()
+    disagree = {(p.a.index, p.b.index) for p in pairs(reading.gpus).values() if p.pcie_disagrees}
+    assert disagree == {(0, 1), (1, 2), (1, 3)}  # pix and pxb by NVML, node by sysfs
+    assert pairs(reading.gpus)[0, 1].level == "pix"  # NVML's word stands
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/sys/devices/pci0000:00",  # no device
+        "/sys/devices/platform/foo/0000:18:00.0",
+        "/sys/devices/pci0000:00/0000:18:00.0/extra",
+        "/sys/devices/pci0000:00/not-a-bdf",
+        "",
+    ],
+)
+def test_a_path_that_is_no_pci_device_is_refused(path):
+    with pytest.raises(ParseError):
+        pci_chain(path)
+
+
+def test_the_level_from_two_chains():
+    root = ("pci0000:00",)
+    switch = (*root, "0000:01:00.0", "0000:02:00.0")
+    assert pci_level((*switch, "0000:03:00.0", "a"), (*switch, "0000:04:00.0", "b"), 0, 0) == "pix"
+    assert pci_level((*root, "0000:01:00.0", "a"), (*root, "0000:05:00.0", "b"), 0, 0) == "phb"
+    assert pci_level((*root, "a"), ("pci0000:80", "b"), 0, 0) == "node"
+    assert pci_level((*root, "a"), ("pci0000:80", "b"), 0, 1) == "sys"
+    assert pci_level((*root, "a"), ("pci0000:80", "b"), None, 1) is None
+
+
+def use(gpu, mig, uid: str, container: str) -> DeviceUse:
+    resource = f"nvidia.com/mig-{mig.profile}" if mig else "nvidia.com/gpu"
+    return DeviceUse(gpu, mig, resource, uid, container, "ml", uid, container, "kubelet")
+
+
+def test_an_hgx_pair_across_sockets_is_nvlink_and_p2p(tmp_path):
+    _, _, reading = machine("hgx", tmp_path)
+    gpus = reading.gpus
+    (links,) = pod_links((use(gpus[0], None, "p", "c"), use(gpus[4], None, "p", "c")), pairs(gpus))
+    assert (links.worst, links.p2p, links.verdicts) == (
+        "nvlink",
+        {"ok": 1, "no": 0},
+        {"split_containers": False, "mig_slices": False, "no_p2p": False},
+    )
+
+
+def test_the_same_pair_on_pcie_cards_across_sockets_is_no_p2p(tmp_path):
+    _, _, reading = machine("bridged", tmp_path)
+    gpus = reading.gpus
+    (links,) = pod_links((use(gpus[1], None, "p", "c"), use(gpus[2], None, "p", "c")), pairs(gpus))
+    assert (links.worst, links.p2p, links.verdicts["no_p2p"]) == ("sys", {"ok": 0, "no": 1}, True)
+    # a pair of unknown level (NVML and sysfs silent) decides nothing
+    unknown = {k: p.__class__(p.a, p.b, None, None, 0, False) for k, p in pairs(gpus).items()}
+    (links,) = pod_links((use(gpus[1], None, "p", "c"), use(gpus[2], None, "p", "c")), unknown)
+    assert (links.worst, links.p2p) == (None, None) and "no_p2p" not in links.verdicts
+
+
+async def test_each_multi_gpu_pod_gets_its_worst_pair_and_verdicts(tmp_path):
+    now = [0.0]
+    host, nvml = presets.linked_gpu_node(lambda: now[0])
+    root = FakeHostRoot(str(tmp_path / "host"), host)
+    root.write()
+    socket = f"{tempfile.mkdtemp(dir='/tmp')}/kubelet.sock"
+    kubelet = FakeKubelet(socket, host, nvml)
+    with nvml.installed():
+        await kubelet.start()
+        gpus = NvmlSource(pynvml, str(root.root), clock=lambda: now[0])
+        pod_resources = PodResourcesSource(socket)
+        collection = make_collection(
+            root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
+        )
+        await collection.run_once()
+        gpus.close()
+        pod_resources.close()
+        await kubelet.stop()
+        shutil.rmtree(os.path.dirname(socket))
+    got = samples(collection.exposition.text)
+
+    def of(name: str, label: str) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for (metric, labels), value in got.items():
+            if metric == name:
+                labels = dict(labels)
+                out.setdefault(labels["pod"], {})[labels[label]] = value
+        return out
+
+    assert of("numaguard_pod_gpu_link", "level") == {
+        "near": {"pix": 1},
+        "far": {"sys": 1},
+        "split": {"phb": 1},
+    }
+    assert of("numaguard_pod_gpu_p2p_pairs", "state") == {
+        "near": {"ok": 1, "no": 0},
+        "far": {"ok": 0, "no": 1},
+        "split": {"ok": 0, "no": 1},
+    }
+    # slices are no pair of full GPUs: no level, no P2P count, only their own verdicts
+    assert of("numaguard_pod_gpu_link_poor", "reason") == {
+        "near": {"no_p2p": 0, "split_containers": 0, "mig_slices": 0},
+        "far": {"no_p2p": 1, "split_containers": 0, "mig_slices": 0},
+        "split": {"no_p2p": 1, "split_containers": 1, "mig_slices": 0},
+        "sliced": {"split_containers": 0, "mig_slices": 1},
+    }
+    assert got[("numaguard_gpu_link_level_mismatch_pairs", frozenset({("node", NODE)}))] == 0
