@@ -245,6 +245,34 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
         },
         [("7m", []), ("9m", [{"phase": "wedged"}])],
     ),
+    "NumaguardMultiGPUPodWithoutP2P": (
+        {
+            # far: two GPUs across sockets, 0.8 GB/s each way through them
+            'numaguard_pod_gpu_link_poor{node="n1",namespace="ml",pod="far",pod_uid="u1",'
+            'reason="no_p2p"}': "1x40",
+            'numaguard_pod_gpu_link_poor{node="n1",namespace="ml",pod="far",pod_uid="u1",'
+            'reason="split_containers"}': "0x40",
+            'numaguard_gpu_holder_info{node="n1",gpu="2",gpu_uuid="G2",mig_uuid="",'
+            'pod_uid="u1",container="main"}': "1x40",
+            'numaguard_gpu_holder_info{node="n1",gpu="4",gpu_uuid="G4",mig_uuid="",'
+            'pod_uid="u1",container="main"}': "1x40",
+            'numaguard_gpu_pcie_bytes_per_second{node="n1",gpu="2",gpu_uuid="G2",'
+            'direction="tx"}': "8e8x40",
+            'numaguard_gpu_pcie_bytes_per_second{node="n1",gpu="4",gpu_uuid="G4",'
+            'direction="rx"}': "8e8x40",
+            # idle: as badly placed, but moving nothing worth an alert
+            'numaguard_pod_gpu_link_poor{node="n1",namespace="ml",pod="idle",pod_uid="u2",'
+            'reason="no_p2p"}': "1x40",
+            'numaguard_gpu_holder_info{node="n1",gpu="5",gpu_uuid="G5",mig_uuid="",'
+            'pod_uid="u2",container="main"}': "1x40",
+            'numaguard_gpu_pcie_bytes_per_second{node="n1",gpu="5",gpu_uuid="G5",'
+            'direction="tx"}': "1e6x40",
+        },
+        [
+            ("14m", []),
+            ("16m", [{"node": "n1", "namespace": "ml", "pod": "far", "pod_uid": "u1"}]),
+        ],
+    ),
     "NumaguardUnremediableFindingsPiling": (
         {"numaguard_remediator_unremediable_findings": "6x40"},
         [("29m", []), ("31m", [{}])],
