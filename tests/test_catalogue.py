@@ -155,6 +155,8 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
             root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
         )
         await collection.run_once()
+        now[0] += 15  # NVLink traffic is measured between two GPM samples
+        await collection.run_once()
         gpus.close()
         pod_resources.close()
         await kubelet.stop()

@@ -179,6 +179,8 @@ async def test_each_multi_gpu_pod_gets_its_worst_pair_and_verdicts(tmp_path):
             root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
         )
         await collection.run_once()
+        now[0] += 10
+        await collection.run_once()
         gpus.close()
         pod_resources.close()
         await kubelet.stop()
@@ -211,3 +213,17 @@ async def test_each_multi_gpu_pod_gets_its_worst_pair_and_verdicts(tmp_path):
         "sliced": {"split_containers": 0, "mig_slices": 1},
     }
     assert got[("numaguard_gpu_link_level_mismatch_pairs", frozenset({("node", NODE)}))] == 0
+
+    # NVLink traffic where a GPU has NVLinks and GPM measures it; none made up elsewhere
+    nvlink = {
+        (dict(labels)["gpu"], dict(labels)["direction"]): value
+        for (metric, labels), value in got.items()
+        if metric == "numaguard_gpu_nvlink_bytes_per_second"
+    }
+    assert nvlink == {("4", "tx"): 3 << 30, ("4", "rx"): 1 << 30, ("5", "tx"): 0, ("5", "rx"): 0}
+    supported = {
+        dict(labels)["gpu"]: value
+        for (metric, labels), value in got.items()
+        if metric == "numaguard_gpu_nvlink_supported"
+    }
+    assert supported == {str(i): int(i in (4, 5)) for i in range(8)}

@@ -205,7 +205,7 @@ def test_nvml_answers():
     for bad in ("", "00000000:1B:00", "0:1:2.3", "zzzz:1b:00.0"):
         with pytest.raises(ParseError):
             sysfs_pci_address(bad)
-    utilization, supported, pcie = gpm_values(
+    utilization, supported, pcie, _ = gpm_values(
         {2: (0, 50.0), 1: (0, 100.0), 3: (3, 0.0), 5: (0, 0.0), 20: (0, 2.0), 21: (3, 0.0)}
     )
     assert utilization == {"sm": 0.5, "graphics": 1.0, "tensor": 0.0}
@@ -231,7 +231,7 @@ def test_nvml_answers():
 )
 def test_any_gpm_answer_is_a_value_in_range_or_a_parse_error(answers):
     try:
-        utilization, _, pcie = gpm_values(answers)
+        utilization, _, pcie, _ = gpm_values(answers)
     except ParseError:
         return
     assert all(0 <= v <= 1 for v in utilization.values())

@@ -57,6 +57,8 @@ class Activity:
     utilization: Mapping[str, float]  # kind -> 0..1, only kinds measured this cycle
     supported: Mapping[str, bool]  # kind -> whether the device can measure it at all
     pcie_bytes_per_second: Mapping[str, float]  # tx / rx
+    # all NVLinks together, tx / rx: a whole GPU's (GPM), empty where not measured
+    nvlink_bytes_per_second: Mapping[str, float] = field(default_factory=dict)
 
 
 # a device whose utilization NVML cannot give
@@ -122,6 +124,7 @@ class GpuRecord:
     pci_chain: tuple[str, ...] | None = None
     links: tuple[LinkRecord, ...] = ()  # to each GPU after it
     nvswitch_links: int | None = None  # its NVLinks to NVSwitches (0: none); None unknown
+    nvlinks: int | None = None  # its active NVLinks of any kind; None unknown
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,6 +181,25 @@ DRA_COUNTER_MISMATCH = declare(
     "gpu",
 )
 
+GPU_NVLINK = declare(
+    "gpu_nvlink_bytes_per_second",
+    "gauge",
+    "NVLink traffic over the last interval, all the GPU's links together (GPM "
+    "NVLINK_TOTAL_TX/RX_PER_SEC), direction tx (from the GPU) or rx. Only for GPUs with "
+    "active NVLinks that GPM measures (numaguard_gpu_nvlink_supported), from the second "
+    "cycle on.",
+    (*GPU, "direction"),
+    "gpu",
+)
+GPU_NVLINK_SUPPORTED = declare(
+    "gpu_nvlink_supported",
+    "gauge",
+    "1 when the GPU has active NVLinks and GPM (Hopper and later) measures it, so their "
+    "traffic (numaguard_gpu_nvlink_bytes_per_second); 0 when it has none, or no GPM. "
+    "Absent while its links are unknown.",
+    GPU,
+    "gpu",
+)
 GPU_LINK_MISMATCH = declare(
     "gpu_link_level_mismatch_pairs",
     "gauge",

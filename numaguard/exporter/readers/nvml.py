@@ -19,7 +19,8 @@ GPM_UTILIZATION = {
     "dram_bandwidth": 10,  # DRAM bandwidth used vs the maximum
 }
 GPM_PCIE = {"tx": 20, "rx": 21}  # MiB/s
-GPM_METRIC_IDS = (*GPM_UTILIZATION.values(), *GPM_PCIE.values())
+GPM_NVLINK = {"tx": 61, "rx": 60}  # MiB/s, all links together (TOTAL_TX/RX_PER_SEC)
+GPM_METRIC_IDS = (*GPM_UTILIZATION.values(), *GPM_PCIE.values(), *GPM_NVLINK.values())
 
 # 1g.10gb, and its variants by engines: +me (with media), -me (without), +me.all, +gfx
 # (RTX PRO Blackwell); a suffix not yet known is kept as it is, never dropped
@@ -53,13 +54,15 @@ def sysfs_pci_address(bus_id: str | bytes) -> str:
 
 def gpm_values(
     answers: dict[int, tuple[int, float]],
-) -> tuple[dict[str, float], dict[str, bool], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, bool], dict[str, float], dict[str, float]]:
     """GPM metric id -> (nvmlReturn, value) into (utilization ratios by kind, whether each
-    kind is supported, PCIe bytes per second by direction). A metric that did not return
-    success is unsupported and has no value; values outside their range are refused."""
+    kind is supported, PCIe and NVLink bytes per second by direction). A metric that did
+    not return success is unsupported and has no value; values outside their range are
+    refused."""
     utilization: dict[str, float] = {}
     supported: dict[str, bool] = {}
     pcie: dict[str, float] = {}
+    nvlink: dict[str, float] = {}
     for kind, metric in GPM_UTILIZATION.items():
         code, value = answers.get(metric, (-1, 0.0))
         supported[kind] = code == 0
@@ -67,13 +70,14 @@ def gpm_values(
             if not 0.0 <= value <= 100.0 + 1e-6:  # NaN fails too
                 raise ParseError(f"GPM {kind} utilization {value} outside 0..100")
             utilization[kind] = min(value, 100.0) / 100.0
-    for direction, metric in GPM_PCIE.items():
-        code, value = answers.get(metric, (-1, 0.0))
-        if code == 0:
-            if not (math.isfinite(value) and value >= 0.0):
-                raise ParseError(f"GPM PCIe {direction} {value} is not a rate")
-            pcie[direction] = value * (1 << 20)
-    return utilization, supported, pcie
+    for name, metrics, rates in (("PCIe", GPM_PCIE, pcie), ("NVLink", GPM_NVLINK, nvlink)):
+        for direction, metric in metrics.items():
+            code, value = answers.get(metric, (-1, 0.0))
+            if code == 0:
+                if not (math.isfinite(value) and value >= 0.0):
+                    raise ParseError(f"GPM {name} {direction} {value} is not a rate")
+                rates[direction] = value * (1 << 20)
+    return utilization, supported, pcie, nvlink
 
 
 # How two GPUs reach each other, best first: nvidia-smi topo -m's names (lowercase), which

@@ -256,7 +256,7 @@ class NvmlSource:
             pids = self._pids(call, handle)
             processes = None if pids is None else len(pids)
             holders = self._holders(pids or (), owners)
-        links, nvswitch_links = links_of(self.nvml, call, index, handle, uuid, self._links)
+        links, nvswitch_links, nvlinks = links_of(self.nvml, call, index, handle, uuid, self._links)
         return GpuRecord(
             index,
             uuid,
@@ -277,6 +277,7 @@ class NvmlSource:
             static.pci_chain,
             links,
             nvswitch_links,
+            nvlinks,
         )
 
     def _gpu_static(self, call: Caller, handle) -> _GpuStatic:

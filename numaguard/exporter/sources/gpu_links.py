@@ -12,13 +12,14 @@ from numaguard.exporter.sources.nvml_calls import Caller, Lost
 
 
 def links_of(nvml, call: Caller, index: int, handle, uuid: str, cache: dict):
-    """Its links to each GPU after it and its NVLinks to NVSwitches, as asked when
-    the GPUs last changed: NVML's topology does not change under a running node.
+    """Its links to each GPU after it, its NVLinks to NVSwitches and its active NVLinks
+    of any kind (None: unknown), as asked when the GPUs last changed: NVML's topology
+    does not change under a running node.
     ``cache``: GPU index -> (the UUIDs of it and the GPUs after it, what was asked)."""
     try:
         return _links_of(nvml, call, index, handle, uuid, cache)
     except Lost:  # a peer fell off the bus (its own read says so): unknown this cycle
-        return (), None
+        return (), None, None
 
 
 def _links_of(n, call: Caller, index: int, handle, uuid: str, cache: dict):
@@ -27,20 +28,20 @@ def _links_of(n, call: Caller, index: int, handle, uuid: str, cache: dict):
         other = call.optional(n.nvmlDeviceGetHandleByIndex, j)
         peer_uuid = other and call.optional(n.nvmlDeviceGetUUID, other)
         if not peer_uuid:
-            return (), None  # the peers not known: asked again next cycle
+            return (), None, None  # the peers not known: asked again next cycle
         peers.append((j, other, peer_uuid))
     key = (uuid, *(p[2] for p in peers))
     known = cache.get(index)
     if known is not None and known[0] == key:
-        return known[1], known[2]
+        return known[1]
     bus_ids = {}
     for j, other, _ in peers:
         pci = call.optional(n.nvmlDeviceGetPciInfo, other)
         if pci is None:
-            return (), None
+            return (), None, None
         bus_ids[nvml_text(pci.busId).lower()] = j
     failed = len(call.issues)
-    to_peer, nvswitch_links = _nvlinks(n, call, handle, bus_ids)
+    to_peer, nvswitch_links, active = _nvlinks(n, call, handle, bus_ids)
     links = []
     for j, other, _ in peers:
         level = call.optional(n.nvmlDeviceGetTopologyCommonAncestor, handle, other)
@@ -55,27 +56,31 @@ def _links_of(n, call: Caller, index: int, handle, uuid: str, cache: dict):
         )
         count = None if to_peer is None else to_peer.get(j, 0)
         links.append(LinkRecord(j, level, read, write, nvlink, count))
+    found = (tuple(links), nvswitch_links, active)
     if len(call.issues) == failed:  # known for good; an error is asked again
-        cache[index] = (key, tuple(links), nvswitch_links)
-    return tuple(links), nvswitch_links
+        cache[index] = (key, found)
+    return found
 
 
 def _nvlinks(n, call: Caller, handle, peers: dict[str, int]):
-    """({peer index: NVLinks to it}, NVLinks to NVSwitches), each None when unknown:
+    """({peer index: NVLinks to it}, NVLinks to NVSwitches, active NVLinks), each None
+    when unknown:
     every link asked until NVML says there is none past it (INVALID_ARGUMENT; a GPU
     without NVLink says NOT_SUPPORTED at the first, as go-gpuallocator expects)."""
     to_peer: dict[int, int] = {}
-    switch = 0
+    switch = active = 0
+    unknown = None, None, None
     for link in range(n.NVML_NVLINK_MAX_LINKS):
         fn = n.nvmlDeviceGetNvLinkState
         try:
             if call.lacks(fn):
-                return None, None
+                return unknown
             if not fn(handle, link):
                 continue
+            active += 1
             fn = n.nvmlDeviceGetNvLinkRemoteDeviceType
             if call.lacks(fn):
-                return None, None
+                return unknown
             if fn(handle, link) == n.NVML_NVLINK_DEVICE_TYPE_SWITCH:
                 switch += 1
                 continue
@@ -83,21 +88,21 @@ def _nvlinks(n, call: Caller, handle, peers: dict[str, int]):
             far = nvml_text(fn(handle, link).busId).lower()
         except n.NVMLError_NotSupported:
             if fn is n.nvmlDeviceGetNvLinkState:
-                return ({}, 0) if link == 0 else (to_peer, switch)
-            return None, None
+                return ({}, 0, 0) if link == 0 else (to_peer, switch, active)
+            return unknown
         except n.NVMLError_InvalidArgument:
             if fn is n.nvmlDeviceGetNvLinkState:
                 break  # past the GPU's links
             call.issues.append(Issue("nvml", f"{call.where}/nvlink{link}", "Invalid Argument"))
-            return None, None
+            return unknown
         except n.NVMLError_GpuIsLost:
             raise Lost from None
         except (n.NVMLError_FunctionNotFound, n.NVMLLibraryMismatchError):
             call.learn_missing(fn.__name__)  # an older driver: unknown, no error
-            return None, None
+            return unknown
         except n.NVMLError as err:
             call.issues.append(Issue("nvml", f"{call.where}/nvlink{link}", str(err)))
-            return None, None
+            return unknown
         if far in peers:
             to_peer[peers[far]] = to_peer.get(peers[far], 0) + 1
-    return to_peer, switch
+    return to_peer, switch, active

@@ -42,8 +42,11 @@ ACTIVITY_METRICS = {
     "dram_bandwidth": N.NVML_GPM_METRIC_DRAM_BW_UTIL,
     "pcie_tx": N.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
     "pcie_rx": N.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+    "nvlink_tx": N.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+    "nvlink_rx": N.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
 }
-_PCIE = {"pcie_tx", "pcie_rx"}
+# bytes a second (GPM gives MiB/s), and a slice's counts whole on its GPU
+_RATES = {"pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx"}
 
 
 @dataclass
@@ -815,7 +818,7 @@ class FakeNvml:
                 metric.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
                 continue
             average = (second[3].get(kind, 0.0) - first[3].get(kind, 0.0)) / elapsed
-            metric.value = average / MIB if kind in _PCIE else average * 100
+            metric.value = average / MIB if kind in _RATES else average * 100
             metric.nvmlReturn = N.NVML_SUCCESS
         return N.NVML_SUCCESS
 
@@ -832,7 +835,7 @@ def _add_slices(integrals: dict[str, float], gpu: FakeGpu, slices: list[FakeSlic
     for s in slices:
         share = s.profile.sm_count / gpu.model.sm_count
         for kind, value in s.activity.snapshot()[1].items():
-            weight = 1.0 if kind in _PCIE else share
+            weight = 1.0 if kind in _RATES else share
             integrals[kind] = integrals.get(kind, 0.0) + value * weight
 
 

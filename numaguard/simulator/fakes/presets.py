@@ -325,8 +325,9 @@ PRESETS = {"gpu_node": gpu_node, "reference_gpu_node": reference_gpu_node}
 
 
 def linked_gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHost, FakeNvml]:
-    """gpu_topology.pcie's 8 PCIe cards (no NVLink; GPU 7 in two 3g.40gb slices) and
-    pods holding several devices each, busy on all of them:
+    """gpu_topology.pcie's 8 PCIe cards (GPU 7 in two 3g.40gb slices), GPUs 4 and 5
+    joined by an NVLink bridge of 4 links that GPU 4 sends over, and pods holding several
+    devices each, busy on all of them:
 
     * near: GPUs 0 and 1, one PCIe switch apart (pix): P2P works;
     * far: GPUs 2 and 4, across sockets (sys): no P2P;
@@ -341,6 +342,7 @@ def linked_gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHo
     )
     nvml = FakeNvml(clock)
     gpu_topology.pcie(nvml, host)
+    nvml.gpus[4].nvlinks, nvml.gpus[5].nvlinks = [5] * 4, [4] * 4
     nvml.set_mig(7, ["3g.40gb", "3g.40gb"])
     held = {
         "near": [("main", "0-1", [0, 1])],
@@ -365,4 +367,5 @@ def linked_gpu_node(clock: Callable[[], float] = time.monotonic) -> tuple[FakeHo
                 ctr.devices.setdefault(resource, []).append(device.uuid)
                 device.processes.append(Process(host.pid(pod, ctr), 4 * GIB))
                 device.activity.set(sm=0.6, graphics=0.7)
+    nvml.gpus[4].activity.set(nvlink_tx=3 * GIB, nvlink_rx=GIB)
     return host, nvml
