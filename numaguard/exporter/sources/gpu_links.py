@@ -63,10 +63,10 @@ def _links_of(n, call: Caller, index: int, handle, uuid: str, cache: dict):
 
 
 def _nvlinks(n, call: Caller, handle, peers: dict[str, int]):
-    """({peer index: NVLinks to it}, NVLinks to NVSwitches, active NVLinks), each None
-    when unknown:
-    every link asked until NVML says there is none past it (INVALID_ARGUMENT; a GPU
-    without NVLink says NOT_SUPPORTED at the first, as go-gpuallocator expects)."""
+    """({peer index: NVLinks to it}, NVLinks to NVSwitches, active NVLinks), all None
+    when unknown. Every link is asked until NVML says there is none past it
+    (INVALID_ARGUMENT); a GPU without NVLink says NOT_SUPPORTED at the first, as
+    go-gpuallocator expects."""
     to_peer: dict[int, int] = {}
     switch = active = 0
     unknown = None, None, None
