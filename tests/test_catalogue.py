@@ -4,26 +4,20 @@ there with its labels, names follow Prometheus conventions, and the doc is curre
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 
-import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.contract.catalogue import CATALOGUE
 from numaguard.exporter import docs
 from numaguard.exporter.mover.orders import MoveTotals
-from numaguard.exporter.sources.gpu import NvmlSource
-from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.simulator.fakes import dra, presets
-from numaguard.simulator.fakes.podresources import FakeKubelet
 from numaguard.simulator.fakes.resctrl import FakeResctrl
 from tests.conftest import NODE, make_collection, metadata_of
+from tests.helpers.gpu_node import gpu_collection
 
 ALLOWED_LABELS = {
     # docs/design.md, Metric contract
@@ -117,17 +111,8 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
     # and a GPU node with its kubelet, over two cycles so that utilization has an interval
     now = [0.0]
     host, nvml = presets.gpu_node(lambda: now[0])
-    root = fake_root(host)
-    socket = f"{tempfile.mkdtemp(dir='/tmp')}/kubelet.sock"
-    kubelet = FakeKubelet(socket, host, nvml)
-    with nvml.installed():
-        await kubelet.start()
-        gpus = NvmlSource(pynvml, str(root.root), clock=lambda: now[0])
+    async with gpu_collection(host, nvml, fake_root(host), lambda: now[0]) as (collection, gpus):
         gpus.start()
-        pod_resources = PodResourcesSource(socket)
-        collection = make_collection(
-            root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
-        )
         collection.nrt_current = lambda: True  # as with --nrt, its topology published
         nvml.set_mig(7, [])  # GPU 7 under NVIDIA's DynamicMIG: its DRA counters
         collection.dra = lambda: dra.view(NODE, nvml, [7], dynamic=True)
@@ -137,30 +122,13 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
         await collection.run_once()
         now[0] += 15
         await collection.run_once()
-        gpus.close()
-        pod_resources.close()
-        await kubelet.stop()
-        shutil.rmtree(os.path.dirname(socket))
     seen |= _declared_families(collection)
     # and PCIe cards whose pods hold several GPUs and slices, in one container or two
     host, nvml = presets.linked_gpu_node(lambda: now[0])
-    root = fake_root(host)
-    socket = f"{tempfile.mkdtemp(dir='/tmp')}/kubelet.sock"
-    kubelet = FakeKubelet(socket, host, nvml)
-    with nvml.installed():
-        await kubelet.start()
-        gpus = NvmlSource(pynvml, str(root.root), clock=lambda: now[0])
-        pod_resources = PodResourcesSource(socket)
-        collection = make_collection(
-            root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
-        )
+    async with gpu_collection(host, nvml, fake_root(host), lambda: now[0]) as (collection, _):
         await collection.run_once()
         now[0] += 15  # NVLink traffic is measured between two GPM samples
         await collection.run_once()
-        gpus.close()
-        pod_resources.close()
-        await kubelet.stop()
-        shutil.rmtree(os.path.dirname(socket))
     seen |= _declared_families(collection)
     # every declared exporter metric shows up on at least one of these nodes (the
     # remediator's own are checked against its /metrics in test_remediation)

@@ -6,10 +6,6 @@ its P2P pairs and the link_poor verdict."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-
 import pynvml
 import pytest
 
@@ -18,12 +14,11 @@ from numaguard.exporter.model.links import pairs, pod_links
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.readers.nvml import pci_chain, pci_level
 from numaguard.exporter.sources.gpu import NvmlSource
-from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.simulator.fakes import gpu_topology, presets
 from numaguard.simulator.fakes.host import FakeHost, FakeHostRoot, FakeNumaNode
 from numaguard.simulator.fakes.nvml import FakeNvml
-from numaguard.simulator.fakes.podresources import FakeKubelet
-from tests.conftest import NODE, make_collection, metadata_of, samples
+from tests.conftest import NODE, samples
+from tests.helpers.gpu_node import gpu_collection
 
 TOPO_M = {
     "hgx": """
@@ -169,22 +164,10 @@ async def test_each_multi_gpu_pod_gets_its_worst_pair_and_verdicts(tmp_path):
     host, nvml = presets.linked_gpu_node(lambda: now[0])
     root = FakeHostRoot(str(tmp_path / "host"), host)
     root.write()
-    socket = f"{tempfile.mkdtemp(dir='/tmp')}/kubelet.sock"
-    kubelet = FakeKubelet(socket, host, nvml)
-    with nvml.installed():
-        await kubelet.start()
-        gpus = NvmlSource(pynvml, str(root.root), clock=lambda: now[0])
-        pod_resources = PodResourcesSource(socket)
-        collection = make_collection(
-            root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources
-        )
+    async with gpu_collection(host, nvml, root, lambda: now[0]) as (collection, _):
         await collection.run_once()
         now[0] += 10
         await collection.run_once()
-        gpus.close()
-        pod_resources.close()
-        await kubelet.stop()
-        shutil.rmtree(os.path.dirname(socket))
     got = samples(collection.exposition.text)
 
     def of(name: str, label: str) -> dict[str, dict[str, float]]:

@@ -991,6 +991,16 @@ def _acted(controller):
     return cycle
 
 
+def resizes_of(reports, pod: str) -> list:
+    """(action, result) of each resize of ``pod`` the cycles made."""
+    return [
+        (a, r)
+        for rep in reports
+        for a, r in rep.results
+        if a.kind == "resize" and a.pod.name == pod
+    ]
+
+
 def dra_infer(template: str) -> dict:
     """A Deployment whose pod gets its MIG slice from a ResourceClaimTemplate, opted in
     to resizes."""
@@ -1052,12 +1062,7 @@ async def test_a_slice_from_a_claim_template_is_resized_through_a_new_template(c
     controller = c.controller(max_per_node=3)
 
     def resized(reports):
-        return [
-            (a, r)
-            for rep in reports
-            for a, r in rep.results
-            if a.kind == "resize" and a.pod.name == first.name
-        ]
+        return resizes_of(reports, first.name)
 
     ((action, result),) = resized(await cycles_until(controller, resized))
     new = action.finding.recommended
@@ -1144,12 +1149,7 @@ async def test_a_dra_slice_behind_an_extended_resource_is_resized_by_its_name(cl
         controller = c.controller(max_per_node=3)
 
         def resized(reports):
-            return [
-                (a, r)
-                for rep in reports
-                for a, r in rep.results
-                if a.kind == "resize" and a.pod.name == first.name
-            ]
+            return resizes_of(reports, first.name)
 
         ((action, result),) = resized(await cycles_until(controller, resized))
         assert (action.detail, result) == (
