@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import aiohttp
 import pynvml as N
@@ -38,17 +39,48 @@ def mig_manager_labels(node: SimNode) -> dict[str, str]:
 
 class MigManager:
     async def _mig_manager(self) -> None:
-        """Every node's manager: each change of its label applied once, in turn."""
+        """Every node's manager, as the real one watches its Node: each change of its
+        label applied once, in turn."""
         applied = {n.name: n.mig_config for n in self.nodes.values() if n.mig_config}
+        version = ""
         while True:
-            await asyncio.sleep(0.2)
-            for name, config in applied.items():
-                with contextlib.suppress(ApiError, aiohttp.ClientError):
-                    obj = await self.cp.get(self.session, "Node", None, name)
-                    wanted = ((obj or {}).get("metadata", {}).get("labels") or {}).get(CONFIG)
-                    if wanted and wanted != config:
-                        applied[name] = wanted
-                        await self._reconfigure(self.nodes[name], wanted)
+            try:
+                if not version:
+                    listing = await self.cp.call(self.session, "GET", "/api/v1/nodes")
+                    for node in listing["items"]:
+                        await self._on_node(node, applied)
+                    version = listing["metadata"]["resourceVersion"]
+                version = await self._watch_nodes(version, applied)
+            except (aiohttp.ClientError, ApiError, OSError, TimeoutError):
+                await asyncio.sleep(0.2)  # the next list or watch will do
+
+    async def _watch_nodes(self, version: str, applied: dict[str, str]) -> str:
+        path = f"/api/v1/nodes?watch=1&resourceVersion={version}&allowWatchBookmarks=true"
+        headers = {"Authorization": f"Bearer {self.cp.admin_token}"}
+        async with self.session.get(
+            self.cp.url + path,
+            headers=headers,
+            ssl=self.cp.ssl_context(),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+        ) as r:
+            if r.status != 200:
+                return ""
+            async for line in r.content:
+                event = json.loads(line)
+                if event["type"] == "ERROR":
+                    return ""  # 410 Gone: list again
+                version = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    await self._on_node(event["object"], applied)
+        return version
+
+    async def _on_node(self, node: dict, applied: dict[str, str]) -> None:
+        meta = node.get("metadata") or {}
+        name = meta.get("name", "")
+        wanted = (meta.get("labels") or {}).get(CONFIG)
+        if name in applied and wanted and wanted != applied[name]:
+            applied[name] = wanted
+            await self._reconfigure(self.nodes[name], wanted)
 
     async def _reconfigure(self, node: SimNode, config: str) -> None:
         paused = {f"nvidia.com/gpu.deploy.{o}": PAUSED for o in OPERANDS}
