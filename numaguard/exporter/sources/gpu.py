@@ -116,6 +116,7 @@ class NvmlSource:
         # GPU index -> (the UUIDs of it and the GPUs after it, its links to them and to
         # NVSwitches): asked again only when one of those GPUs changed
         self._links: dict = {}
+        self._count = 0  # GPUs NVML counted this cycle
 
     def start(self) -> None:
         """Initialise NVML; GpuUnavailable when the host has no NVIDIA driver."""
@@ -158,6 +159,7 @@ class NvmlSource:
             return GpuReading(
                 (), [Issue("nvml", "nvmlDeviceGetCount", str(err))], *self._versions()
             )
+        self._count = count
         deadline = time.monotonic() + self.device_timeout
         futures = {}
         todo = []
@@ -256,7 +258,13 @@ class NvmlSource:
             pids = self._pids(call, handle)
             processes = None if pids is None else len(pids)
             holders = self._holders(pids or (), owners)
-        links, nvswitch_links, nvlinks = links_of(self.nvml, call, index, handle, uuid, self._links)
+        # the GPUs after it, as their last reads named them
+        peers = tuple(
+            g.uuid if (g := self._identity.get(j)) else "" for j in range(index + 1, self._count)
+        )
+        links, nvswitch_links, nvlinks = links_of(
+            self.nvml, call, index, handle, uuid, peers, self._links
+        )
         return GpuRecord(
             index,
             uuid,

@@ -11,29 +11,30 @@ from numaguard.exporter.records import Issue, LinkRecord
 from numaguard.exporter.sources.nvml_calls import Caller, Lost
 
 
-def links_of(nvml, call: Caller, index: int, handle, uuid: str, cache: dict):
+def links_of(nvml, call: Caller, index: int, handle, uuid: str, peers: tuple, cache: dict):
     """Its links to each GPU after it, its NVLinks to NVSwitches and its active NVLinks
     of any kind (None: unknown), as asked when the GPUs last changed: NVML's topology
-    does not change under a running node.
-    ``cache``: GPU index -> (the UUIDs of it and the GPUs after it, what was asked)."""
+    does not change under a running node. ``peers``: the UUIDs of the GPUs after it as
+    last read ("" where unknown); ``cache``: GPU index -> (the UUIDs of it and of the
+    GPUs after it, what was asked)."""
+    known = cache.get(index)
+    if known is not None and all(peers) and known[0] == (uuid, *peers):
+        return known[1]  # nothing asked of NVML: the same GPUs as when it was
     try:
-        return _links_of(nvml, call, index, handle, uuid, cache)
+        return _links_of(nvml, call, index, len(peers), handle, uuid, cache)
     except Lost:  # a peer fell off the bus (its own read says so): unknown this cycle
         return (), None, None
 
 
-def _links_of(n, call: Caller, index: int, handle, uuid: str, cache: dict):
+def _links_of(n, call: Caller, index: int, after: int, handle, uuid: str, cache: dict):
     peers = []  # (index, handle, uuid)
-    for j in range(index + 1, call.optional(n.nvmlDeviceGetCount) or 0):
+    for j in range(index + 1, index + 1 + after):
         other = call.optional(n.nvmlDeviceGetHandleByIndex, j)
         peer_uuid = other and call.optional(n.nvmlDeviceGetUUID, other)
         if not peer_uuid:
             return (), None, None  # the peers not known: asked again next cycle
         peers.append((j, other, peer_uuid))
     key = (uuid, *(p[2] for p in peers))
-    known = cache.get(index)
-    if known is not None and known[0] == key:
-        return known[1]
     bus_ids = {}
     for j, other, _ in peers:
         pci = call.optional(n.nvmlDeviceGetPciInfo, other)
