@@ -22,7 +22,7 @@ from numaguard.remediator.core.relayout import (
     steps,
 )
 from numaguard.simulator.fakes.gpu_models import MODELS
-from numaguard.simulator.fakes.nvml import _layout
+from numaguard.simulator.fakes.nvml.records import lay_out_slices
 
 H100 = ml.family_named("NVIDIA-H100-80GB-HBM3")
 SETTINGS = MigLayout(mode="relabel", node_selector="pool=mig", pending_timeout_seconds=600)
@@ -70,7 +70,7 @@ def test_what_fits_is_what_nvml_would_place(profiles):
     for p in profiles:
         layout[p.name] = layout.get(p.name, 0) + 1
     biggest_first = sorted(profiles, key=lambda p: -p.memory_slices)
-    assert ml.fits(H100, layout) == (_layout(biggest_first, set()) is not None)
+    assert ml.fits(H100, layout) == (lay_out_slices(biggest_first, set()) is not None)
 
 
 def test_a_layout_holds_the_wanted_slices_and_fills_the_rest():
