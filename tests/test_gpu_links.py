@@ -210,3 +210,92 @@ async def test_each_multi_gpu_pod_gets_its_worst_pair_and_verdicts(tmp_path):
         if metric == "numaguard_gpu_nvlink_supported"
     }
     assert supported == {str(i): int(i in (4, 5)) for i in range(8)}
+
+
+async def test_nvlink_traffic_without_gpm_comes_from_the_throughput_counters(tmp_path):
+    """A100s (no GPM) in NVLink-bridged pairs: NVLink bytes a second from the field
+    values' KiB counters between two cycles, asked only of GPUs with NVLinks."""
+    now = [0.0]
+    host = FakeHost(nodes=[FakeNumaNode("0-7", socket=0), FakeNumaNode("8-15", socket=1)])
+    nvml = FakeNvml(lambda: now[0])
+    gpu_topology.bridged(nvml, host, "A100-40GB")
+    nvml.gpus[0].activity.set(nvlink_tx=2 << 30, nvlink_rx=1 << 30)
+    root = FakeHostRoot(str(tmp_path / "host"), host)
+    root.write()
+    async with gpu_collection(host, nvml, root, lambda: now[0]) as (collection, _):
+        await collection.run_once()
+        first = samples(collection.exposition.text)
+        now[0] += 10
+        await collection.run_once()
+    got = samples(collection.exposition.text)
+
+    def by_gpu(scrape, name):
+        return {
+            (dict(labels)["gpu"], dict(labels).get("direction")): value
+            for (metric, labels), value in scrape.items()
+            if metric == name
+        }
+
+    # the first cycle has no interval yet: measurable, nothing measured
+    assert by_gpu(first, "numaguard_gpu_nvlink_supported") == {(str(i), None): 1 for i in range(4)}
+    assert by_gpu(first, "numaguard_gpu_nvlink_bytes_per_second") == {}
+    assert by_gpu(got, "numaguard_gpu_nvlink_bytes_per_second") == {
+        ("0", "tx"): 2 << 30,
+        ("0", "rx"): 1 << 30,
+        **{(str(i), d): 0 for i in (1, 2, 3) for d in ("tx", "rx")},
+    }
+    # no GPM on an A100: of its utilization kinds only NVML's own graphics one
+    assert {
+        dict(labels)["kind"]
+        for (metric, labels), value in got.items()
+        if metric == "numaguard_gpu_utilization_supported" and value == 1
+    } == {"graphics"}
+
+
+async def test_a_driver_without_the_throughput_fields_is_asked_once(tmp_path):
+    now = [0.0]
+    host = FakeHost(nodes=[FakeNumaNode("0-7", socket=0), FakeNumaNode("8-15", socket=1)])
+    nvml = FakeNvml(lambda: now[0])
+    gpu_topology.bridged(nvml, host, "A100-40GB")
+    nvml.fields_missing = frozenset({138, 139})
+    FakeHostRoot(str(tmp_path), host).write()
+    source = NvmlSource(pynvml, str(tmp_path), clock=lambda: now[0])
+    with nvml.installed():
+        for _ in range(3):
+            reading = source.read()
+            now[0] += 10
+    source.close()
+    assert reading.issues == []
+    assert [g.activity.nvlink_supported for g in reading.gpus] == [False] * 4
+    assert nvml.calls["nvmlDeviceGetFieldValues", 0] == 1
+
+
+async def test_a_failed_field_read_leaves_nvlink_traffic_unknown(tmp_path):
+    """An error is no zero and no "unsupported": the series are left out, the error
+    counted, and the next good cycles measure again."""
+    now = [0.0]
+    host = FakeHost(nodes=[FakeNumaNode("0-7", socket=0), FakeNumaNode("8-15", socket=1)])
+    nvml = FakeNvml(lambda: now[0])
+    gpu_topology.bridged(nvml, host, "A100-40GB")
+    FakeHostRoot(str(tmp_path), host).write()
+    source = NvmlSource(pynvml, str(tmp_path), clock=lambda: now[0])
+    with nvml.installed():
+        source.read()
+        nvml.fail("nvmlDeviceGetFieldValues", 1)
+        now[0] += 10
+        broken = source.read()
+        del nvml.failures["nvmlDeviceGetFieldValues", 1]
+        readings = []
+        for _ in range(2):
+            now[0] += 10
+            readings.append(source.read())
+    source.close()
+    assert [(i.reason, i.path) for i in broken.issues] == [
+        ("nvml", "gpu1/nvmlDeviceGetFieldValues")
+    ]
+    assert broken.gpus[1].activity.nvlink_supported is None
+    assert broken.gpus[1].activity.nvlink_bytes_per_second == {}
+    assert broken.gpus[0].activity.nvlink_bytes_per_second == {"tx": 0.0, "rx": 0.0}
+    # measured again at once, a rate from the cycle after
+    assert readings[0].gpus[1].activity.nvlink_supported is True
+    assert readings[1].gpus[1].activity.nvlink_bytes_per_second == {"tx": 0.0, "rx": 0.0}

@@ -41,7 +41,13 @@ from numaguard.exporter.readers.numa import (
     parse_numastat,
     parse_vmstat_balancing,
 )
-from numaguard.exporter.readers.nvml import gpm_values, parse_profile_name, sysfs_pci_address
+from numaguard.exporter.readers.nvml import (
+    counter_rates,
+    gpm_values,
+    nvlink_counters,
+    parse_profile_name,
+    sysfs_pci_address,
+)
 from numaguard.exporter.readers.process import parse_start_time
 from numaguard.exporter.readers.resctrl import (
     parse_assign_mode,
@@ -205,7 +211,7 @@ def test_nvml_answers():
     for bad in ("", "00000000:1B:00", "0:1:2.3", "zzzz:1b:00.0"):
         with pytest.raises(ParseError):
             sysfs_pci_address(bad)
-    utilization, supported, pcie, _ = gpm_values(
+    utilization, supported, pcie, _, nvlink_supported = gpm_values(
         {2: (0, 50.0), 1: (0, 100.0), 3: (3, 0.0), 5: (0, 0.0), 20: (0, 2.0), 21: (3, 0.0)}
     )
     assert utilization == {"sm": 0.5, "graphics": 1.0, "tensor": 0.0}
@@ -217,6 +223,9 @@ def test_nvml_answers():
         "dram_bandwidth": False,  # not answered at all
     }
     assert pcie == {"tx": 2.0 * (1 << 20)}
+    assert nvlink_supported is False  # GPM gave no NVLink metric
+    *_, nvlink, nvlink_supported = gpm_values({60: (0, 1.0), 61: (0, 2.0)})
+    assert (nvlink, nvlink_supported) == ({"rx": 1 << 20, "tx": 2 << 20}, True)
     for bad in ({2: (0, 101.0)}, {2: (0, -1.0)}, {2: (0, float("nan"))}, {20: (0, -5.0)}):
         with pytest.raises(ParseError):
             gpm_values(bad)
@@ -231,11 +240,50 @@ def test_nvml_answers():
 )
 def test_any_gpm_answer_is_a_value_in_range_or_a_parse_error(answers):
     try:
-        utilization, _, pcie, _ = gpm_values(answers)
+        utilization, _, pcie, nvlink, _ = gpm_values(answers)
     except ParseError:
         return
     assert all(0 <= v <= 1 for v in utilization.values())
-    assert all(0 <= v < float("inf") for v in pcie.values())
+    assert all(0 <= v < float("inf") for v in (*pcie.values(), *nvlink.values()))
+
+
+def test_nvlink_throughput_counters():
+    ull = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    before = nvlink_counters([(138, 0, ull, 1000, 5_000_000), (139, 0, ull, 10, 5_000_000)])
+    assert before == {"tx": (1000, 5_000_000), "rx": (10, 5_000_000)}
+    # a field that did not answer is left out; another field is no NVLink counter
+    assert nvlink_counters([(138, 3, 0, 0, 0), (140, 0, ull, 1, 1)]) == {}
+    after = {"tx": (3048, 7_000_000), "rx": (5, 7_000_000)}  # rx went back: reloaded
+    assert counter_rates(before, after) == {"tx": 2048 * 1024 / 2.0}
+    assert counter_rates({}, after) == {}  # a first reading: no interval yet
+    assert counter_rates(after, after) == {}  # the time did not move
+    for bad in ([(138, 0, 1, 5, 1)], [(139, 0, ull, 5, 0)]):  # not a counter; no time
+        with pytest.raises(ParseError):
+            nvlink_counters(bad)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([138, 139, 140]),
+            st.integers(-1, 999),
+            st.integers(0, 7),
+            st.integers(0, 2**64 - 1),
+            st.integers(-(2**63), 2**63 - 1),
+        ),
+        max_size=4,
+    ),
+    st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1)), max_size=2),
+)
+def test_any_field_answer_is_a_counter_or_a_parse_error(answers, earlier):
+    try:
+        counters = nvlink_counters(answers)
+    except ParseError:
+        return
+    assert set(counters) <= {"tx", "rx"}
+    before = dict(zip(("tx", "rx"), earlier, strict=False))
+    assert all(0 <= r < float("inf") for r in counter_rates(before, counters).values())
 
 
 READERS = [

@@ -57,12 +57,14 @@ class Activity:
     utilization: Mapping[str, float]  # kind -> 0..1, only kinds measured this cycle
     supported: Mapping[str, bool]  # kind -> whether the device can measure it at all
     pcie_bytes_per_second: Mapping[str, float]  # tx / rx
-    # all NVLinks together, tx / rx: a whole GPU's (GPM), empty where not measured
+    # all NVLinks together, tx / rx: a whole GPU's (GPM, else NVML's field values), empty
+    # where not measured this cycle; whether they can be measured (None: unknown)
     nvlink_bytes_per_second: Mapping[str, float] = field(default_factory=dict)
+    nvlink_supported: bool | None = None
 
 
 # a device whose utilization NVML cannot give
-UNSUPPORTED = Activity({}, dict.fromkeys(UTILIZATION_KINDS, False), {})
+UNSUPPORTED = Activity({}, dict.fromkeys(UTILIZATION_KINDS, False), {}, {}, False)
 
 
 @dataclass(frozen=True, slots=True)

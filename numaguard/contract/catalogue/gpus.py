@@ -184,19 +184,21 @@ DRA_COUNTER_MISMATCH = declare(
 GPU_NVLINK = declare(
     "gpu_nvlink_bytes_per_second",
     "gauge",
-    "NVLink traffic over the last interval, all the GPU's links together (GPM "
-    "NVLINK_TOTAL_TX/RX_PER_SEC), direction tx (from the GPU) or rx. Only for GPUs with "
-    "active NVLinks that GPM measures (numaguard_gpu_nvlink_supported), from the second "
-    "cycle on.",
+    "NVLink data over the last interval, all the GPU's links together, direction tx (from "
+    "the GPU) or rx: GPM's NVLINK_TOTAL_TX/RX_PER_SEC on Hopper and later, else the "
+    "difference of NVML's NVLINK_THROUGHPUT_DATA_TX/RX counters (fields 138/139, all "
+    "links). Only for GPUs with active NVLinks that are measured "
+    "(numaguard_gpu_nvlink_supported), from the second cycle on.",
     (*GPU, "direction"),
     "gpu",
 )
 GPU_NVLINK_SUPPORTED = declare(
     "gpu_nvlink_supported",
     "gauge",
-    "1 when the GPU has active NVLinks and GPM (Hopper and later) measures it, so their "
-    "traffic (numaguard_gpu_nvlink_bytes_per_second); 0 when it has none, or no GPM. "
-    "Absent while its links are unknown.",
+    "1 when the GPU has active NVLinks whose traffic is measured "
+    "(numaguard_gpu_nvlink_bytes_per_second: GPM, or NVML's throughput counters); 0 when "
+    "it has none, or its driver measures neither. Absent while its links, or what "
+    "measures them, are unknown (a failed read).",
     GPU,
     "gpu",
 )

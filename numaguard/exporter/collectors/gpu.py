@@ -94,11 +94,14 @@ def _gpu(add, gpu: GpuRecord, versions: tuple[str, str]) -> None:
     add(c.GPU_MEMORY_USED, gpu.memory_used_bytes, *ids)
     add(c.GPU_PROCESSES, gpu.processes, *ids)
     _activity(add, gpu.activity, ids, c.GPU_UTILIZATION, c.GPU_UTILIZATION_SUPPORTED, c.GPU_PCIE)
-    if gpu.nvlinks is not None:  # GPM, which measures the GPU, measures its NVLinks
-        measured = bool(gpu.nvlinks) and any(gpu.activity.supported.values())
+    # left out where its links, or whether something measures them, are unknown
+    measured = gpu.activity.nvlink_supported if gpu.nvlinks else None
+    if gpu.nvlinks == 0:
+        measured = False  # no NVLink to measure
+    if measured is not None:
         add(c.GPU_NVLINK_SUPPORTED, int(measured), *ids)
-        for direction, value in gpu.activity.nvlink_bytes_per_second.items() if measured else ():
-            add(c.GPU_NVLINK, value, *ids, direction)
+    for direction, value in gpu.activity.nvlink_bytes_per_second.items() if measured else ():
+        add(c.GPU_NVLINK, value, *ids, direction)
     for s in gpu.slices:
         labels = (*ids, s.uuid, s.profile)
         add(

@@ -21,6 +21,11 @@ GPM_UTILIZATION = {
 GPM_PCIE = {"tx": 20, "rx": 21}  # MiB/s
 GPM_NVLINK = {"tx": 61, "rx": 60}  # MiB/s, all links together (TOTAL_TX/RX_PER_SEC)
 GPM_METRIC_IDS = (*GPM_UTILIZATION.values(), *GPM_PCIE.values(), *GPM_NVLINK.values())
+# Where a GPU has no GPM: nvmlDeviceGetFieldValues' NVLINK_THROUGHPUT_DATA_TX/RX, KiB of
+# data since the driver loaded; the scope UINT_MAX sums all of a GPU's links (nvml.h)
+NVLINK_FIELDS = {"tx": 138, "rx": 139}
+ALL_LINKS = 0xFFFFFFFF
+_UNSIGNED_LONG_LONG = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 
 # 1g.10gb, and its variants by engines: +me (with media), -me (without), +me.all, +gfx
 # (RTX PRO Blackwell); a suffix not yet known is kept as it is, never dropped
@@ -54,11 +59,11 @@ def sysfs_pci_address(bus_id: str | bytes) -> str:
 
 def gpm_values(
     answers: dict[int, tuple[int, float]],
-) -> tuple[dict[str, float], dict[str, bool], dict[str, float], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, bool], dict[str, float], dict[str, float], bool]:
     """GPM metric id -> (nvmlReturn, value) into (utilization ratios by kind, whether each
-    kind is supported, PCIe and NVLink bytes per second by direction). A metric that did
-    not return success is unsupported and has no value; values outside their range are
-    refused."""
+    kind is supported, PCIe and NVLink bytes per second by direction, whether NVLink is).
+    A metric that did not return success is unsupported and has no value; values outside
+    their range are refused."""
     utilization: dict[str, float] = {}
     supported: dict[str, bool] = {}
     pcie: dict[str, float] = {}
@@ -77,7 +82,41 @@ def gpm_values(
                 if not (math.isfinite(value) and value >= 0.0):
                     raise ParseError(f"GPM {name} {direction} {value} is not a rate")
                 rates[direction] = value * (1 << 20)
-    return utilization, supported, pcie, nvlink
+    return utilization, supported, pcie, nvlink, len(nvlink) == len(GPM_NVLINK)
+
+
+def nvlink_counters(
+    answers: list[tuple[int, int, int, int, int]],
+) -> dict[str, tuple[int, int]]:
+    """nvmlDeviceGetFieldValues' answers for NVLINK_FIELDS, each (fieldId, nvmlReturn,
+    valueType, value, timestamp in µs) -> direction -> (KiB, timestamp); a field that did
+    not return success is left out. A value of another type or without a time is refused."""
+    directions = {field: direction for direction, field in NVLINK_FIELDS.items()}
+    counters = {}
+    for field, code, value_type, value, timestamp in answers:
+        if field not in directions or code != 0:
+            continue
+        if value_type != _UNSIGNED_LONG_LONG:
+            raise ParseError(f"NVLink field {field} has value type {value_type}, not a counter")
+        if timestamp <= 0:
+            raise ParseError(f"NVLink field {field} has no time ({timestamp})")
+        counters[directions[field]] = (value, timestamp)
+    return counters
+
+
+def counter_rates(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> dict[str, float]:
+    """Bytes a second per direction between two readings of KiB counters; a direction
+    whose counter went back (the driver reloaded) or whose time did not move has none."""
+    rates = {}
+    for direction, (kib, at) in after.items():
+        if direction not in before:
+            continue
+        was, then = before[direction]
+        if at > then and kib >= was:
+            rates[direction] = (kib - was) * 1024 / ((at - then) / 1e6)
+    return rates
 
 
 # How two GPUs reach each other, best first: nvidia-smi topo -m's names (lowercase), which

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,7 @@ from numaguard.exporter.records import (
     SliceRecord,
 )
 from numaguard.exporter.sources import read_parsed
-from numaguard.exporter.sources.gpu_links import links_of
+from numaguard.exporter.sources.gpu_links import links_of, nvlink_field_rates
 from numaguard.exporter.sources.nvml_calls import Caller, Lost, read_in_turn
 
 if TYPE_CHECKING:
@@ -116,6 +116,8 @@ class NvmlSource:
         # GPU index -> (the UUIDs of it and the GPUs after it, its links to them and to
         # NVSwitches): asked again only when one of those GPUs changed
         self._links: dict = {}
+        # GPU uuid -> its NVLink throughput counters last cycle (None: the driver has none)
+        self._nvlink_counters: dict = {}
         self._count = 0  # GPUs NVML counted this cycle
 
     def start(self) -> None:
@@ -265,6 +267,9 @@ class NvmlSource:
         links, nvswitch_links, nvlinks = links_of(
             self.nvml, call, index, handle, uuid, peers, self._links
         )
+        if nvlinks and not gpm:  # no GPM to measure them: NVML's throughput counters
+            measured, rates = nvlink_field_rates(n, call, handle, uuid, self._nvlink_counters)
+            activity = replace(activity, nvlink_bytes_per_second=rates, nvlink_supported=measured)
         return GpuRecord(
             index,
             uuid,
@@ -411,7 +416,7 @@ class NvmlSource:
     def _gpm(self, call: Caller, samples: dict, used: set, key: tuple, take, *args) -> Activity:
         """Take this cycle's GPM sample for one GPU or slice; metrics against the last one."""
         n = self.nvml
-        waiting = Activity({}, dict.fromkeys(UTILIZATION_KINDS, True), {})
+        waiting = Activity({}, dict.fromkeys(UTILIZATION_KINDS, True), {}, {}, True)
         previous, taken = samples.get(key, (None, 0.0))
         now = self.clock()
         if previous is not None and now - taken < _GPM_MIN_INTERVAL:

@@ -1,12 +1,19 @@
 """How a GPU reaches the GPUs after it, through NVML: the topology level of each pair,
 P2P read, write and NVLink status, and its NVLinks (to a peer GPU, counted per peer, or
 to an NVSwitch). Asked when the node's GPUs change, never each cycle; a driver without a
-call leaves what it gives unknown."""
+call leaves what it gives unknown. And NVLink traffic where GPM cannot measure it."""
 
 from __future__ import annotations
 
 from numaguard.exporter.readers import ParseError
-from numaguard.exporter.readers.nvml import nvml_level, nvml_text
+from numaguard.exporter.readers.nvml import (
+    ALL_LINKS,
+    NVLINK_FIELDS,
+    counter_rates,
+    nvlink_counters,
+    nvml_level,
+    nvml_text,
+)
 from numaguard.exporter.records import Issue, LinkRecord
 from numaguard.exporter.sources.nvml_calls import Caller, Lost
 
@@ -107,3 +114,39 @@ def _nvlinks(n, call: Caller, handle, peers: dict[str, int]):
         if far in peers:
             to_peer[peers[far]] = to_peer.get(peers[far], 0) + 1
     return to_peer, switch, active
+
+
+# a field's nvmlReturn from a driver that has no such field
+_NO_FIELD = (2, 3)  # NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_SUPPORTED
+
+
+def nvlink_field_rates(nvml, call: Caller, handle, uuid: str, last: dict):
+    """(whether measured, None when unknown; bytes a second by direction) over all of a
+    GPU's NVLinks from the throughput field values, against the counters the last cycle
+    read (``last``: GPU uuid -> them, or None once its driver said it has no such field:
+    not asked again)."""
+    if uuid in last and last[uuid] is None:
+        return False, {}
+    wanted = [(field, ALL_LINKS) for field in NVLINK_FIELDS.values()]
+    values = call.optional(nvml.nvmlDeviceGetFieldValues, handle, wanted)
+    if values is None:
+        return None, {}
+    answers = [(v.fieldId, v.nvmlReturn, v.valueType, v.value.ullVal, v.timestamp) for v in values]
+    if all(code in _NO_FIELD for _, code, *_ in answers):
+        last[uuid] = None
+        return False, {}
+    try:
+        counters = nvlink_counters(answers)
+    except ParseError as err:
+        call.issues.append(Issue("parse", f"{call.where}/nvlink_fields", str(err)))
+        last.pop(uuid, None)
+        return None, {}
+    if len(counters) < len(NVLINK_FIELDS):  # a field failed this time: known next cycle
+        for field, code, *_ in answers:
+            if code != 0:
+                call.issues.append(Issue("nvml", f"{call.where}/field{field}", f"NVML code {code}"))
+        last.pop(uuid, None)
+        return None, {}
+    rates = counter_rates(last.get(uuid) or {}, counters)
+    last[uuid] = counters
+    return True, rates

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import pynvml as N
 
-from numaguard.simulator.fakes.nvml.records import FakeGpu, address_of
+from numaguard.simulator.fakes.nvml.records import FakeGpu, add_slices, address_of
+
+# NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX: KiB of data since the driver loaded
+THROUGHPUT_FIELDS = {
+    N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "nvlink_tx",
+    N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "nvlink_rx",
+}
+ALL_LINKS = 0xFFFFFFFF
+_EPOCH_US = 1_750_000_000_000_000  # a field's timestamp: µs since 1970, as the driver's
 
 
 class LinkCalls:
-    """Mixed into FakeNvml, whose ``gpus``, ``p2p``, ``_handles`` and ``_device`` it uses."""
+    """Mixed into FakeNvml, whose ``gpus``, ``p2p``, ``clock``, ``_handles`` and
+    ``_device`` it uses. ``fields_missing``: field ids this driver does not know."""
 
     gpus: list[FakeGpu]
+    clock: Callable[[], float]
+    fields_missing: frozenset[int] = frozenset()
     p2p: dict[tuple[int, int, int], int]
     _handles: dict[int, tuple[int, int | None]]
 
@@ -101,3 +113,29 @@ class LinkCalls:
             pci._obj.busId = bus_id.encode()
             pci._obj.busIdLegacy = bus_id.encode()
         return code
+
+    def _nvmlDeviceGetFieldValues(self, handle, count, values) -> int:
+        """The NVLink throughput fields, over one link or all (UINT_MAX), from the GPU's
+        integrated activity; each field answers for itself in its nvmlReturn."""
+        gpu, sl = self._device(handle)
+        if gpu is None or sl is not None or count.value < 0:
+            return N.NVML_ERROR_INVALID_ARGUMENT
+        at, integrals = gpu.activity.snapshot()
+        if gpu.mig is not None:  # the whole GPU's links carry its slices' traffic
+            add_slices(integrals, gpu, gpu.mig)
+        for i in range(count.value):
+            v = values._obj[i]
+            kind = THROUGHPUT_FIELDS.get(v.fieldId)
+            if kind is None or v.fieldId in self.fields_missing:
+                v.nvmlReturn = N.NVML_ERROR_INVALID_ARGUMENT  # a field this driver lacks
+            elif not gpu.nvlinks:
+                v.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+            elif v.scopeId != ALL_LINKS and v.scopeId >= len(gpu.nvlinks):
+                v.nvmlReturn = N.NVML_ERROR_INVALID_ARGUMENT
+            else:
+                share = 1 if v.scopeId == ALL_LINKS else len(gpu.nvlinks)
+                v.value.ullVal = int(integrals.get(kind, 0.0) / share) // 1024
+                v.valueType = N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                v.timestamp = _EPOCH_US + int(at * 1e6)
+                v.nvmlReturn = N.NVML_SUCCESS
+        return N.NVML_SUCCESS
