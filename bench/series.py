@@ -109,6 +109,7 @@ async def _text(tmp, host, kernel, socket, names, clock: StepClock, detail: bool
         clock=clock,
         detail=detail,
         dra=lambda: view,
+        timeout_seconds=300,  # what is exposed, never how fast: a loaded machine times out none
     )
     try:
         for _ in range(2):  # rates and ratios need a cycle before

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from numaguard.contract.catalogue import CATALOGUE
 from numaguard.exporter import docs
 from numaguard.exporter.mover.orders import MoveTotals
-from numaguard.simulator.fakes import dra, presets
+from numaguard.simulator.fakes import dra, gpu_topology, presets
+from numaguard.simulator.fakes.host import FakeHost, FakeNumaNode
+from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.fakes.resctrl import FakeResctrl
 from tests.conftest import NODE, make_collection, metadata_of
 from tests.helpers.gpu_node import gpu_collection
@@ -71,6 +74,7 @@ ALLOWED_LABELS = {
     "level",  # how two GPUs reach each other: nvlink, pix, pxb, phb, node, sys
     "nvlinks",  # NVLinks joining a pair: at most NVML_NVLINK_MAX_LINKS
     "p2p",  # yes, no, unknown
+    "size",  # a set of free GPUs: 2, 4 or 8
 }
 
 
@@ -128,6 +132,13 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
     async with gpu_collection(host, nvml, fake_root(host), lambda: now[0]) as (collection, _):
         await collection.run_once()
         now[0] += 15  # NVLink traffic is measured between two GPM samples
+        await collection.run_once()
+    seen |= _declared_families(collection)
+    # and NVLink-bridged cards no pod holds yet: the free sets a pod could get
+    host = FakeHost(nodes=[FakeNumaNode("0-7", socket=0), FakeNumaNode("8-15", socket=1)])
+    nvml = FakeNvml()
+    gpu_topology.bridged(nvml, host)
+    async with gpu_collection(host, nvml, fake_root(host), time.monotonic) as (collection, _):
         await collection.run_once()
     seen |= _declared_families(collection)
     # every declared exporter metric shows up on at least one of these nodes (the

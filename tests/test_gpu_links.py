@@ -6,16 +6,26 @@ its P2P pairs and the link_poor verdict."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import pynvml
 import pytest
 
 from numaguard.exporter.model.devices import DeviceUse
-from numaguard.exporter.model.links import pairs, pod_links
+from numaguard.exporter.model.links import FreeSet, free_sets, pairs, pod_links
 from numaguard.exporter.readers import ParseError
 from numaguard.exporter.readers.nvml import pci_chain, pci_level
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.simulator.fakes import gpu_topology, presets
-from numaguard.simulator.fakes.host import FakeHost, FakeHostRoot, FakeNumaNode
+from numaguard.simulator.fakes.host import (
+    GIB,
+    FakeContainer,
+    FakeHost,
+    FakeHostRoot,
+    FakeNumaNode,
+    FakePod,
+)
 from numaguard.simulator.fakes.nvml import FakeNvml
 from tests.conftest import NODE, samples
 from tests.helpers.gpu_node import gpu_collection
@@ -299,3 +309,74 @@ async def test_a_failed_field_read_leaves_nvlink_traffic_unknown(tmp_path):
     # measured again at once, a rate from the cycle after
     assert readings[0].gpus[1].activity.nvlink_supported is True
     assert readings[1].gpus[1].activity.nvlink_bytes_per_second == {"tx": 0.0, "rx": 0.0}
+
+
+def holding(host: FakeHost, nvml: FakeNvml, pods: dict[str, list[int]]) -> None:
+    """Pods of the device plugin, each holding the full GPUs listed."""
+    for name, indices in pods.items():
+        pod = FakePod(name, presets.pod_uid(name), "guaranteed", [], "ml")
+        ctr = FakeContainer("main", "", {0: GIB})
+        ctr.devices["nvidia.com/gpu"] = [nvml.gpus[i].uuid for i in indices]
+        pod.containers.append(ctr)
+        host.pods.append(pod)
+
+
+def best_sets(scrape) -> dict[tuple[str, str], str]:
+    """(numa_node, size) -> level, from numaguard_zone_gpu_free_set."""
+    out = {}
+    for (metric, labels), value in scrape.items():
+        if metric == "numaguard_zone_gpu_free_set":
+            labels = dict(labels)
+            assert value == 1 and (labels["numa_node"], labels["size"]) not in out
+            out[labels["numa_node"], labels["size"]] = labels["level"]
+    return out
+
+
+async def free_sets_of(layout: str, pods: dict[str, list[int]], tmp_path):
+    host = FakeHost(nodes=[FakeNumaNode("0-7", socket=0), FakeNumaNode("8-15", socket=1)])
+    nvml = FakeNvml()
+    getattr(gpu_topology, layout)(nvml, host)
+    holding(host, nvml, pods)
+    root = FakeHostRoot(str(tmp_path / "host"), host)
+    root.write()
+    async with gpu_collection(host, nvml, root, time.monotonic) as (collection, _):
+        await collection.run_once()
+    return best_sets(samples(collection.exposition.text))
+
+
+async def test_the_best_free_set_of_each_size_per_numa_node(tmp_path):
+    assert await free_sets_of("pcie", {}, tmp_path / "pcie") == {
+        ("", "2"): "pix",
+        ("0", "2"): "pix",  # GPUs 0 and 1 behind one switch
+        ("1", "2"): "pix",
+        ("", "4"): "pxb",
+        ("0", "4"): "pxb",  # the four under the switch of switches
+        ("1", "4"): "node",  # one of socket 1's GPUs is on a second host bridge
+        ("", "8"): "sys",
+    }
+    # HGX: NVLink everywhere, across sockets too
+    hgx = await free_sets_of("hgx", {"trainer": [0, 1, 2]}, tmp_path / "hgx")
+    assert hgx == {
+        ("", "2"): "nvlink",  # GPU 3, socket 0's only free one, with any of socket 1's
+        ("1", "2"): "nvlink",
+        ("", "4"): "nvlink",
+        ("1", "4"): "nvlink",
+    }
+
+
+async def test_single_gpu_pods_on_each_nvlink_pair_leave_no_joined_pair(tmp_path):
+    """k8s-device-plugin#546's shape: one single-GPU pod on each bridged pair; the two
+    GPUs left are a SYS pair, and no NUMA node has two free."""
+    spread = await free_sets_of("bridged", {"a": [0], "b": [2]}, tmp_path / "spread")
+    assert spread == {("", "2"): "sys"}
+    packed = await free_sets_of("bridged", {"a": [0], "b": [1]}, tmp_path / "packed")
+    assert packed == {("", "2"): "nvlink", ("1", "2"): "nvlink"}
+
+
+def test_a_pair_of_unknown_level_joins_no_set(tmp_path):
+    _, _, reading = machine("bridged", tmp_path)
+    joined = pairs(reading.gpus)
+    unknown = {**joined, (0, 1): replace(joined[0, 1], level=None)}
+    assert free_sets(list(reading.gpus), joined)[0] == FreeSet(None, 2, "nvlink")
+    assert FreeSet(0, 2, "nvlink") not in free_sets(list(reading.gpus), unknown)
+    assert FreeSet(1, 2, "nvlink") in free_sets(list(reading.gpus), unknown)

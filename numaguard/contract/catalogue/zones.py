@@ -54,6 +54,18 @@ ZONE_MEMORY_FREE = declare(
     "capacity",
 )
 
+ZONE_GPU_FREE_SET = declare(
+    "zone_gpu_free_set",
+    "gauge",
+    "1 for the best link level a set of size full GPUs not yet handed out reaches on "
+    "the NUMA node (numa_node empty: anywhere on the node): its worst pair, nvlink, pix, "
+    "pxb, phb, node or sys as nvidia-smi topo -m names them. NCCL does P2P only up to pxb. "
+    "Sizes 2, 4 and 8 (a pod of 3 fits a set of 4 as well joined). Absent where no such "
+    "set is free, or the kubelet's allocations are unknown; GPUs of a device plugin only.",
+    ("numa_node", "size", "level"),
+    "capacity",
+)
+
 
 # -- moving pods' memory home in place (--memory-mover; numaguard/exporter/mover/orders.py) --
 MEMORY_MOVES = declare(

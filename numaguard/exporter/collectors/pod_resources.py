@@ -1,5 +1,6 @@
 """Capacity per NUMA zone, from the kubelet: what each NUMA node can still give a pod
-(exclusive CPUs, devices per resource, memory), for the remediator's fit check."""
+(exclusive CPUs, devices per resource, memory, the best joined sets of free GPUs), for
+the remediator's fit check."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def families(snap: NodeSnapshot) -> list[Family]:
             add(c.ZONE_DEVICES_FREE, zone.devices_free.get(resource, 0), node, resource)
         add(c.ZONE_MEMORY_ALLOCATABLE, zone.memory_allocatable_bytes, node)
         add(c.ZONE_MEMORY_FREE, zone.memory_free_bytes, node)
+    for free in snap.gpu_free_sets:
+        node = "" if free.numa_node is None else str(free.numa_node)
+        add(c.ZONE_GPU_FREE_SET, 1, node, str(free.size), free.level)
     return list(f.values())
 
 

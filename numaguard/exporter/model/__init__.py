@@ -18,7 +18,15 @@ from numaguard.exporter.model.devices import (
     device_uses,
     with_device_verdicts,
 )
-from numaguard.exporter.model.links import Pair, PodLinks, pairs, pod_links
+from numaguard.exporter.model.links import (
+    FreeSet,
+    Pair,
+    PodLinks,
+    free_gpus,
+    free_sets,
+    pairs,
+    pod_links,
+)
 from numaguard.exporter.model.placement import (
     NumaNodeState,
     PodState,
@@ -62,6 +70,7 @@ class NodeSnapshot:
     counters: tuple[CounterSetState, ...] = ()  # DRA counter sets (partitionable devices)
     gpu_pairs: Mapping[tuple[int, int], Pair] = field(default_factory=dict)
     pod_links: tuple[PodLinks, ...] = ()
+    gpu_free_sets: tuple[FreeSet, ...] = ()
     # the readings of the collectors turned on this cycle (None: failed), by name
     readings: Mapping[str, object] = field(default_factory=dict)
     detail: bool = False  # the families render their detail too (--detail)
@@ -128,6 +137,7 @@ def build_snapshot(
         )
     counters = counter_states(dra, {g.uuid: g for g in gpus.gpus if g.uuid} if gpus else {})
     gpu_pairs = pairs(gpus.gpus) if gpus else {}
+    free = free_gpus(find, kubelet.pods, kubelet.allocatable) if find and kubelet else None
     return NodeSnapshot(
         node_name=node_name,
         timestamp=timestamp,
@@ -145,6 +155,7 @@ def build_snapshot(
         counters=counters,
         gpu_pairs=gpu_pairs,
         pod_links=pod_links(uses, gpu_pairs),
+        gpu_free_sets=free_sets(free, gpu_pairs) if free is not None else (),
         readings=dict(readings or {}),
         detail=detail,
     )

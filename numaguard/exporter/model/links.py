@@ -12,15 +12,20 @@ and the verdict link_poor with its reason:
 
 NVLink counts as joined when the two have links between them, or NVML says NVLink P2P
 works between them (both on NVSwitches). A reason whose data is missing is left out,
-never guessed."""
+never guessed.
+
+And what a new multi-GPU pod could still get: for 2, 4 and 8 GPUs the kubelet has not
+handed out, the best level of such a set on each NUMA node (the Topology Manager's
+single-numa-node policy keeps a pod's GPUs on one) and anywhere on the node."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from numaguard.exporter.model.devices import DeviceUse
+from numaguard.exporter.model.devices import DeviceFinder, DeviceUse
 from numaguard.exporter.readers.nvml import LINK_LEVELS, P2P_UP_TO, pci_level
+from numaguard.exporter.readers.podresources import Allocatable, PodResources
 from numaguard.exporter.records import GpuRecord, LinkRecord
 
 P2P_OK = 0  # NVML_P2P_STATUS_OK
@@ -113,3 +118,78 @@ def pod_links(uses: tuple[DeviceUse, ...], pairs: Mapping[tuple[int, int], Pair]
         first = held[0]
         out.append(PodLinks(first.namespace, first.pod, uid, worst, p2p, verdicts))
     return tuple(out)
+
+
+# the set sizes a free set is reported for: a pod of 3 fits in a set of 4 as well joined
+FREE_SET_SIZES = (2, 4, 8)
+
+
+@dataclass(frozen=True, slots=True)
+class FreeSet:
+    numa_node: int | None  # None: anywhere on the node
+    size: int
+    level: str  # the worst pair of the best such set (LINK_LEVELS)
+
+
+def free_gpus(
+    find: DeviceFinder, pods: tuple[PodResources, ...] | None, allocatable: Allocatable | None
+) -> list[GpuRecord] | None:
+    """Full GPUs (MIG off) the kubelet may hand out through a device plugin and has not;
+    None when it is silent."""
+    if pods is None or allocatable is None:
+        return None
+
+    def gpus_of(devices) -> set[int]:
+        units = (find.plugin_device(i) for d in devices for i in d.ids)
+        return {u[0].index for u in units if u is not None and u[1] is None}
+
+    offered = gpus_of(allocatable.devices)
+    taken = gpus_of(d for p in pods for c in p.containers for d in c.devices)
+    return [
+        g
+        for g in find.by_index.values()
+        if g.up and g.mig_enabled is False and g.index in offered - taken
+    ]
+
+
+def free_sets(free: list[GpuRecord], pairs: Mapping[tuple[int, int], Pair]) -> tuple[FreeSet, ...]:
+    """For each size and NUMA node (and the whole node), the best level a set of that
+    many free GPUs reaches, where one exists. A pair of unknown level joins no set: the
+    level is never better than what is known."""
+    zones = sorted({g.numa_node for g in free if g.numa_node is not None})
+    out = []
+    for size in FREE_SET_SIZES:
+        for zone in (None, *zones):
+            members = sorted(g.index for g in free if zone is None or g.numa_node == zone)
+            level = _best_level(members, size, pairs)
+            if level is not None:
+                out.append(FreeSet(zone, size, level))
+    return tuple(out)
+
+
+def _best_level(members: list[int], size: int, pairs: Mapping[tuple[int, int], Pair]):
+    if len(members) < size:
+        return None
+    rank = {k: LINK_LEVELS.index(p.level) for k, p in pairs.items() if p.level is not None}
+    for worst, level in enumerate(LINK_LEVELS):
+
+        def joined(a: int, b: int, worst: int = worst) -> bool:
+            return rank.get((a, b), len(LINK_LEVELS)) <= worst
+
+        if _clique([], members, size, joined):
+            return level
+    return None
+
+
+def _clique(chosen: list[int], candidates: list[int], size: int, joined) -> bool:
+    """Whether ``size`` GPUs, ``chosen`` among them, are pairwise joined (candidates in
+    index order, each joined to all chosen)."""
+    if len(chosen) == size:
+        return True
+    for i, g in enumerate(candidates):
+        if len(chosen) + len(candidates) - i < size:
+            return False
+        rest = [h for h in candidates[i + 1 :] if joined(g, h)]
+        if _clique([*chosen, g], rest, size, joined):
+            return True
+    return False

@@ -302,22 +302,31 @@ def gpu_node(
 def reference_gpu_node(
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[FakeHost, FakeNvml]:
-    """The reference node (docs/design.md) with its GPUs: the reference node, 8 H100-80GB with 7
-    1g.10gb slices each (GPUs 0-3 on socket 0's NUMA nodes 0-3, 4-7 on 4-7), and 56 of
-    its Guaranteed pods each using a slice, known to the kubelet and running on it."""
+    """The reference node (docs/design.md) with its GPUs: the reference node, 8 H100-80GB
+    of an HGX board (each behind a PCIe switch of its own, all on NVSwitches; GPU g on NUMA
+    node g) with 7 1g.10gb slices each, and 48 of its Guaranteed pods using them, known to
+    the kubelet and running on them: 8 pipeline jobs with a slice on each of two
+    neighbouring GPUs (multi-device pods), 40 with one slice."""
     host = reference_node()
     nvml = FakeNvml(clock)
     jobs = [p for p in host.pods if p.qos_class == "guaranteed"]
     for g in range(8):
         gpu = nvml.add_gpu("H100-80GB", g, ["1g.10gb"] * 7)
-        host.pci_devices[sysfs_pci_address(gpu.pci_bus_id)] = gpu.numa_node
-        for s, pod in zip(gpu.mig, jobs[g * 7 : g * 7 + 7], strict=True):
-            main = pod.containers[0]
-            main.exclusive_cpus = True
-            main.devices["nvidia.com/mig-1g.10gb"] = [s.uuid]
-            s.processes.append(Process(host.pid(pod, main), 4 * GIB))
-            s.memory_used_bytes = 4 * GIB
-            s.activity.set(sm=0.3 + 0.01 * g, graphics=0.4, tensor=0.2, dram_bandwidth=0.1)
+        gpu.pci_root, gpu.pci_switch = f"0000:{0x10 * g:02x}", f"sw{g}"
+        gpu.nvlinks = [gpu_topology.NVSWITCHES[k % 4] for k in range(18)]
+    gpu_topology.lay_out(nvml, host)
+    held = [[(i, 0), ((i + 1) % 8, 1)] for i in range(8)]
+    held += [[(g, s)] for g in range(8) for s in range(2, 7)]
+    for pod in jobs[:56]:
+        pod.containers[0].exclusive_cpus = True
+    for pod, slices in zip(jobs, held, strict=False):
+        main = pod.containers[0]
+        for g, s in slices:
+            mig = nvml.gpus[g].mig[s]
+            main.devices.setdefault("nvidia.com/mig-1g.10gb", []).append(mig.uuid)
+            mig.processes.append(Process(host.pid(pod, main), 4 * GIB))
+            mig.memory_used_bytes = 4 * GIB
+            mig.activity.set(sm=0.3 + 0.01 * g, graphics=0.4, tensor=0.2, dram_bandwidth=0.1)
     return host, nvml
 
 
