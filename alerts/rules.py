@@ -202,20 +202,13 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
         ),
         Alert(
             "NumaguardMultiGPUPodWithoutP2P",
-            "(max by (cluster, node, namespace, pod, pod_uid) ("
-            + e(c.POD_GPU_LINK_POOR, 'reason="no_p2p"')
-            + ") == 1) and on (cluster, node, pod_uid) (sum by (cluster, node, pod_uid) ("
-            + "max by (cluster, node, gpu_uuid, pod_uid) ("
-            + e(c.GPU_HOLDER, 'mig_uuid=""')
-            + ") * on (cluster, node, gpu_uuid) group_left sum by (cluster, node, gpu_uuid) ("
-            + e(c.GPU_PCIE)
-            + ")) > 1e9)",
-            "15m",
+            q["no_p2p_moving"],
+            "0m",
             "warning",
             "{{ $labels.namespace }}/{{ $labels.pod }}: its GPUs move data without P2P",
-            "For 15 minutes pod {{ $labels.namespace }}/{{ $labels.pod }} on {{ $labels.node }} "
-            "has moved over 1 GB/s over PCIe through GPUs that cannot reach each other peer to "
-            "peer (joined beyond PXB, or P2P refused).",
+            "For the whole finding window pod {{ $labels.namespace }}/{{ $labels.pod }} on "
+            "{{ $labels.node }} has moved over 1 GB/s over PCIe, on average, through GPUs that "
+            "cannot reach each other peer to peer (joined beyond PXB, or P2P refused).",
             "NCCL uses P2P only up to PXB by default (NCCL_P2P_LEVEL): GPUs joined at PHB, NODE "
             "or SYS stage every transfer through host memory, an order of magnitude below "
             "NVLink or a shared PCIe switch (user measurements: NV12 pair 208 GB/s all-reduce, "
@@ -225,10 +218,12 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "pairs (NVIDIA/k8s-device-plugin#1193).",
             "`numaguard_pod_gpu_link{pod=...}` names its worst pair and "
             "`numaguard_gpu_link_info` (with `--detail`) the node's matrix, as `nvidia-smi topo "
-            "-m` shows it. Restart the pod where a connected set of GPUs is free within one "
-            "NUMA node (the Topology Manager decides NUMA first, the device plugin's preference "
-            "second); under DRA, add `matchAttribute: resource.kubernetes.io/pcieRoot` to its "
-            "claim. numaguard measures this; it does not act on it yet.",
+            "-m` shows it, and `numaguard_zone_gpu_free_set` which NUMA nodes have a free set "
+            "joined at PXB or better. The remediator (finding gpu_link) evicts the pod only "
+            "where one NUMA node has such a set and room for its CPUs and memory (the Topology "
+            "Manager decides NUMA first, the device plugin's preference second), and says "
+            "`no_fit` otherwise. Under DRA, add `matchAttribute: "
+            "resource.kubernetes.io/pcieRoot` to its claim's constraints.",
             "numaguard-gpus",
         ),
         Alert(

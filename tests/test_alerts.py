@@ -267,10 +267,19 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
             'pod_uid="u2",container="main"}': "1x40",
             'numaguard_gpu_pcie_bytes_per_second{node="n1",gpu="5",gpu_uuid="G5",'
             'direction="tx"}': "1e6x40",
+            # split: its GPUs in two containers as well, moving as much: the spec is the fix
+            'numaguard_pod_gpu_link_poor{node="n1",namespace="ml",pod="split",pod_uid="u3",'
+            'reason="no_p2p"}': "1x40",
+            'numaguard_pod_gpu_link_poor{node="n1",namespace="ml",pod="split",pod_uid="u3",'
+            'reason="split_containers"}': "1x40",
+            'numaguard_gpu_holder_info{node="n1",gpu="6",gpu_uuid="G6",mig_uuid="",'
+            'pod_uid="u3",container="a"}': "1x40",
+            'numaguard_gpu_pcie_bytes_per_second{node="n1",gpu="6",gpu_uuid="G6",'
+            'direction="tx"}': "2e9x40",
         },
         [
-            ("14m", []),
-            ("16m", [{"node": "n1", "namespace": "ml", "pod": "far", "pod_uid": "u1"}]),
+            ("9m", []),
+            ("10m", [{**N, "namespace": "ml", "pod": "far", "pod_uid": "u1", "reason": "no_p2p"}]),
         ],
     ),
     "NumaguardUnremediableFindingsPiling": (
@@ -282,6 +291,7 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
 
 # alerts whose series keep the exporter's labels, job among them
 KEEP_JOB = {
+    "NumaguardMultiGPUPodWithoutP2P",
     "NumaguardPodCrossNUMA",
     "NumaguardGPUStarved",
     "NumaguardMIGSliceOversized",

@@ -14,9 +14,9 @@ from numaguard.contract.names import HISTORY_ANNOTATION, PENDING_LABEL
 from numaguard.remediator.actuator import Actuator
 from numaguard.remediator.cluster import pending_workloads, pods_of, workload_pods
 from numaguard.remediator.core.actions import Action
-from numaguard.remediator.core.capacity import Need
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.history import Pending, WorkloadHistory
+from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.rejections import RejectedPod
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator.cluster.simulated import SimulatedCluster

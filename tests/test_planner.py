@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.actions import DRA, PodInfo
 from numaguard.remediator.core.answers import Signals
-from numaguard.remediator.core.capacity import Capacity, Need
+from numaguard.remediator.core.capacity import Capacity
 from numaguard.remediator.core.claims import ClaimRef, claim_profile, template_name, with_profile
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Detection, FindingState, smallest_fit, update
@@ -27,6 +27,7 @@ from numaguard.remediator.core.history import (
     WorkloadHistory,
 )
 from numaguard.remediator.core.kinds import KINDS
+from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Enforcement, Policy
 from numaguard.remediator.core.queries import Windows

@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import pytest
 
+from numaguard.contract import catalogue as c
 from numaguard.contract.catalogue import series_names
 from numaguard.remediator.core import queries as q
+from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.queries import Windows, expressions, verification_expressions
 from tests.helpers.promql import metric_names, selectors
 
-NEEDS = [(8.0, 2.0**34, (("nvidia.com/gpu", 1),)), (0.0, 0.0, (("nvidia.com/mig-1g.10gb", 1),))]
+NEEDS = [
+    Need(8.0, 2.0**34, {"nvidia.com/gpu": 1}),
+    Need(0.0, 0.0, {"nvidia.com/mig-1g.10gb": 1}),
+    Need(0.0, 2.0**34, {"nvidia.com/gpu": 3}, joined=3),
+]
 
 
 def rounds(selector: str = q.DEFAULT_SELECTOR) -> list[str]:
@@ -72,20 +78,31 @@ def test_names_are_matched_as_themselves_in_bounded_batches():
         with pytest.raises(ValueError):
             q.matching("node", [forged])
     with pytest.raises(ValueError):
-        q.zone_candidates([(1.0, 1.0, (('x"}', 1),))], 6, ("host_numa",), 30.0)
+        q.zone_candidates([Need(1.0, 1.0, {'x"}': 1})], 6, ("host_numa",), 30.0)
 
 
 def test_scoped_expressions_scope_every_exporter_series():
+    """... but a GPU's traffic, which no pod labels: it is joined to the scoped pods'
+    holder series, so the answer still names only them."""
     for expr in (e for _, e in q.scoped(expressions(), "pod_uid", ["a-1"], Windows(), "")):
         for s in selectors(expr):
             matchers = {(m.name, m.value) for m in s.matchers.matchers}
-            assert s.name == "up" or ("pod_uid", "a-1") in matchers, (expr, s)
+            unscoped = s.name in ("up", c.GPU_PCIE.name)
+            assert unscoped or ("pod_uid", "a-1") in matchers, (expr, s)
+
+
+def test_a_joined_need_asks_for_zones_with_a_set_of_free_gpus_joined_for_p2p():
+    (query,) = q.zone_candidates([NEEDS[2]], 6, ("host_numa",), 30.0)
+    # three GPUs fit a set of four joined as well
+    assert 'numaguard_zone_gpu_free_set{job="numaguard",numa_node!="",size="4",' in query[1]
+    assert 'level=~"nvlink|pix|pxb"' in query[1]
+    assert q.zone_candidates([Need(0.0, 1.0, {"nvidia.com/gpu": 9}, joined=9)], 6, (), 30.0) == []
 
 
 def test_one_zone_query_per_kind_of_room_whatever_the_number_of_pods():
-    many = [(8.0, float(m), (("nvidia.com/gpu", 1),)) for m in range(1000)]
+    many = [Need(8.0, float(m), {"nvidia.com/gpu": 1}) for m in range(1000)]
     assert len(q.zone_candidates(many, 6, ("host_numa",), 30.0)) == 1
-    assert len(q.zone_candidates([*many, *NEEDS], 6, ("host_numa",), 30.0)) == 2
+    assert len(q.zone_candidates([*many, *NEEDS], 6, ("host_numa",), 30.0)) == 3
 
 
 def test_verification_names_pods_by_uid_only():

@@ -46,3 +46,22 @@ STARVED_REASONS = (
 STARVED_THRESHOLDS = MappingProxyType(
     {r.name: r.default for r in STARVED_REASONS if r.default is not None}
 )
+
+# the reasons of numaguard_pod_gpu_link_poor: why a pod's GPUs cannot reach each other
+# peer to peer (exporter model/links.py decides them)
+NO_P2P, SPLIT_CONTAINERS, MIG_SLICES = LINK_POOR_REASONS = (
+    "no_p2p",
+    "split_containers",
+    "mig_slices",
+)
+# How two GPUs reach each other, best first: nvidia-smi topo -m's names (lowercase), which
+# NCCL's NCCL_P2P_LEVEL uses too. NCCL uses P2P only up to pxb by default
+# (src/graph/paths.cc, p2pLevel = PATH_PXB): the levels joined well enough for it.
+LINK_LEVELS = ("nvlink", "pix", "pxb", "phb", "node", "sys")
+P2P_UP_TO = "pxb"
+JOINED_LEVELS = LINK_LEVELS[: LINK_LEVELS.index(P2P_UP_TO) + 1]
+# the sizes of the free GPU sets the exporter reports: a pod of 3 fits a set of 4 as well
+FREE_SET_SIZES = (2, 4, 8)
+# a pod whose full GPUs move less than this over PCIe (bytes a second, both directions,
+# all its GPUs) is not worth an eviction for a better-joined set: an idle pair loses nothing
+LINK_TRAFFIC_BYTES_PER_SECOND = 1e9

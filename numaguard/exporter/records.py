@@ -97,7 +97,7 @@ class LinkRecord:
     NVML would not say."""
 
     peer: int
-    level: str | None  # PCIe: pix | pxb | phb | node | sys (readers.nvml.LINK_LEVELS)
+    level: str | None  # PCIe: pix | pxb | phb | node | sys (contract.reasons.LINK_LEVELS)
     p2p_read: int | None  # nvmlGpuP2PStatus_t: 0 is OK
     p2p_write: int | None
     p2p_nvlink: int | None

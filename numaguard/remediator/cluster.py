@@ -12,12 +12,12 @@ from datetime import datetime
 
 from numaguard.contract.names import HISTORY_ANNOTATION, PENDING_LABEL, RELAYOUT_ANNOTATION
 from numaguard.remediator.core.actions import DRA, PodInfo
-from numaguard.remediator.core.capacity import Need
 from numaguard.remediator.core.claims import RESOURCE_API, ClaimRef, claim_profile
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.guards import HISTORY_OWNERS
 from numaguard.remediator.core.history import WorkloadHistory
 from numaguard.remediator.core.miglayout import Entry, parse_configs
+from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.reach import NodeFacts, Placement
 from numaguard.remediator.core.rejections import ADMISSION_REJECTIONS, RejectedPod
 from numaguard.remediator.core.relayout import MigNode, Relayout

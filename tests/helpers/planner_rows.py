@@ -144,3 +144,48 @@ def starved_row(pod: str, reason: str, gpu_uuid: str = "") -> dict:
         "starved_seen": [row],
         "starved_age": [{**row, "value": 1.0}],
     }
+
+
+def link_poor(pod: str, reason: str = "no_p2p", node: str = "n1") -> dict:
+    """A gpu_link finding's rows: the pod's GPUs cannot reach each other peer to peer."""
+    row = {
+        "node": node,
+        "namespace": "ml",
+        "pod": pod,
+        "pod_uid": f"uid-{pod}",
+        "reason": reason,
+        "value": 1.0,
+    }
+    return {
+        "gpu_link_sustained": [row],
+        "gpu_link_seen": [row],
+        "gpu_link_age": [{**row, "value": 1.0}],
+    }
+
+
+def gpus_held(pod: str, gpus: int, cpus: float, memory_gib: float, node: str = "n1") -> dict:
+    """What a multi-GPU pod holds: CPUs and memory on NUMA node 0, ``gpus`` full GPUs the
+    kubelet gave it, one on each NUMA node in turn (so joined at SYS)."""
+    ids = {"node": node, "namespace": "ml", "pod": pod, "pod_uid": f"uid-{pod}", "numa_node": "0"}
+    return {
+        "pod_exclusive_cpus": [{**ids, "value": cpus}],
+        "pod_memory": [{**ids, "value": memory_gib * GIB}],
+        "holders": [
+            {
+                **ids,
+                "numa_node": str(i % 2),
+                "gpu": str(i),
+                "gpu_uuid": f"GPU-{pod}-{i}",
+                "resource": "nvidia.com/gpu",
+                "source": "kubelet",
+                "value": 1.0,
+            }
+            for i in range(gpus)
+        ],
+    }
+
+
+def free_set(node: str, numa: str, size: int, level: str) -> dict:
+    """The best level a free set of ``size`` GPUs reaches on the NUMA node."""
+    row = {"node": node, "numa_node": numa, "size": str(size), "level": level, "value": 1.0}
+    return {"zone_gpu_free_sets": [row]}

@@ -23,8 +23,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from numaguard.contract.reasons import (
+    FREE_SET_SIZES,
+    LINK_LEVELS,
+    MIG_SLICES,
+    NO_P2P,
+    P2P_UP_TO,
+    SPLIT_CONTAINERS,
+)
 from numaguard.exporter.model.devices import DeviceFinder, DeviceUse
-from numaguard.exporter.readers.nvml import LINK_LEVELS, P2P_UP_TO, pci_level
+from numaguard.exporter.readers.nvml import pci_level
 from numaguard.exporter.readers.podresources import Allocatable, PodResources
 from numaguard.exporter.records import GpuRecord, LinkRecord
 
@@ -100,7 +108,7 @@ def pod_links(uses: tuple[DeviceUse, ...], pairs: Mapping[tuple[int, int], Pair]
         whole = sorted({i for i, mig in units if not mig})
         slices = [k for k in units if k[1]]
         containers = {u.container_id or u.container for u in held}
-        verdicts = {"split_containers": len(containers) > 1, "mig_slices": len(slices) > 1}
+        verdicts = {SPLIT_CONTAINERS: len(containers) > 1, MIG_SLICES: len(slices) > 1}
         worst, p2p = None, None
         if len(whole) > 1:
             joined = [pairs.get((x, y)) for i, x in enumerate(whole) for y in whole[i + 1 :]]
@@ -112,16 +120,12 @@ def pod_links(uses: tuple[DeviceUse, ...], pairs: Mapping[tuple[int, int], Pair]
                 p2p = {"ok": sum(oks), "no": len(oks) - sum(oks)}
             beyond = worst is not None and LINK_LEVELS.index(worst) > LINK_LEVELS.index(P2P_UP_TO)
             if beyond or (p2p is not None and p2p["no"]):
-                verdicts["no_p2p"] = True
+                verdicts[NO_P2P] = True
             elif worst is not None and p2p is not None:
-                verdicts["no_p2p"] = False
+                verdicts[NO_P2P] = False
         first = held[0]
         out.append(PodLinks(first.namespace, first.pod, uid, worst, p2p, verdicts))
     return tuple(out)
-
-
-# the set sizes a free set is reported for: a pod of 3 fits in a set of 4 as well joined
-FREE_SET_SIZES = (2, 4, 8)
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,11 +119,6 @@ def counter_rates(
     return rates
 
 
-# How two GPUs reach each other, best first: nvidia-smi topo -m's names (lowercase), which
-# NCCL's NCCL_P2P_LEVEL uses too. NCCL uses P2P only up to pxb by default
-# (src/graph/paths.cc, p2pLevel = PATH_PXB).
-LINK_LEVELS = ("nvlink", "pix", "pxb", "phb", "node", "sys")
-P2P_UP_TO = "pxb"
 # nvmlGpuTopologyLevel_t -> its name; INTERNAL (two GPUs on one board) is as close as PIX
 _NVML_LEVELS = {0: "pix", 10: "pix", 20: "pxb", 30: "phb", 40: "node", 50: "sys"}
 _SYSFS_PCI = re.compile(r"/sys/devices/(pci[0-9a-f]{4}:[0-9a-f]{2})((?:/[0-9a-f:.]+)+)")
@@ -131,7 +126,7 @@ _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
 def nvml_level(value: int) -> str:
-    """nvmlDeviceGetTopologyCommonAncestor's answer -> a LINK_LEVELS name."""
+    """nvmlDeviceGetTopologyCommonAncestor's answer -> a name of contract.reasons.LINK_LEVELS."""
     if value not in _NVML_LEVELS:
         raise ParseError(f"not an NVML topology level: {value!r}")
     return _NVML_LEVELS[value]

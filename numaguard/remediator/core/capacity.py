@@ -4,15 +4,17 @@ finding's pod holds and needs on one zone, and the fit check over every zone."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from numaguard.contract.names import mig_resource
+from numaguard.contract.reasons import FREE_SET_SIZES, JOINED_LEVELS
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding
+from numaguard.remediator.core.kinds import KINDS
+from numaguard.remediator.core.needs import Need, set_size
 
 # The collectors the capacity of a zone that would take a pod comes from (each kind's
 # own are in its record, kinds.py)
@@ -43,26 +45,16 @@ def holdings(s: Signals, pods: set[str]) -> dict[str, dict]:
     return held
 
 
-def need_of(held: dict[str, dict], uid: str) -> Need:
-    """What the pod must find in one zone to run aligned: all it holds, together."""
+def need_of(held: dict[str, dict], uid: str, joined: bool = False) -> Need:
+    """What the pod must find in one zone to run aligned: all it holds, together;
+    ``joined``: its full GPUs as a set joined well enough for P2P."""
     cpus, memory, devices = 0.0, 0.0, Counter()
     for c, m, d in held.get(uid, {}).values():
         cpus, memory = cpus + c, memory + m
         devices.update(d)
-    return Need(cpus, memory, dict(devices))
-
-
-@dataclass
-class Need:
-    cpus: float
-    memory: float
-    devices: dict[str, int]
-
-    def describe(self) -> str:
-        devices = ", ".join(f"{n} {r}" for r, n in sorted(self.devices.items()))
-        return f"{self.cpus:g} exclusive CPUs, {self.memory / 2**30:.1f} GiB" + (
-            f", {devices}" if devices else ""
-        )
+    slices = mig_resource("")
+    gpus = sum(n for r, n in devices.items() if not r.startswith(slices)) if joined else 0
+    return Need(cpus, memory, dict(devices), gpus)
 
 
 class Capacity:
@@ -77,6 +69,7 @@ class Capacity:
         devices: dict[str, np.ndarray],
         held: dict,
         placements: dict[str, dict[str, float]] | None = None,
+        joined: dict[int, np.ndarray] | None = None,
     ) -> None:
         self.zones = zones
         # node -> MIG profile -> how many more its GPUs' DRA counters allow
@@ -92,6 +85,9 @@ class Capacity:
         self.devices = devices  # resource -> free count per zone
         # pod uid -> {(node, numa node): [cpus, memory, {resource: count}]}: what it holds
         self.held = held
+        # set size -> per zone, whether a free set of that many GPUs is joined at
+        # P2P_UP_TO or better there (exporters report it per NUMA node)
+        self.joined = joined or {}
 
     @classmethod
     def from_signals(cls, s: Signals, pods: set[str], evidence: Evidence) -> Capacity:
@@ -129,6 +125,13 @@ class Capacity:
                 fresh.groupby(["node", "mig_profile"])["value"].sum().items()
             ):
                 placements.setdefault(node, {})[profile] = float(value)
+        sets = aligned("zone_gpu_free_sets").reindex(columns=["node", "numa_node", "size", "level"])
+        good = sets[sets["level"].isin(JOINED_LEVELS)]
+        joined = {}
+        for size in FREE_SET_SIZES:
+            rows = good[good["size"] == str(size)]
+            there = set(zip(rows["node"], rows["numa_node"], strict=True))
+            joined[size] = np.array([zone in there for zone in index], dtype=bool)
         return cls(
             list(index),
             np.array(zone_cpus.reindex(index), dtype=float),
@@ -136,10 +139,11 @@ class Capacity:
             devices,
             held,
             placements,
+            joined,
         )
 
     def need(self, f: Finding) -> Need:
-        return need_of(self.held, f.pod_uid)
+        return need_of(self.held, f.pod_uid, KINDS[f.kind].joined_gpus)
 
     def _give_back(self, uid: str, sign: float) -> None:
         """Count what the pod holds as free (+1) or taken again (-1): once evicted, its
@@ -166,6 +170,11 @@ class Capacity:
                 if free is None:
                     return np.array([], dtype=np.int64)
                 ok &= free >= count
+            if need.joined:
+                size = set_size(need.joined)
+                if size is None:
+                    return np.array([], dtype=np.int64)
+                ok &= self.joined[size]
             candidates = np.flatnonzero(ok)
             # most free CPUs, then most free memory (bytes stay far below 1e12 per zone)
             score = self.cpus[candidates] * 1e12 + self.memory[candidates]
@@ -186,6 +195,8 @@ class Capacity:
         self.memory[zone] -= need.memory
         for resource, count in need.devices.items():
             self.devices[resource][zone] -= count
+        for joined in self.joined.values():  # what its GPUs leave is unknown until said
+            joined[zone] = False
 
     def free_slice(self, profile: str) -> int | None:
         free = self.devices.get(mig_resource(profile))

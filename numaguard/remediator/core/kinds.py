@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 from numaguard.contract import catalogue as c
 from numaguard.contract.names import mig_resource
-from numaguard.contract.reasons import CROSS_NUMA_REASONS, STARVED_REASONS
+from numaguard.contract.reasons import (
+    CROSS_NUMA_REASONS,
+    LINK_POOR_REASONS,
+    MIG_SLICES,
+    NO_P2P,
+    SPLIT_CONTAINERS,
+    STARVED_REASONS,
+)
 
 # The action that moves a pod's remote memory home in place (its node's exporter does,
 # asked by an annotation on the pod): the remedy for remote memory where it can work
@@ -45,6 +52,9 @@ class Kind:
     reasons: frozenset[str] = frozenset()
     # its eviction is for a new NUMA placement: only a pod holding exclusive CPUs gets one
     fixes_placement: bool = False
+    # its eviction is for GPUs that reach each other: the pod's full GPUs must find a free
+    # set joined at P2P_UP_TO or better on one NUMA node
+    joined_gpus: bool = False
 
     def intent_of(self, reason: str) -> str:
         return "recommend" if reason in self.recommend_for else self.intent
@@ -91,9 +101,43 @@ STARVED = Kind(
     reasons=frozenset(r.name for r in STARVED_REASONS),
     fixes_placement=True,
 )
+# The fix for a split pod or for slices is in the workload's spec: what each says
+_LINK_ADVICE = {
+    NO_P2P: "recreate it where its GPUs are joined at PXB or better on one NUMA node",
+    SPLIT_CONTAINERS: "put its GPUs in one container: NCCL cannot use CUDA IPC or NVLink "
+    "between GPUs in different containers",
+    MIG_SLICES: "give it full GPUs, or one larger slice: MIG slices do no P2P, not even two "
+    "of one GPU",
+}
+# under DRA the scheduler picks a claim's GPUs by its selectors and constraints alone: a
+# new pod gets a joined set only if the claim asks for one
+CLAIM_LINK_ADVICE = (
+    "add `constraints: [{{matchAttribute: resource.kubernetes.io/pcieRoot}}]` to its "
+    "ResourceClaim (or its template) so that its GPUs share a PCIe root (gpu_link: {f.reason})"
+)
+GPU_LINK = Kind(
+    "gpu_link",
+    priority=2,
+    depends_on=("gpu", "pod_resources"),
+    intent="evict",
+    enforced_as="gpu_link",
+    min_gain=1.0,
+    advice=lambda f: f"{_LINK_ADVICE[f.reason]} (gpu_link: {f.reason})",
+    age="gpu_link_age",
+    age_of=("pod_uid", "reason"),
+    verified_by=c.POD_GPU_LINK_POOR,
+    sustained="gpu_link_sustained",
+    seen="gpu_link_seen",
+    series="gpu_link_series",
+    recommend_for=frozenset({SPLIT_CONTAINERS, MIG_SLICES}),
+    # the kubelet must attribute the GPUs to the pod: its need is what it holds
+    device_reasons=frozenset({NO_P2P}),
+    reasons=frozenset(LINK_POOR_REASONS),
+    joined_gpus=True,
+)
 NOISY_NEIGHBOUR = Kind(
     "noisy_neighbour",
-    priority=2,
+    priority=3,
     depends_on=("pod_placement", "resctrl", "gpu", "pod_resources"),
     intent="evict",
     enforced_as="noisy_neighbour",
@@ -123,11 +167,11 @@ def _resize(kind: str, priority: int, min_gain: float) -> Kind:
     )
 
 
-UNDERSIZED = _resize("undersized", 3, 1.1)
+UNDERSIZED = _resize("undersized", 4, 1.1)
 # a shrink pays off by giving SMs back without slowing the job down much
-OVERSIZED = _resize("oversized", 4, 0.9)
+OVERSIZED = _resize("oversized", 5, 0.9)
 
-KINDS = {k.name: k for k in (CROSS_NUMA, STARVED, NOISY_NEIGHBOUR, OVERSIZED, UNDERSIZED)}
+KINDS = {k.name: k for k in (CROSS_NUMA, STARVED, GPU_LINK, NOISY_NEIGHBOUR, OVERSIZED, UNDERSIZED)}
 # the kinds whose verdicts the exporter writes: found from their sustained and seen queries
 PLACEMENT = tuple(k for k in KINDS.values() if k.seen)
 RESIZED = tuple(k.name for k in KINDS.values() if k.intent == "resize")

@@ -15,20 +15,22 @@ from typing import NamedTuple
 import numpy as np
 
 from numaguard.contract.names import AUTO_RESIZE_ANNOTATION, REQUEST_ANNOTATION, mig_resource
-from numaguard.remediator.core.actions import Action, Plan, PodInfo, Refusal
+from numaguard.remediator.core.actions import DRA, Action, Plan, PodInfo, Refusal
 from numaguard.remediator.core.answers import Signals
-from numaguard.remediator.core.capacity import Capacity, Need
+from numaguard.remediator.core.capacity import Capacity
 from numaguard.remediator.core.claims import SHARED, TEMPLATE, mechanism
 from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding, shared_pool_advice
 from numaguard.remediator.core.guards import CAP_GUARDS, POD_GUARDS, Asked, first_refusal
 from numaguard.remediator.core.history import WorkloadHistory
 from numaguard.remediator.core.kinds import (
+    CLAIM_LINK_ADVICE,
     CROSS_NUMA,
     KINDS,
     MIGRATE_MEMORY,
     NOISY_NEIGHBOUR,
 )
+from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.reach import NODES_PER_FINDING, NodeFacts, excluded
 
@@ -71,13 +73,20 @@ def plan(
         kind = KINDS[finding.kind]
         # a pod without exclusive CPUs is in the shared pool: no zone can promise it one
         shared_pool = intent == "evict" and kind.fixes_placement and not capacity.need(finding).cpus
+        # GPUs of a ResourceClaim: its spec, not a new pod, decides how they are joined
+        claimed = intent == "evict" and kind.joined_gpus and DRA in pod.resources
         if (
             mode == "recommend"
             or intent == "recommend"
             or shared_pool
+            or claimed
             or (intent == "resize" and not _opted_in(pod))
         ):
-            advice = shared_pool_advice(finding) if shared_pool else kind.advice(finding)
+            advice = kind.advice(finding)
+            if shared_pool:
+                advice = shared_pool_advice(finding)
+            elif claimed:
+                advice = CLAIM_LINK_ADVICE.format(f=finding)
             actions.append(Action("recommend", finding, pod, advice, True))
             return
         if finding.pod_uid in acted:

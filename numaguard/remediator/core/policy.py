@@ -8,6 +8,7 @@ from typing import Literal, get_args
 
 from numaguard.remediator.core.kinds import (
     CROSS_NUMA,
+    GPU_LINK,
     KINDS,
     NOISY_NEIGHBOUR,
     OVERSIZED,
@@ -39,6 +40,8 @@ class Enforcement:
 
     cross_numa: Mode = "act"
     starved: Mode = "act"
+    # no_p2p acts; split_containers and mig_slices are always recommendations
+    gpu_link: Mode = "act"
     noisy_neighbour: Mode = "act"
     mis_sized: Mode = "act"
     # pods the kubelet refused for alignment (rejections.py): act deletes the surplus
@@ -58,6 +61,7 @@ class FixGain:
 
     cross_numa: NonNegative = CROSS_NUMA.min_gain
     starved: NonNegative = STARVED.min_gain
+    gpu_link: NonNegative = GPU_LINK.min_gain
     noisy_neighbour: NonNegative = NOISY_NEIGHBOUR.min_gain
     undersized: NonNegative = UNDERSIZED.min_gain
     oversized: NonNegative = OVERSIZED.min_gain

@@ -24,7 +24,16 @@ from typing import Annotated
 from pydantic import Field
 
 from numaguard.contract import catalogue as c
-from numaguard.remediator.core.kinds import CROSS_NUMA, KINDS, PLACEMENT, RESIZED, STARVED
+from numaguard.contract.reasons import JOINED_LEVELS, LINK_TRAFFIC_BYTES_PER_SECOND, NO_P2P
+from numaguard.remediator.core.kinds import (
+    CROSS_NUMA,
+    GPU_LINK,
+    KINDS,
+    PLACEMENT,
+    RESIZED,
+    STARVED,
+)
+from numaguard.remediator.core.needs import Need, set_size
 from numaguard.remediator.core.validation import FORBID_EXTRA, Duration
 
 EXPORTER_JOB = "numaguard"  # the exporters' scrape job, as deploy/'s ServiceMonitor names it
@@ -84,13 +93,34 @@ def expressions(
     w: Windows = Windows(), selector: str = DEFAULT_SELECTOR, scope: str = ""
 ) -> dict[str, str]:
     """Name -> PromQL, evaluated as instant queries at the cycle's time; ``scope``: a
-    matcher every exporter series selected must also meet (``up`` has no such labels)."""
+    matcher every exporter series selected must also meet (``up`` has no such labels,
+    nor have a GPU's traffic series: their holders are scoped)."""
 
     def m(spec: c.MetricSpec, *matchers: str) -> str:
         return selected(spec.name, selector, scope, *matchers)
 
     cross, starved = m(c.POD_CROSS_NUMA), m(c.GPU_STARVED)
+    link, no_p2p = m(c.POD_GPU_LINK_POOR), m(c.POD_GPU_LINK_POOR, f'reason="{NO_P2P}"')
+    spec_bound = m(c.POD_GPU_LINK_POOR, f'reason!="{NO_P2P}"')
     sm = m(c.MIG_UTILIZATION, 'kind="sm"')
+    by_pod = "node, instance, pod_uid"
+    # what a pod's full GPUs moved over PCIe over the window, both ways: a pair that
+    # moves nothing loses nothing to a poor link (the GPUs' series carry no pod: the
+    # scope selects their holders)
+    whole_gpus = m(c.GPU_HOLDER, 'mig_uuid=""')
+    pcie = selected(c.GPU_PCIE.name, selector)
+    moving = (
+        f"sum by ({by_pod}) (max by ({by_pod}, gpu_uuid) ({whole_gpus})"
+        f" * on (node, instance, gpu_uuid) group_left sum by (node, instance, gpu_uuid) "
+        f"(avg_over_time({pcie}[{w.finding}]))) > {LINK_TRAFFIC_BYTES_PER_SECOND!r}"
+    )
+
+    def held(verdict: str) -> str:
+        return f"min_over_time({verdict}[{w.finding}]) == 1 and {verdict} offset {w.finding} == 1"
+
+    no_p2p_moving = (
+        f"{held(no_p2p)} and on ({by_pod}) ({moving}) unless on ({by_pod}) ({spec_bound} == 1)"
+    )
     return {
         # a verdict that held at every scrape of the window and at the last one before
         # it (a new series is not yet sustained) opens a finding. The sample at the
@@ -105,13 +135,20 @@ def expressions(
             f"min_over_time({starved}[{w.finding}]) == 1 and {starved} offset {w.finding} == 1"
         ),
         STARVED.seen: f"max_over_time({starved}[{w.finding}]) == 1",
+        # no P2P is a finding only while the pod moves data, and not where its spec keeps
+        # its GPUs apart anyway (split, or slices: their own reasons say what to change)
+        "no_p2p_moving": no_p2p_moving,
+        GPU_LINK.sustained: f"({held(spec_bound)}) or ({no_p2p_moving})",
+        GPU_LINK.seen: f"max_over_time({link}[{w.finding}]) == 1",
         # how old the newest sample saying so is: an action needs the verdict now
         CROSS_NUMA.age: f"time() - timestamp({cross} == 1)",
         STARVED.age: f"time() - timestamp({starved} == 1)",
+        GPU_LINK.age: f"time() - timestamp({link} == 1)",
         # one exporter writes one series per pod and reason (and device): a second, now,
         # with another label or another value, was written by someone else
         CROSS_NUMA.series: f"count by (instance, pod_uid, reason) ({cross})",
         STARVED.series: f"count by (instance, pod_uid, reason, gpu_uuid, mig_uuid) ({starved})",
+        GPU_LINK.series: f"count by (instance, pod_uid, reason) ({link})",
         # MIG sizing: what each slice did over the whole sizing window, and what it is
         "slice_sm": f"avg_over_time({sm}[{w.sizing}]) and {sm} offset {w.sizing}",
         "slice_sm_peak": f"max_over_time({sm}[{w.sizing}])",
@@ -127,6 +164,7 @@ def expressions(
         "zone_free_cpus": f"{m(c.ZONE_CPUS_ALLOCATABLE)} - {m(c.ZONE_CPUS_ALLOCATED)}",
         "zone_free_devices": m(c.ZONE_DEVICES_FREE),
         "zone_free_memory": m(c.NUMA_MEMORY_FREE),
+        "zone_gpu_free_sets": m(c.ZONE_GPU_FREE_SET, 'numa_node!=""'),
         # how many more slices of a MIG profile each GPU's DRA counters allow
         "mig_profiles_free": f"{m(c.GPU_MIG_PROFILES_FREE)} >= 1",
         # LLC: each pod's share of each L3 domain
@@ -153,6 +191,11 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     CROSS_NUMA.age: ("node", "instance", "pod_uid", "reason"),
     STARVED.age: ("node", "instance", "pod_uid", "reason", "gpu_uuid"),
     CROSS_NUMA.series: ("instance", "pod_uid", "reason"),
+    GPU_LINK.sustained: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
+    "no_p2p_moving": ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
+    GPU_LINK.seen: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
+    GPU_LINK.age: ("node", "instance", "pod_uid", "reason"),
+    GPU_LINK.series: ("instance", "pod_uid", "reason"),
     STARVED.series: ("instance", "pod_uid", "reason", "gpu_uuid"),
     "slice_sm": ("node", "instance", "mig_uuid", "mig_profile"),
     "slice_sm_peak": ("node", "mig_uuid"),
@@ -168,6 +211,7 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     "zone_free_devices": ("node", "resource"),
     "mig_profiles_free": ("node", "mig_profile"),
     "zone_free_memory": ("node",),
+    "zone_gpu_free_sets": ("node", "numa_node", "size", "level"),
     "llc_share": ("node", "instance", "l3_domain", "pod_uid"),
     "llc_age": ("node", "instance", "l3_domain", "pod_uid"),
     "targets_up": ("node", "instance"),
@@ -190,7 +234,7 @@ HOLDINGS = (
     "holders",
     *(k.series for k in PLACEMENT),
 )
-ZONES = ("zone_free_cpus", "zone_free_devices", "zone_free_memory")
+ZONES = ("zone_free_cpus", "zone_free_devices", "zone_free_memory", "zone_gpu_free_sets")
 NODE_EVIDENCE = ("targets_up", "collector_age", "collector_success")
 Queries = list[tuple[str, str]]  # (frame name, PromQL): a name may come in several batches
 
@@ -264,23 +308,24 @@ def detection(
 
 
 def zone_candidates(
-    needs: Iterable[tuple[float, float, tuple[tuple[str, int], ...]]],
+    needs: Iterable[Need],
     k: int,
     collectors: tuple[str, ...],
     stale_after: float,
     selector: str = DEFAULT_SELECTOR,
 ) -> Queries:
     """The NUMA zones that could take the pods: for each distinct (exclusive CPUs,
-    devices) a pod needs, of the zones with that much room on a node whose exporter is up
+    devices, joined GPUs) a pod needs, of the zones with that much room (and a free set
+    of that many GPUs joined well enough for P2P) on a node whose exporter is up
     and whose ``collectors`` succeeded within ``stale_after``, the ``k`` with most free
     memory and the ``k`` roomiest (CPUs, then memory) among those with the least memory
     any of those pods needs. With ``k`` one more than the actions a cycle may take, some
     zone that fits a pod is always among them when one exists anywhere: whichever zones
     the cycle's actions take, one of the ``k`` with most memory is left as it was."""
     classes: dict[tuple, float] = {}
-    for cpus, memory, devices in needs:
-        key = (cpus, tuple(sorted(devices)))
-        classes[key] = min(memory, classes.get(key, memory))
+    for need in needs:
+        key = (need.cpus, tuple(sorted(need.devices.items())), need.joined)
+        classes[key] = min(need.memory, classes.get(key, need.memory))
 
     def m(spec: c.MetricSpec, *matchers: str) -> str:
         return selected(spec.name, selector, *matchers)
@@ -298,13 +343,19 @@ def zone_candidates(
         f"== {len(collectors)}"
     )
     out = []
-    for (cpus, devices), least_memory in sorted(classes.items()):
+    for (cpus, devices, joined), least_memory in sorted(classes.items()):
         room = ""
         for resource, count in devices:
             if not _NAME.fullmatch(resource):
                 raise ValueError(f"not a resource name: {resource!r}")
             free = m(c.ZONE_DEVICES_FREE, zone, f'resource="{resource}"')
             room += f" and on (node, numa_node) sum by (node, numa_node) ({free}) >= {count}"
+        if joined:
+            size, levels = set_size(joined), "|".join(JOINED_LEVELS)
+            if size is None:
+                continue  # more GPUs than any set reported: no zone can say it has them
+            sets = m(c.ZONE_GPU_FREE_SET, zone, f'size="{size}"', f'level=~"{levels}"')
+            room += f" and on (node, numa_node) group by (node, numa_node) ({sets})"
         room += f" and on (node) {fresh}"
         out.append(
             (

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from numaguard.contract.names import OPT_OUT
-from numaguard.remediator.core.capacity import Capacity, Need
+from numaguard.remediator.core.capacity import Capacity
+from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.policy import Policy
 
 ADMISSION_REJECTIONS = ("TopologyAffinityError", "SMTAlignmentError")

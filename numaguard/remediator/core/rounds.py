@@ -20,9 +20,10 @@ from dataclasses import dataclass, replace
 from numaguard.contract.names import mig_resource
 from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.answers import Signals, merged
-from numaguard.remediator.core.capacity import CAPACITY_DEPENDS_ON, Need, holdings, need_of
+from numaguard.remediator.core.capacity import CAPACITY_DEPENDS_ON, holdings, need_of
 from numaguard.remediator.core.findings import Detection, FindingState, update
-from numaguard.remediator.core.kinds import PLACEMENT, STARVED
+from numaguard.remediator.core.kinds import KINDS, PLACEMENT, STARVED
+from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.planner import intent_of
 from numaguard.remediator.core.policy import Policy
 
@@ -97,12 +98,10 @@ def rounds(asked: Round, state: FindingState, sizing: Sizing) -> Rounds:
     held, needs = holdings(found, uids), []
     for f in findings:
         if intent_of(f) == "evict":
-            need = need_of(held, f.pod_uid)
-            needs.append((need.cpus, need.memory, tuple(need.devices.items())))
+            needs.append(need_of(held, f.pod_uid, KINDS[f.kind].joined_gpus))
         elif intent_of(f) == "resize":
-            needs.append((0.0, 0.0, ((mig_resource(f.recommended), 1),)))
-    for need in asked.rejected:  # where the kubelet would have admitted them
-        needs.append((need.cpus, need.memory, tuple(need.devices.items())))
+            needs.append(Need(0.0, 0.0, {mig_resource(f.recommended): 1}))
+    needs += asked.rejected  # where the kubelet would have admitted them
     policy = asked.policy
     # a resize through a claim template fits wherever a GPU's DRA counters leave room
     profiles = {f.recommended for f in findings if intent_of(f) == "resize" and f.recommended}
