@@ -226,6 +226,51 @@ DASHBOARDS = (
                 description="Devices held back by their pod's host.",
             ),
             Panel(
+                "Multi-GPU pods: their worst pair",
+                f'{c.POD_GPU_LINK.name}{{{NODE}, namespace=~"$namespace"}}',
+                "short",
+                kind="table",
+                description="How the two worst-joined of a pod's full GPUs reach each other, "
+                "as nvidia-smi topo -m names it: nvlink, pix, pxb (NCCL does P2P up to here), "
+                "phb, node, sys. The node's whole matrix: numaguard_gpu_link_info, with "
+                "--detail.",
+            ),
+            Panel(
+                "Pods whose GPUs cannot reach each other peer to peer",
+                f'{c.POD_GPU_LINK_POOR.name}{{{NODE}, namespace=~"$namespace"}} == 1',
+                "short",
+                kind="table",
+                description="no_p2p: joined beyond PXB or P2P refused; split_containers: its "
+                "GPUs in different containers; mig_slices: two or more MIG slices.",
+            ),
+            Panel(
+                "PCIe traffic of multi-GPU pods' GPUs",
+                f"sum by (node, namespace, pod) (max by (node, gpu_uuid, namespace, pod) "
+                f'({c.GPU_HOLDER.name}{{{NODE}, namespace=~"$namespace", mig_uuid=""}}) '
+                f"* on (node, gpu_uuid) group_left sum by (node, gpu_uuid) "
+                f"({c.GPU_PCIE.name}{{{NODE}}})) and on (node, namespace, pod) "
+                f'{c.POD_GPU_LINK.name}{{{NODE}, namespace=~"$namespace"}}',
+                "Bps",
+                "{{namespace}}/{{pod}}",
+                description="Both directions, all its full GPUs: what a pod without P2P "
+                "stages through host memory.",
+            ),
+            Panel(
+                "NVLink traffic per GPU",
+                f"sum by (node, gpu) ({c.GPU_NVLINK.name}{{{NODE}}})",
+                "Bps",
+                "{{node}} gpu{{gpu}}",
+            ),
+            Panel(
+                "Free GPU sets: the best joined set of each size",
+                f"{c.ZONE_GPU_FREE_SET.name}{{{NODE}}}",
+                "short",
+                kind="table",
+                description="Per NUMA node (empty: anywhere on the node), the best level a "
+                "set of 2, 4 or 8 free GPUs reaches: where a multi-GPU pod could still get "
+                "P2P.",
+            ),
+            Panel(
                 "MIG slices that still fit, by profile (DRA counters)",
                 f"{c.GPU_MIG_PROFILES_FREE.name}{{{NODE}}}",
                 "short",

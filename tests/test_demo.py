@@ -25,6 +25,7 @@ def _settled(view: str) -> bool:
         and "gpu1 3g.40gb" in rows.get("ml/infer-a", "")
         and "60%" in rows.get("ml/infer-a", "")
         and rows.get("ml/trainer", "").endswith("aligned")
+        and rows.get("ml/allreduce", "").endswith("no_p2p")
     )
 
 

@@ -48,7 +48,7 @@ def simulated(policy: str, requests) -> list[str]:
     node = SimNode("sim", host, FakeNvml(), policy, reserved=RESERVED)
     out = []
     for i, need in enumerate(requests):
-        given = admit(node, need, [])
+        given = admit(node, need, {})
         if given is None:
             out.append("refused")
             continue

@@ -27,7 +27,7 @@ from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.core.claims import template_name, with_profile
 from numaguard.remediator.core.mig import geometry
-from numaguard.remediator.core.policy import Policy
+from numaguard.remediator.core.policy import Enforcement, Policy
 from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.signals import Prometheus
@@ -1180,3 +1180,47 @@ async def test_a_dra_slice_behind_an_extended_resource_is_resized_by_its_name(cl
     finally:
         for path in classes:
             await c.cp.request(s, "DELETE", path)
+
+
+def split_pair(host: FakeHost, nvml: FakeNvml) -> None:
+    """A data-parallel job on GPUs 7 and 8 of NUMA node 1, under different host bridges
+    (NODE: no P2P), moving 2 GiB/s over PCIe through each; GPUs 9 and 10, joined by an
+    NVLink bridge of 12 links, free on the same NUMA node."""
+    far, *bridged = (nvml.add_gpu("H100-80GB", 1) for _ in range(3))
+    bridged[0].nvlinks, bridged[1].nvlinks = [10] * 12, [9] * 12
+    for gpu in (far, *bridged):
+        host.pci_devices[sysfs_pci_address(gpu.pci_bus_id)] = 1
+    main = FakeContainer("main", "44-45", {1: 1 << 30}, exclusive_cpus=True)
+    job = FakePod("allreduce", presets.pod_uid("allreduce"), "guaranteed", [main], "ml")
+    host.pods.append(job)
+    for gpu in (nvml.gpus[7], far):
+        main.devices.setdefault("nvidia.com/gpu", []).append(gpu.uuid)
+        gpu.processes.append(Process(host.pid(job, main), 8 << 30))
+        gpu.activity.set(sm=0.3, graphics=0.35, pcie_tx=1 << 30, pcie_rx=1 << 30)
+
+
+async def test_gpus_without_p2p_are_evicted_onto_a_joined_pair(cluster):
+    """The real ReplicaSet's replacement is admitted on NUMA node 1 and, as NVIDIA's
+    device plugin prefers, given the NVLink pair; the fix holds and pays off."""
+    c = await cluster(split_pair)
+    held = expressions(Windows("4s", "4s"))["no_p2p_moving"]
+    await c.prom.wait_for(held)
+    ignore = Enforcement(cross_numa="ignore", starved="ignore", mis_sized="ignore")
+    controller = c.controller(enforcement=ignore)
+    reports = await cycles_until(controller, lambda rs: any(r.verified for r in rs))
+    assert c.evictions(201) == [("ml", "allreduce", 201)]
+    (verified,) = [v for r in reports for v in r.verified]
+    assert (verified.workload, verified.kind, verified.outcome) == (
+        "Deployment/ml/allreduce",
+        "gpu_link",
+        "held",
+    )
+    (replacement,) = c.sim.running("allreduce-")
+    given = replacement.containers[0].devices["nvidia.com/gpu"]
+    assert sorted(given) == sorted(c.nvml.gpus[i].uuid for i in (9, 10))
+    link = await c.prom.query(f'numaguard_pod_gpu_link{{pod="{replacement.name}"}}')
+    assert [r["metric"]["level"] for r in link] == ["nvlink"]
+    assert verified.gain.ratio > 1.0, verified.detail
+    evicted = [e for e in await c.events() if e["reason"] == "RemediationEvicted"]
+    assert {e["involvedObject"]["kind"] for e in evicted} == {"Pod", "Deployment"}
+    assert all("gpu_link" in e["message"] for e in evicted), [e["message"] for e in evicted]

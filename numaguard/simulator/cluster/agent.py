@@ -319,7 +319,11 @@ class NodeAgent:
         # made is the claim's device, not a device plugin's
         extended = (obj["status"].get("extendedResourceClaimStatus") or {}).get("requestMappings")
         by_claim = {m.get("resourceName") for m in extended or ()}
-        resources = sorted(r for r in limits if r.startswith("nvidia.com/") and r not in by_claim)
+        resources = {
+            r: int(limits[r])
+            for r in sorted(limits)
+            if r.startswith("nvidia.com/") and r not in by_claim
+        }
         qos = obj["status"].get("qosClass", "BestEffort").lower()
         exclusive = qos == "guaranteed" and str(requests.get("cpu", "")).isdigit()
         need = int(requests["cpu"]) if exclusive else 0
@@ -335,7 +339,7 @@ class NodeAgent:
             format_id_list(cpus),
             first_touch(node, cpus, memory),
             exclusive_cpus=exclusive,
-            devices={r: [u.uuid] for r, u in zip(resources, units, strict=True)},
+            devices={r: [u.uuid for u in given] for r, given in units.items()},
             claims=[c for c, _ in claimed] if node.claims_in_pod_resources else [],
         )
         meta = obj["metadata"]
@@ -347,7 +351,8 @@ class NodeAgent:
                         c.cpus = format_id_list(parse_id_list(c.cpus) - cpus)
         node.host.pods.append(pod)
         workload = (meta.get("labels") or {}).get("app", meta["name"])
-        self._run(node, pod, [*units, *(u for _, u in claimed)], workload)
+        devices = [u for given in units.values() for u in given]
+        self._run(node, pod, [*devices, *(u for _, u in claimed)], workload)
         node.write()
         return pod
 

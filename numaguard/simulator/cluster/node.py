@@ -10,6 +10,9 @@ policy (pure over the node's state):
 * ``none``: CPUs as the CPU manager packs them without a hint, and the first free device,
   aligned or not.
 
+Among the free devices a pod may get, full GPUs are chosen as NVIDIA's device plugin
+prefers them (go-gpuallocator's best effort, fakes/gpu_allocator.py), slices in order.
+
 tests/test_kubelet_agreement.py holds these answers to the real kubelet's.
 """
 
@@ -19,6 +22,7 @@ import os
 from dataclasses import dataclass, field
 
 from numaguard.exporter.readers import parse_id_list
+from numaguard.simulator.fakes.gpu_allocator import best_effort, pair_scores
 from numaguard.simulator.fakes.host import FakeHost, FakeHostRoot, FakePod
 from numaguard.simulator.fakes.nvml import FakeGpu, FakeNvml, FakeSlice
 from numaguard.simulator.fakes.podresources import FakeKubelet
@@ -63,18 +67,14 @@ def first_touch(node: SimNode, cpus: frozenset[int], total: int) -> dict[int, in
     return {i: total * k // len(cpus) for i, k in share.items()}
 
 
-def admit(node: SimNode, need: int, resources: list[str]):
+def admit(node: SimNode, need: int, resources: dict[str, int]):
     """Exclusive CPUs and devices for a pod, as the CPU manager's static policy and the
-    node's Topology Manager policy give them: (CPUs, device units), or None when the
-    pod is refused (TopologyAffinityError, or nothing free)."""
+    node's Topology Manager policy give them: (CPUs, {resource: device units}), or None
+    when the pod is refused (TopologyAffinityError, or nothing free)."""
     free = free_cpus(node)
     by_numa = {i: sorted(parse_id_list(n.cpus) & free) for i, n in enumerate(node.host.nodes)}
-    units_by_numa = {i: [free_unit(node, r, i) for r in resources] for i in by_numa}
-    aligned = [
-        i
-        for i in by_numa
-        if len(by_numa[i]) >= need and all(u is not None for u in units_by_numa[i])
-    ]
+    units_by_numa = {i: take(node, resources, i) for i in by_numa}
+    aligned = [i for i in by_numa if len(by_numa[i]) >= need and units_by_numa[i] is not None]
     if aligned and node.policy != "none":
         i = aligned[0]
         return frozenset(by_numa[i][:need]), units_by_numa[i]
@@ -83,8 +83,8 @@ def admit(node: SimNode, need: int, resources: list[str]):
     largest = max(len(parse_id_list(n.cpus)) for n in node.host.nodes)
     if node.policy == "single-numa-node" or (node.policy == "restricted" and need <= largest):
         return None  # TopologyAffinityError
-    units = [free_unit(node, r, None) for r in resources]
-    if any(u is None for u in units) or len(free) < need:
+    units = take(node, resources, None)
+    if units is None or len(free) < need:
         return None
     sizes = {i: len(parse_id_list(n.cpus)) for i, n in enumerate(node.host.nodes)}
     return packed(by_numa, sizes, need), units
@@ -115,20 +115,36 @@ def free_cpus(node: SimNode) -> frozenset[int]:
     return node.host.all_cpus - taken - node.reserved
 
 
-def free_unit(node: SimNode, resource: str, numa: int | None):
-    """A device unit of ``resource`` no pod holds, on NUMA node ``numa`` (None: any)."""
+def take(node: SimNode, resources: dict[str, int], numa: int | None):
+    """{resource: the units a pod asking ``resources`` gets} of the free ones on NUMA
+    node ``numa`` (None: any), or None when there are too few."""
+    given = {}
+    for resource, count in resources.items():
+        free = free_units(node, resource, numa)
+        if len(free) < count:
+            return None
+        if resource == "nvidia.com/gpu" and count > 1:  # the device plugin's preference
+            index = {id(g): i for i, g in enumerate(node.nvml.gpus)}
+            chosen = best_effort([index[id(g)] for g in free], [], count, pair_scores(node.nvml))
+            given[resource] = [node.nvml.gpus[i] for i in chosen]
+        else:
+            given[resource] = free[:count]
+    return given
+
+
+def free_units(node: SimNode, resource: str, numa: int | None) -> list:
+    """The device units of ``resource`` no pod holds, on NUMA node ``numa`` (None: any)."""
     held = {
         i for p in node.host.pods for c in p.containers for ids in c.devices.values() for i in ids
     }
     claimed = {claim.device for p in node.host.pods for c in p.containers for claim in c.claims}
+    out = []
     for index, gpu in enumerate(node.nvml.gpus):
         if (numa is not None and gpu.numa_node != numa) or f"gpu-{index}" in claimed:
             continue
         units = [gpu] if gpu.mig is None else gpu.mig
-        for unit in units:
-            if unit_resource(unit) == resource and unit.uuid not in held:
-                return unit
-    return None
+        out += [u for u in units if unit_resource(u) == resource and u.uuid not in held]
+    return out
 
 
 def keep_ids(host: FakeHost, pod: FakePod) -> None:

@@ -1,9 +1,10 @@
-"""One node's exporter view: the exporter on a simulated 2-socket node with 8 H100 GPUs
-(MIG mixed), its pods on a real control plane (names from its watch, as the exporter's
-ServiceAccount) and device allocations from a fake kubelet over gRPC, while the node's
-counters move. Prints where to scrape it and a live view of what
-it finds: remote memory and traffic, which pod holds which GPU or slice, how busy it
-is, and which GPUs are starved by their host."""
+"""One node's exporter view: the exporter on a simulated 2-socket node with 11 H100 GPUs
+(MIG mixed; two joined by an NVLink bridge), its pods on a real control plane (names
+from its watch, as the exporter's ServiceAccount) and device allocations from a fake
+kubelet over gRPC, while the node's counters move. Prints where to scrape it and a live
+view of what it finds: remote memory and traffic, which pod holds which GPU or slice,
+how busy it is, which GPUs are starved by their host, and which pod's GPUs cannot reach
+each other peer to peer."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.common import logs
+from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.exporter.server import serve
 from numaguard.exporter.settings import Settings
 from numaguard.simulator.cluster.simulated import SimulatedCluster
 from numaguard.simulator.fakes import presets
 from numaguard.simulator.fakes.gpu_exporter import fake_gpus
 from numaguard.simulator.fakes.host import GIB, MIB, FakeContainer, FakePod
+from numaguard.simulator.fakes.nvml import Process
 from numaguard.simulator.fakes.resctrl import FakeResctrl
 from numaguard.simulator.parts.controlplane import ControlPlane
 
@@ -30,11 +33,25 @@ NODE = "demo-gpu-node-1"
 
 
 def demo_node():
-    """The preset GPU node, plus a cache whose memory the kernel put on the far node and
-    GPU 7 under NVIDIA's DynamicMIG."""
+    """The preset GPU node, plus a cache whose memory the kernel put on the far node, GPU
+    7 under NVIDIA's DynamicMIG, and a data-parallel job moving 2 GB/s over PCIe between
+    GPU 3 and GPU 8, both on NUMA node 0 but under different host bridges (no P2P),
+    while GPUs 9 and 10, joined by an NVLink bridge, are free on NUMA node 1."""
     host, nvml = presets.gpu_node()
     nvml.set_mig(7, [])  # GPU 7's slices made as DRA claims come (DynamicMIG)
     nvml.gpus[7].dynamic_mig = True
+    far, *bridged = nvml.add_gpu("H100-80GB", 0), *(nvml.add_gpu("H100-80GB", 1) for _ in "ab")
+    bridged[0].nvlinks, bridged[1].nvlinks = [10] * 12, [9] * 12
+    for gpu in (far, *bridged):
+        host.pci_devices[sysfs_pci_address(gpu.pci_bus_id)] = gpu.numa_node
+    main = FakeContainer("main", "18-31,46-63", {0: 16 * GIB})
+    job = FakePod("allreduce", presets.pod_uid("allreduce"), "burstable", [main], "ml")
+    host.pods.append(job)
+    for gpu in (nvml.gpus[3], far):
+        main.devices.setdefault("nvidia.com/gpu", []).append(gpu.uuid)
+        gpu.processes.append(Process(host.pid(job, main), 30 * GIB))
+        gpu.memory_used_bytes = 30 * GIB
+        gpu.activity.set(sm=0.35, graphics=0.4, pcie_tx=GIB, pcie_rx=GIB)
     host.pods.append(
         FakePod(
             "redis-cache",
@@ -111,6 +128,8 @@ async def live_view(url: str) -> str:
                 held.append((pod, lb["mig_uuid"] or lb["gpu_uuid"], what))
             elif s.name == "numaguard_gpu_starved" and s.value == 1:
                 rows.setdefault(pod, {}).setdefault("starved", []).append(lb["reason"])
+            elif s.name == "numaguard_pod_gpu_link_poor" and s.value == 1:
+                rows.setdefault(pod, {}).setdefault("flags", []).append(lb["reason"])
     for pod, uuid, what in held:
         rows.setdefault(pod, {})["device"] = what
         rows[pod]["util"] = busy.get(uuid)
@@ -171,7 +190,7 @@ async def run(sim: SimulatedCluster, node, seconds: float, port: int, interval: 
     stop = asyncio.Event()
     server = asyncio.create_task(serve(settings, stop))
     url = f"http://127.0.0.1:{port}"
-    print(f"numaguard exporter on a simulated 2-socket node with 8 H100 GPUs ({NODE})")
+    print(f"numaguard exporter on a simulated 2-socket node with 11 H100 GPUs ({NODE})")
     print(f"  metrics:   {url}/metrics\n  readiness: {url}/readyz")
     print(f"  host root: {root.root}  (edit files there to see the exporter react)")
     print(f"running for {seconds:g}s; Ctrl-C stops earlier\n", flush=True)

@@ -8,13 +8,16 @@ runs it beside a kubelet; GPUS.json is the fake NVML's description (simulator/fa
 so the exporter's fake GPUs and the kubelet's devices are the same ones.
 
 Like NVIDIA's plugin it registers again whenever the kubelet restarts (the kubelet
-removes every socket in its device-plugins directory when it starts)."""
+removes every socket in its device-plugins directory when it starts), and it prefers
+full GPUs as NVIDIA's does (go-gpuallocator's best-effort policy: gpu_allocator.py);
+slices, for which NVIDIA's turns that off, in the order advertised."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -22,6 +25,7 @@ import grpc
 from numaguard.contract.names import mig_resource
 from numaguard.simulator.fakes.deviceplugin import api_pb2 as api
 from numaguard.simulator.fakes.deviceplugin import api_pb2_grpc as rpc
+from numaguard.simulator.fakes.gpu_allocator import best_effort, pair_scores
 from numaguard.simulator.fakes.nvml import FakeNvml
 
 DIRECTORY = "/var/lib/kubelet/device-plugins"
@@ -33,14 +37,15 @@ RESOURCE = "nvidia.com/gpu"
 class Device:
     id: str  # the GPU's UUID, or the MIG slice's, as NVIDIA's plugin names them
     numa_node: int
+    gpu: int | None = None  # a full GPU's index (its links are scored by it)
 
 
 def devices_of(description: str) -> dict[str, list[Device]]:
     """The devices of a fake NVML description, by the resource they are offered as."""
     out: dict[str, list[Device]] = {}
-    for g in FakeNvml.from_description(description).gpus:
+    for i, g in enumerate(FakeNvml.from_description(description).gpus):
         if g.mig is None:
-            out.setdefault(RESOURCE, []).append(Device(g.uuid, g.numa_node))
+            out.setdefault(RESOURCE, []).append(Device(g.uuid, g.numa_node, i))
         for s in g.mig or []:
             out.setdefault(mig_resource(s.profile.name), []).append(Device(s.uuid, g.numa_node))
     return out
@@ -52,8 +57,9 @@ def endpoint(resource: str) -> str:
 
 
 class Plugin(rpc.DevicePluginServicer):
-    def __init__(self, devices: list[Device]) -> None:
+    def __init__(self, devices: list[Device], score: Callable[[int, int], int] | None = None):
         self.devices = devices
+        self.score = score  # of a pair of full GPUs, by index; None: in advertised order
 
     async def GetDevicePluginOptions(self, request, context):
         return api.DevicePluginOptions(get_preferred_allocation_available=True)
@@ -72,20 +78,34 @@ class Plugin(rpc.DevicePluginServicer):
         await asyncio.Event().wait()  # the devices never change; the kubelet hangs up
 
     async def GetPreferredAllocation(self, request, context):
-        """The devices it must take, then the available ones in the order advertised:
-        deterministic, so that a test knows which GPU a pod gets where the kubelet's
-        Topology Manager leaves the choice to the plugin."""
-        order = {d.id: i for i, d in enumerate(self.devices)}
-        responses = []
-        for r in request.container_requests:
-            chosen = list(r.must_include_deviceIDs)
-            for device in sorted(r.available_deviceIDs, key=lambda i: order.get(i, len(order))):
-                if len(chosen) >= r.allocation_size:
-                    break
-                if device not in chosen:
-                    chosen.append(device)
-            responses.append(api.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        """Full GPUs: go-gpuallocator's best-effort choice among those available. Slices:
+        the devices it must take, then the available ones in the order advertised."""
+        responses = [
+            api.ContainerPreferredAllocationResponse(
+                deviceIDs=self.preferred(
+                    list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size
+                )
+            )
+            for r in request.container_requests
+        ]
         return api.PreferredAllocationResponse(container_responses=responses)
+
+    def preferred(self, available: list[str], required: list[str], size: int) -> list[str]:
+        order = {d.id: i for i, d in enumerate(self.devices)}
+        available = sorted(available, key=lambda i: order.get(i, len(order)))
+        gpu = {d.id: d.gpu for d in self.devices if d.gpu is not None}
+        if self.score is not None and all(i in gpu for i in [*available, *required]):
+            ids = {gpu[i]: i for i in [*available, *required]}
+            indices = [gpu[i] for i in available]
+            chosen = best_effort(indices, [gpu[i] for i in required], size, self.score)
+            return [ids[g] for g in chosen]
+        chosen = list(required)
+        for device in available:
+            if len(chosen) >= size:
+                break
+            if device not in chosen:
+                chosen.append(device)
+        return chosen
 
     async def Allocate(self, request, context):
         responses = []
@@ -98,16 +118,18 @@ class Plugin(rpc.DevicePluginServicer):
         return api.PreStartContainerResponse()
 
 
-async def serve(devices: dict[str, list[Device]], directory: str = DIRECTORY) -> None:
-    """A plugin for each resource, until cancelled."""
-    await asyncio.gather(*(serve_one(r, d, directory) for r, d in devices.items()))
+async def serve(devices: dict[str, list[Device]], directory: str = DIRECTORY, score=None) -> None:
+    """A plugin for each resource, until cancelled; ``score``: of a pair of full GPUs."""
+    await asyncio.gather(
+        *(serve_one(r, d, directory, score if r == RESOURCE else None) for r, d in devices.items())
+    )
 
 
-async def serve_one(resource: str, devices: list[Device], directory: str) -> None:
+async def serve_one(resource: str, devices: list[Device], directory: str, score=None) -> None:
     """Serve and register, and again each time the kubelet comes back; until cancelled."""
     kubelet = os.path.join(directory, KUBELET_SOCKET)
     mine = os.path.join(directory, endpoint(resource))
-    plugin = Plugin(devices)
+    plugin = Plugin(devices, score)
     while True:
         while not os.path.exists(kubelet):
             await asyncio.sleep(0.5)
@@ -149,6 +171,7 @@ def _inode(path: str) -> int | None:
 
 def main(path: str) -> None:
     with open(path) as f:
-        devices = devices_of(f.read())
+        description = f.read()
+    devices = devices_of(description)
     print(json.dumps({r: [vars(d) for d in ds] for r, ds in devices.items()}), flush=True)
-    asyncio.run(serve(devices))
+    asyncio.run(serve(devices, score=pair_scores(FakeNvml.from_description(description))))
