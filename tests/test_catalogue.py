@@ -20,7 +20,7 @@ from numaguard.simulator.fakes.host import FakeHost, FakeNumaNode
 from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.fakes.resctrl import FakeResctrl
 from tests.conftest import NODE, make_collection, metadata_of
-from tests.helpers.gpu_node import gpu_collection
+from tests.helpers.gpu_node import gpu_collection, holding
 
 ALLOWED_LABELS = {
     # docs/design.md, Metric contract
@@ -134,10 +134,12 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
         now[0] += 15  # NVLink traffic is measured between two GPM samples
         await collection.run_once()
     seen |= _declared_families(collection)
-    # and NVLink-bridged cards no pod holds yet: the free sets a pod could get
+    # and NVLink-bridged cards, one held by a single-GPU pod: the free sets a pod could
+    # get, and the pair that pod breaks
     host = FakeHost(nodes=[FakeNumaNode("0-7", socket=0), FakeNumaNode("8-15", socket=1)])
     nvml = FakeNvml()
     gpu_topology.bridged(nvml, host)
+    holding(host, nvml, {"single": [0]})
     async with gpu_collection(host, nvml, fake_root(host), time.monotonic) as (collection, _):
         await collection.run_once()
     seen |= _declared_families(collection)

@@ -9,6 +9,7 @@ import pytest
 from numaguard.remediator.core.actions import DRA
 from numaguard.remediator.core.policy import Enforcement, Policy
 from tests.helpers.planner_rows import (
+    breaks_pair,
     free_set,
     gpus_held,
     healthy,
@@ -141,3 +142,20 @@ def test_recommend_mode_only_advises():
             "(gpu_link: no_p2p)",
         )
     ]
+
+
+def test_a_pod_breaking_a_pair_is_advised_to_move_only_while_a_pod_lacks_p2p():
+    lone = merge(healthy("n1", "n2"), breaks_pair("inference", node="n2"))
+    assert run(signals(**lone), [pod_info("inference", node="n2")]).actions == ()
+    sig = signals(
+        **merge(lone, link_poor("trainer"), gpus_held("trainer", 2, 8, 32))
+    )  # and no joined set free anywhere: the trainer is no_fit
+    result = run(sig, [pod_info("trainer"), pod_info("inference", node="n2")])
+    assert [(r.finding.pod, r.guard) for r in result.refusals] == [("trainer", "no_fit")]
+    ((action,),) = [result.actions]
+    assert (action.kind, action.pod.name, action.dry_run) == ("recommend", "inference", True)
+    assert action.detail.startswith("it holds half of the last GPU pair on its NUMA node of n2")
+    # acting is not offered: a device plugin gives a one-GPU pod the first free GPU
+    policy = Policy(dry_run=False, enforcement=Enforcement(gpu_fragmentation="act"))
+    acted = run(sig, [pod_info("trainer"), pod_info("inference", node="n2")], policy)
+    assert [a.kind for a in acted.actions] == ["recommend"]

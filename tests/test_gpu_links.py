@@ -19,16 +19,13 @@ from numaguard.exporter.readers.nvml import pci_chain, pci_level
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.simulator.fakes import gpu_topology, presets
 from numaguard.simulator.fakes.host import (
-    GIB,
-    FakeContainer,
     FakeHost,
     FakeHostRoot,
     FakeNumaNode,
-    FakePod,
 )
 from numaguard.simulator.fakes.nvml import FakeNvml
 from tests.conftest import NODE, samples
-from tests.helpers.gpu_node import gpu_collection
+from tests.helpers.gpu_node import gpu_collection, holding
 
 TOPO_M = {
     "hgx": """
@@ -311,16 +308,6 @@ async def test_a_failed_field_read_leaves_nvlink_traffic_unknown(tmp_path):
     assert readings[1].gpus[1].activity.nvlink_bytes_per_second == {"tx": 0.0, "rx": 0.0}
 
 
-def holding(host: FakeHost, nvml: FakeNvml, pods: dict[str, list[int]]) -> None:
-    """Pods of the device plugin, each holding the full GPUs listed."""
-    for name, indices in pods.items():
-        pod = FakePod(name, presets.pod_uid(name), "guaranteed", [], "ml")
-        ctr = FakeContainer("main", "", {0: GIB})
-        ctr.devices["nvidia.com/gpu"] = [nvml.gpus[i].uuid for i in indices]
-        pod.containers.append(ctr)
-        host.pods.append(pod)
-
-
 def best_sets(scrape) -> dict[tuple[str, str], str]:
     """(numa_node, size) -> level, from numaguard_zone_gpu_free_set."""
     out = {}
@@ -332,7 +319,8 @@ def best_sets(scrape) -> dict[tuple[str, str], str]:
     return out
 
 
-async def free_sets_of(layout: str, pods: dict[str, list[int]], tmp_path):
+async def scrape(layout: str, pods: dict[str, list[int]], tmp_path):
+    """The exposition of a ``layout`` machine whose ``pods`` hold those GPUs."""
     host = FakeHost(nodes=[FakeNumaNode("0-7", socket=0), FakeNumaNode("8-15", socket=1)])
     nvml = FakeNvml()
     getattr(gpu_topology, layout)(nvml, host)
@@ -341,7 +329,11 @@ async def free_sets_of(layout: str, pods: dict[str, list[int]], tmp_path):
     root.write()
     async with gpu_collection(host, nvml, root, time.monotonic) as (collection, _):
         await collection.run_once()
-    return best_sets(samples(collection.exposition.text))
+    return samples(collection.exposition.text)
+
+
+async def free_sets_of(layout: str, pods: dict[str, list[int]], tmp_path):
+    return best_sets(await scrape(layout, pods, tmp_path))
 
 
 async def test_the_best_free_set_of_each_size_per_numa_node(tmp_path):
@@ -380,3 +372,24 @@ def test_a_pair_of_unknown_level_joins_no_set(tmp_path):
     assert free_sets(list(reading.gpus), joined)[0] == FreeSet(None, 2, "nvlink")
     assert FreeSet(0, 2, "nvlink") not in free_sets(list(reading.gpus), unknown)
     assert FreeSet(1, 2, "nvlink") in free_sets(list(reading.gpus), unknown)
+
+
+async def test_a_single_gpu_pod_holding_half_of_the_last_joined_pair_is_said(tmp_path):
+    """Spread over both bridged pairs, each single-GPU pod keeps a pair from a 2-GPU pod;
+    packed on one pair, neither does (the other pair is free)."""
+
+    def breaks(scrape):
+        return {
+            dict(labels)["pod"]: value
+            for (metric, labels), value in scrape.items()
+            if metric == "numaguard_pod_gpu_fragmenting"
+        }
+
+    spread = await scrape("bridged", {"a": [0], "b": [2]}, tmp_path / "spread")
+    assert breaks(spread) == {"a": 1, "b": 1}
+    packed = await scrape("bridged", {"a": [0], "b": [1]}, tmp_path / "packed")
+    assert breaks(packed) == {"a": 0, "b": 0}
+    # PCIe cards: a 2-GPU pod gets no verdict; c and d each sit behind a switch with a
+    # free GPU, on NUMA nodes where no two free GPUs are joined; e's GPU is NODE from all
+    pcie = await scrape("pcie", {"pair": [0, 1], "c": [2], "d": [4], "e": [7]}, tmp_path / "p")
+    assert breaks(pcie) == {"c": 1, "d": 1, "e": 0}

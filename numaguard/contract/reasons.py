@@ -62,6 +62,9 @@ P2P_UP_TO = "pxb"
 JOINED_LEVELS = LINK_LEVELS[: LINK_LEVELS.index(P2P_UP_TO) + 1]
 # the sizes of the free GPU sets the exporter reports: a pod of 3 fits a set of 4 as well
 FREE_SET_SIZES = (2, 4, 8)
+# numaguard_pod_gpu_fragmenting's reason: a single-GPU pod holds half of the only joined
+# pairs left on its NUMA node
+BREAKS_PAIR = "breaks_pair"
 # a pod whose full GPUs move less than this over PCIe (bytes a second, both directions,
 # all its GPUs) is not worth an eviction for a better-joined set: an idle pair loses nothing
 LINK_TRAFFIC_BYTES_PER_SECOND = 1e9

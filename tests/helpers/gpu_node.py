@@ -13,6 +13,9 @@ import pynvml
 
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import GIB, FakeContainer, FakeHost, FakePod
+from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.fakes.podresources import FakeKubelet
 from tests.conftest import make_collection, metadata_of
 
@@ -36,3 +39,13 @@ async def gpu_collection(host, nvml, root, clock):
             pod_resources.close()
             await kubelet.stop()
             shutil.rmtree(os.path.dirname(socket))
+
+
+def holding(host: FakeHost, nvml: FakeNvml, pods: dict[str, list[int]]) -> None:
+    """Pods of the device plugin, each holding the full GPUs listed."""
+    for name, indices in pods.items():
+        pod = FakePod(name, presets.pod_uid(name), "guaranteed", [], "ml")
+        ctr = FakeContainer("main", "", {0: GIB})
+        ctr.devices["nvidia.com/gpu"] = [nvml.gpus[i].uuid for i in indices]
+        pod.containers.append(ctr)
+        host.pods.append(pod)

@@ -148,6 +148,15 @@ def starved_row(pod: str, reason: str, gpu_uuid: str = "") -> dict:
 
 def link_poor(pod: str, reason: str = "no_p2p", node: str = "n1") -> dict:
     """A gpu_link finding's rows: the pod's GPUs cannot reach each other peer to peer."""
+    return _verdict("gpu_link", pod, reason, node)
+
+
+def breaks_pair(pod: str, node: str = "n1") -> dict:
+    """A gpu_fragmentation finding's rows: the pod holds half of the last joined pair."""
+    return _verdict("gpu_fragmentation", pod, "breaks_pair", node)
+
+
+def _verdict(kind: str, pod: str, reason: str, node: str) -> dict:
     row = {
         "node": node,
         "namespace": "ml",
@@ -157,9 +166,9 @@ def link_poor(pod: str, reason: str = "no_p2p", node: str = "n1") -> dict:
         "value": 1.0,
     }
     return {
-        "gpu_link_sustained": [row],
-        "gpu_link_seen": [row],
-        "gpu_link_age": [{**row, "value": 1.0}],
+        f"{kind}_sustained": [row],
+        f"{kind}_seen": [row],
+        f"{kind}_age": [{**row, "value": 1.0}],
     }
 
 

@@ -250,3 +250,14 @@ POD_GPU_LINK_POOR = declare(
     (*POD, "reason"),
     "gpu",
 )
+POD_GPU_FRAGMENTING = declare(
+    "pod_gpu_fragmenting",
+    "gauge",
+    "1 when a pod holding one full GPU holds half of the only joined pairs left on its "
+    "NUMA node (reason breaks_pair): its GPU and a free one there are joined at pxb or "
+    "better, no two free GPUs there are; moved elsewhere, it leaves a pair a multi-GPU pod "
+    "could do P2P on (NVIDIA/k8s-device-plugin#1193). 0 otherwise; absent where a level "
+    "it rests on, or what the kubelet gave out, is unknown.",
+    (*POD, "reason"),
+    "gpu",
+)

@@ -75,6 +75,9 @@ def _links(add, snap: NodeSnapshot) -> None:
                 add(c.POD_GPU_P2P, n, *ids, state)
         for reason, verdict in pod.verdicts.items():
             add(c.POD_GPU_LINK_POOR, int(verdict), *ids, reason)
+    for pod in snap.pair_breakers:
+        for reason, verdict in pod.verdicts.items():
+            add(c.POD_GPU_FRAGMENTING, int(verdict), pod.namespace, pod.pod, pod.pod_uid, reason)
 
 
 def _gpu(add, gpu: GpuRecord, versions: tuple[str, str]) -> None:

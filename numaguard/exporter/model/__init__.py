@@ -24,6 +24,7 @@ from numaguard.exporter.model.links import (
     PodLinks,
     free_gpus,
     free_sets,
+    pair_breakers,
     pairs,
     pod_links,
 )
@@ -71,6 +72,7 @@ class NodeSnapshot:
     gpu_pairs: Mapping[tuple[int, int], Pair] = field(default_factory=dict)
     pod_links: tuple[PodLinks, ...] = ()
     gpu_free_sets: tuple[FreeSet, ...] = ()
+    pair_breakers: tuple[PodLinks, ...] = ()  # single-GPU pods, their breaks_pair verdict
     # the readings of the collectors turned on this cycle (None: failed), by name
     readings: Mapping[str, object] = field(default_factory=dict)
     detail: bool = False  # the families render their detail too (--detail)
@@ -156,6 +158,7 @@ def build_snapshot(
         gpu_pairs=gpu_pairs,
         pod_links=pod_links(uses, gpu_pairs),
         gpu_free_sets=free_sets(free, gpu_pairs) if free is not None else (),
+        pair_breakers=pair_breakers(uses, gpu_pairs, free) if free is not None else (),
         readings=dict(readings or {}),
         detail=detail,
     )

@@ -16,7 +16,9 @@ never guessed.
 
 And what a new multi-GPU pod could still get: for 2, 4 and 8 GPUs the kubelet has not
 handed out, the best level of such a set on each NUMA node (the Topology Manager's
-single-numa-node policy keeps a pod's GPUs on one) and anywhere on the node."""
+single-numa-node policy keeps a pod's GPUs on one) and anywhere on the node; and which
+single-GPU pods stand in its way, each holding half of the only joined pairs left on
+its NUMA node (NVIDIA/k8s-device-plugin#1193)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from numaguard.contract.reasons import (
+    BREAKS_PAIR,
     FREE_SET_SIZES,
+    JOINED_LEVELS,
     LINK_LEVELS,
     MIG_SLICES,
     NO_P2P,
@@ -197,3 +201,40 @@ def _clique(chosen: list[int], candidates: list[int], size: int, joined) -> bool
         if _clique([*chosen, g], rest, size, joined):
             return True
     return False
+
+
+def pair_breakers(
+    uses: tuple[DeviceUse, ...], pairs: Mapping[tuple[int, int], Pair], free: list[GpuRecord]
+) -> tuple[PodLinks, ...]:
+    """For each pod holding one full GPU of the device plugin's and nothing else, the
+    verdict ``breaks_pair``: its GPU and a free one on its NUMA node are joined at
+    P2P_UP_TO or better, while no two free GPUs there are; left out where a level it
+    rests on is unknown."""
+    free_by_zone: dict[int, list[int]] = {}
+    for g in free:
+        if g.numa_node is not None:
+            free_by_zone.setdefault(g.numa_node, []).append(g.index)
+
+    def level(a: int, b: int) -> str | None:
+        p = pairs.get((min(a, b), max(a, b)))
+        return p.level if p else None
+
+    by_pod: dict[str, list[DeviceUse]] = {}
+    for use in uses:
+        by_pod.setdefault(use.pod_uid, []).append(use)
+    out = []
+    for uid, held in by_pod.items():
+        units = {(u.gpu.index, u.mig.uuid if u.mig else "") for u in held}
+        use = held[0]
+        if len(units) != 1 or use.mig or use.source != "kubelet" or use.gpu.numa_node is None:
+            continue
+        others = free_by_zone.get(use.gpu.numa_node, [])
+        levels = [level(use.gpu.index, f) for f in others]
+        levels += [level(a, b) for i, a in enumerate(others) for b in others[i + 1 :]]
+        if None in levels:
+            continue
+        partner = any(level(use.gpu.index, f) in JOINED_LEVELS for f in others)
+        if len(others) > 1:
+            partner = partner and _best_level(sorted(others), 2, pairs) not in JOINED_LEVELS
+        out.append(PodLinks(use.namespace, use.pod, uid, None, None, {BREAKS_PAIR: partner}))
+    return tuple(out)

@@ -14,6 +14,7 @@ from numaguard.remediator.core.claims import mechanism
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.kinds import (
     CROSS_NUMA,
+    GPU_FRAGMENTATION,
     GPU_LINK,
     KINDS,
     NOISY_NEIGHBOUR,
@@ -66,7 +67,7 @@ class Evidence:
         cross, starved, llc, slices = (
             k.age for k in (CROSS_NUMA, STARVED, NOISY_NEIGHBOUR, OVERSIZED)
         )
-        for by_pod in (cross, GPU_LINK.age):
+        for by_pod in (cross, GPU_LINK.age, GPU_FRAGMENTATION.age):
             for uid, reason, age in columns(s[by_pod], "pod_uid", "reason", "value"):
                 self._age((by_pod, uid, reason), age)
         rows = columns(s[starved], "pod_uid", "reason", "gpu_uuid", "mig_uuid", "value")

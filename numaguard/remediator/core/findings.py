@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from numaguard.contract.reasons import NO_P2P
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.kinds import (
+    GPU_FRAGMENTATION,
+    GPU_LINK,
     NOISY_NEIGHBOUR,
     OVERSIZED,
     PLACEMENT,
@@ -85,6 +88,10 @@ def update(
         if key in sustained or key in seen:
             new.open[key] = sustained.get(key, finding)
             new.opened_at[key] = state.opened_at.get(key, signals.at)
+    # a pod breaking a GPU pair matters only while a multi-GPU pod goes without P2P
+    if not any(f.kind == GPU_LINK.name and f.reason == NO_P2P for f in new.open.values()):
+        for key in [k for k, f in new.open.items() if f.kind == GPU_FRAGMENTATION.name]:
+            del new.open[key], new.opened_at[key]
     # neighbours are judged against the starved pods open now
     for finding in noisy_neighbours(signals, new.open.values(), detection):
         new.open[finding.key] = finding

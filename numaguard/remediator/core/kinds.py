@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from numaguard.contract import catalogue as c
 from numaguard.contract.names import mig_resource
 from numaguard.contract.reasons import (
+    BREAKS_PAIR,
     CROSS_NUMA_REASONS,
     LINK_POOR_REASONS,
     MIG_SLICES,
@@ -135,6 +136,28 @@ GPU_LINK = Kind(
     reasons=frozenset(LINK_POOR_REASONS),
     joined_gpus=True,
 )
+# Advice only: NVIDIA's device plugin gives a pod of one GPU the first free one
+# (go-gpuallocator scores nothing for one), so evicting it may land it on a pair again
+GPU_FRAGMENTATION = Kind(
+    "gpu_fragmentation",
+    priority=6,
+    depends_on=("gpu", "pod_resources"),
+    intent="recommend",
+    enforced_as="gpu_fragmentation",
+    min_gain=0.0,
+    advice=lambda f: (
+        f"it holds half of the last GPU pair on its NUMA node of {f.node} joined well enough "
+        "for P2P, which a multi-GPU pod without P2P needs: move it, or give multi-GPU "
+        f"workloads nodes of their own (gpu_fragmentation: {f.reason})"
+    ),
+    age="gpu_fragmentation_age",
+    age_of=("pod_uid", "reason"),
+    verified_by=c.POD_GPU_FRAGMENTING,
+    sustained="gpu_fragmentation_sustained",
+    seen="gpu_fragmentation_seen",
+    series="gpu_fragmentation_series",
+    reasons=frozenset({BREAKS_PAIR}),
+)
 NOISY_NEIGHBOUR = Kind(
     "noisy_neighbour",
     priority=3,
@@ -171,7 +194,18 @@ UNDERSIZED = _resize("undersized", 4, 1.1)
 # a shrink pays off by giving SMs back without slowing the job down much
 OVERSIZED = _resize("oversized", 5, 0.9)
 
-KINDS = {k.name: k for k in (CROSS_NUMA, STARVED, GPU_LINK, NOISY_NEIGHBOUR, OVERSIZED, UNDERSIZED)}
+KINDS = {
+    k.name: k
+    for k in (
+        CROSS_NUMA,
+        STARVED,
+        GPU_LINK,
+        NOISY_NEIGHBOUR,
+        OVERSIZED,
+        UNDERSIZED,
+        GPU_FRAGMENTATION,
+    )
+}
 # the kinds whose verdicts the exporter writes: found from their sustained and seen queries
 PLACEMENT = tuple(k for k in KINDS.values() if k.seen)
 RESIZED = tuple(k.name for k in KINDS.values() if k.intent == "resize")

@@ -42,6 +42,7 @@ class Enforcement:
     starved: Mode = "act"
     # no_p2p acts; split_containers and mig_slices are always recommendations
     gpu_link: Mode = "act"
+    gpu_fragmentation: Mode = "recommend"  # advice only, whatever it says
     noisy_neighbour: Mode = "act"
     mis_sized: Mode = "act"
     # pods the kubelet refused for alignment (rejections.py): act deletes the surplus

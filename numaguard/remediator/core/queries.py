@@ -27,6 +27,7 @@ from numaguard.contract import catalogue as c
 from numaguard.contract.reasons import JOINED_LEVELS, LINK_TRAFFIC_BYTES_PER_SECOND, NO_P2P
 from numaguard.remediator.core.kinds import (
     CROSS_NUMA,
+    GPU_FRAGMENTATION,
     GPU_LINK,
     KINDS,
     PLACEMENT,
@@ -101,6 +102,7 @@ def expressions(
 
     cross, starved = m(c.POD_CROSS_NUMA), m(c.GPU_STARVED)
     link, no_p2p = m(c.POD_GPU_LINK_POOR), m(c.POD_GPU_LINK_POOR, f'reason="{NO_P2P}"')
+    breaking = m(c.POD_GPU_FRAGMENTING)
     spec_bound = m(c.POD_GPU_LINK_POOR, f'reason!="{NO_P2P}"')
     sm = m(c.MIG_UTILIZATION, 'kind="sm"')
     by_pod = "node, instance, pod_uid"
@@ -140,15 +142,19 @@ def expressions(
         "no_p2p_moving": no_p2p_moving,
         GPU_LINK.sustained: f"({held(spec_bound)}) or ({no_p2p_moving})",
         GPU_LINK.seen: f"max_over_time({link}[{w.finding}]) == 1",
+        GPU_FRAGMENTATION.sustained: held(breaking),
+        GPU_FRAGMENTATION.seen: f"max_over_time({breaking}[{w.finding}]) == 1",
         # how old the newest sample saying so is: an action needs the verdict now
         CROSS_NUMA.age: f"time() - timestamp({cross} == 1)",
         STARVED.age: f"time() - timestamp({starved} == 1)",
         GPU_LINK.age: f"time() - timestamp({link} == 1)",
+        GPU_FRAGMENTATION.age: f"time() - timestamp({breaking} == 1)",
         # one exporter writes one series per pod and reason (and device): a second, now,
         # with another label or another value, was written by someone else
         CROSS_NUMA.series: f"count by (instance, pod_uid, reason) ({cross})",
         STARVED.series: f"count by (instance, pod_uid, reason, gpu_uuid, mig_uuid) ({starved})",
         GPU_LINK.series: f"count by (instance, pod_uid, reason) ({link})",
+        GPU_FRAGMENTATION.series: f"count by (instance, pod_uid, reason) ({breaking})",
         # MIG sizing: what each slice did over the whole sizing window, and what it is
         "slice_sm": f"avg_over_time({sm}[{w.sizing}]) and {sm} offset {w.sizing}",
         "slice_sm_peak": f"max_over_time({sm}[{w.sizing}])",
@@ -196,6 +202,10 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     GPU_LINK.seen: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
     GPU_LINK.age: ("node", "instance", "pod_uid", "reason"),
     GPU_LINK.series: ("instance", "pod_uid", "reason"),
+    GPU_FRAGMENTATION.sustained: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
+    GPU_FRAGMENTATION.seen: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
+    GPU_FRAGMENTATION.age: ("node", "instance", "pod_uid", "reason"),
+    GPU_FRAGMENTATION.series: ("instance", "pod_uid", "reason"),
     STARVED.series: ("instance", "pod_uid", "reason", "gpu_uuid"),
     "slice_sm": ("node", "instance", "mig_uuid", "mig_profile"),
     "slice_sm_peak": ("node", "mig_uuid"),
