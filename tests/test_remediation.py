@@ -1223,4 +1223,4 @@ async def test_gpus_without_p2p_are_evicted_onto_a_joined_pair(cluster):
     assert verified.gain.ratio > 1.0, verified.detail
     evicted = [e for e in await c.events() if e["reason"] == "RemediationEvicted"]
     assert {e["involvedObject"]["kind"] for e in evicted} == {"Pod", "Deployment"}
-    assert all("gpu_link" in e["message"] for e in evicted), [e["message"] for e in evicted]
+    assert {e["message"].rsplit("(finding: ", 1)[1] for e in evicted} == {"gpu_link no_p2p)"}

@@ -172,10 +172,10 @@ class Actuator:
             )
         kind = "Normal" if result == DONE[action.kind] else "Warning"
         reason = f"Remediation{result.title().replace('_', '')}"
-        await self.event(pod, reason, action.detail, kind)
-        await self.event(
-            pod, reason, f"{pod.namespace}/{pod.name}: {action.detail}", kind, owner=True
-        )
+        f = action.finding
+        said = f"{action.detail} (finding: {f.kind} {f.reason})"  # as a refusal names it
+        await self.event(pod, reason, said, kind)
+        await self.event(pod, reason, f"{pod.namespace}/{pod.name}: {said}", kind, owner=True)
         return result
 
     async def record(self, workload: str, history: WorkloadHistory) -> str:
