@@ -7,9 +7,13 @@ any failure. Reads only: it changes no MIG layout, clock or other GPU setting.
 Compared: the driver version, GPU count and UUIDs, MIG slice UUIDs and each slice's
 profile, frame buffer size per GPU, that GPM utilization is reported where supported,
 and — under a short load on GPU 0 when PyTorch with CUDA is importable — whole-GPU
-graphics activity against nvidia-smi's utilization. Printed first: the driver branch and
-which of the NVML functions that differ between branches the library exports, so one
-run says which of the exporter's fallbacks this driver takes.
+graphics activity against nvidia-smi's utilization. Then how each GPU's links answer,
+asked of NVML here beside the exporter: the state of each NVLink against whether the
+exporter measures them, the NVLink throughput fields (138/139, all links), GPM's NVLink
+traffic (60/61) where the links are active, and NearestGpus' two calls (no other GPU: a
+count of 0). Printed first: the driver branch and which of the NVML functions that
+differ between branches the library exports, so one run says which of the exporter's
+fallbacks this driver takes.
 """
 
 from __future__ import annotations
@@ -173,6 +177,66 @@ def compare(
     return rows
 
 
+def link_rows(n, scraped: bytes) -> list[tuple[str, str, str, bool]]:
+    """(check, NVML says, numaguard says, passed) rows for each GPU's links, asked of
+    NVML (``n``: pynvml, initialised) as the exporter's collection saw them."""
+    from numaguard.exporter.readers import ParseError
+    from numaguard.exporter.readers.nvml import ALL_LINKS, NVLINK_FIELDS, nvlink_counters
+
+    samples: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(scraped.decode()):
+        for s in family.samples:
+            key = s.labels.get("gpu_uuid", "") + "/" + s.labels.get("direction", "")
+            samples.setdefault(s.name, {})[key] = s.value
+    rows = []
+    count = n.nvmlDeviceGetCount()
+    for i in range(count):
+        handle = n.nvmlDeviceGetHandleByIndex(i)
+        uuid = n.nvmlDeviceGetUUID(handle)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        links = active = 0
+        for link in range(n.NVML_NVLINK_MAX_LINKS):
+            try:
+                active += bool(n.nvmlDeviceGetNvLinkState(handle, link))
+            except (n.NVMLError_NotSupported, n.NVMLError_InvalidArgument):
+                break  # no NVLink at all, or past its last link
+            links += 1
+        measured = samples.get("numaguard_gpu_nvlink_supported", {}).get(uuid + "/")
+        said = f"{active} of {links} links active"
+        rows.append(
+            (f"nvlinks {uuid[:12]}", said, f"supported {measured}", measured == int(active > 0))
+        )
+        fields = n.nvmlDeviceGetFieldValues(
+            handle, [(f, ALL_LINKS) for f in NVLINK_FIELDS.values()]
+        )
+        answers = [
+            (v.fieldId, v.nvmlReturn, v.valueType, v.value.ullVal, v.timestamp) for v in fields
+        ]
+        try:
+            counters, why = nvlink_counters(answers), ""
+        except ParseError as err:
+            counters, why = {}, str(err)
+        codes = ",".join(str(a[1]) for a in answers)
+        ok = len(counters) == len(NVLINK_FIELDS) if active else not counters
+        rows.append((f"fields 138/139 {uuid[:12]}", f"codes {codes}", why or str(counters), ok))
+        gpm = samples.get("numaguard_gpu_nvlink_bytes_per_second", {})
+        rates = [gpm.get(f"{uuid}/{d}") for d in NVLINK_FIELDS]
+        rows.append(
+            (
+                f"NVLink traffic {uuid[:12]}",
+                "links active" if active else "no active link",
+                ",".join("-" if r is None else f"{r:.3g}" for r in rates),
+                all(r is not None and r >= 0 for r in rates) == bool(active),
+            )
+        )
+        nearest = n.nvmlDeviceGetTopologyNearestGpus(handle, n.NVML_TOPOLOGY_SYSTEM)
+        want = count - 1  # every other GPU is joined at SYSTEM or nearer
+        rows.append(
+            (f"nearest GPUs {uuid[:12]}", str(want), str(len(nearest)), len(nearest) == want)
+        )
+    return rows
+
+
 def _mib(text: str) -> int:
     number = text.split()[0]
     return int(number) * MIB if number.isdigit() else 0
@@ -249,13 +313,20 @@ def main() -> int:
         migs = parse_smi_list(
             subprocess.run(["nvidia-smi", "-L"], check=True, capture_output=True, text=True).stdout
         )
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            links = link_rows(pynvml, scraped)
+        finally:
+            pynvml.nvmlShutdown()
         if thread:
             thread.join()
     finally:
         exporter.terminate()
         exporter.wait(timeout=10)
     print(f"driver {driver} (branch R{driver.split('.')[0]})")
-    rows = compare(smi, migs, scraped, loaded, driver)
+    rows = [*compare(smi, migs, scraped, loaded, driver), *links]
     width = max(len(r[0]) for r in rows)
     print(f"{'check':<{width}}  {'nvidia-smi':<28}  {'numaguard':<28}  result")
     for check, want, got, ok in rows:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pynvml
 
-from bench.gpu_check import compare, parse_smi_driver, parse_smi_list, parse_smi_xml
+from bench.gpu_check import compare, link_rows, parse_smi_driver, parse_smi_list, parse_smi_xml
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.simulator.fakes import presets
-from numaguard.simulator.fakes.host import MIB
+from numaguard.simulator.fakes.host import MIB, FakeHostRoot
 from tests.conftest import make_collection, metadata_of
+from tests.helpers.gpu_node import gpu_collection
 
 
 def smi_xml(nvml) -> str:
@@ -79,3 +80,26 @@ async def test_the_check_passes_when_they_agree_and_fails_each_difference(fake_r
     idle = parse_smi_xml(smi_xml(nvml))
     idle[nvml.gpus[0].uuid].utilization = 0.1
     assert failed(idle, migs) == {f"load {nvml.gpus[0].uuid[:12]}"}
+
+
+async def test_the_link_checks_pass_when_nvml_and_the_exporter_agree(tmp_path):
+    """On PCIe cards, two joined by an NVLink bridge: each GPU's link rows pass; a driver
+    without the throughput fields fails the rows of the two that have NVLinks."""
+    now = [0.0]
+    host, nvml = presets.linked_gpu_node(lambda: now[0])
+    root = FakeHostRoot(str(tmp_path / "host"), host)
+    root.write()
+    async with gpu_collection(host, nvml, root, lambda: now[0]) as (collection, _):
+        await collection.run_once()
+        now[0] += 15
+        await collection.run_once()
+        rows = link_rows(pynvml, collection.exposition.text)
+        assert len(rows) == 4 * 8
+        assert [r for r in rows if not r[3]] == []
+        assert {r[1] for r in rows if r[0].startswith("nvlinks")} == {
+            "0 of 0 links active",
+            "4 of 4 links active",
+        }
+        nvml.fields_missing = frozenset({138, 139})
+        failed = {r[0] for r in link_rows(pynvml, collection.exposition.text) if not r[3]}
+    assert failed == {f"fields 138/139 {nvml.gpus[i].uuid[:12]}" for i in (4, 5)}

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pynvml as N
 
-from numaguard.simulator.fakes.nvml.records import FakeGpu, add_slices, address_of
+from numaguard.simulator.fakes.nvml.records import FakeGpu, add_slices, address_of, set_address
 
 # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX: KiB of data since the driver loaded
 THROUGHPUT_FIELDS = {
@@ -57,6 +57,24 @@ class LinkCalls:
             return N.NVML_ERROR_INVALID_ARGUMENT
         a, b = pair
         level._obj.value = N.NVML_TOPOLOGY_INTERNAL if a == b else self.level(a, b)
+        return N.NVML_SUCCESS
+
+    def _nvmlDeviceGetTopologyNearestGpus(self, handle, level, count, devices) -> int:
+        """The other GPUs joined to it at ``level`` or nearer (whether NVML counts the
+        nearer ones is not documented), by pynvml's two calls: the count, then them."""
+        gpu, sl = self._device(handle)
+        if gpu is None or sl is not None or type(level) is not int:
+            return N.NVML_ERROR_INVALID_ARGUMENT
+        a = self.gpus.index(gpu)
+        near = [b for b in range(len(self.gpus)) if b != a and self.level(a, b) <= level]
+        if devices is None:
+            count._obj.value = len(near)
+            return N.NVML_SUCCESS
+        if count._obj.value < len(near):
+            return N.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, b in enumerate(near):
+            set_address(devices[i], self._token(b, None))
+        count._obj.value = len(near)
         return N.NVML_SUCCESS
 
     def _nvmlDeviceGetP2PStatus(self, h1, h2, index, status) -> int:
