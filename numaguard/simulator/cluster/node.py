@@ -124,8 +124,8 @@ def take(node: SimNode, resources: dict[str, int], numa: int | None):
         if len(free) < count:
             return None
         if resource == "nvidia.com/gpu" and count > 1:  # the device plugin's preference
-            index = {id(g): i for i, g in enumerate(node.nvml.gpus)}
-            chosen = best_effort([index[id(g)] for g in free], [], count, pair_scores(node.nvml))
+            indices = [node.nvml.gpus.index(g) for g in free]
+            chosen = best_effort(indices, [], count, pair_scores(node.nvml))
             given[resource] = [node.nvml.gpus[i] for i in chosen]
         else:
             given[resource] = free[:count]
