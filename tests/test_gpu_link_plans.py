@@ -24,6 +24,19 @@ from tests.helpers.planner_rows import (
 TWO_GPUS = {"nvidia.com/gpu": 2}
 
 
+def trainer_and_a_pair(reason: str = "no_p2p"):
+    """A 2-GPU trainer with a gpu_link finding on n1; n2 with room and an NVLink pair."""
+    return signals(
+        **merge(
+            healthy("n1", "n2"),
+            link_poor("trainer", reason),
+            gpus_held("trainer", 2, 8, 32),
+            zone("n2", "0", 32, 400, devices=TWO_GPUS),
+            free_set("n2", "0", 2, "nvlink"),
+        )
+    )
+
+
 def test_evicted_only_to_a_zone_whose_free_gpus_are_joined():
     sig = signals(
         **merge(
@@ -92,49 +105,22 @@ def test_three_gpus_need_a_joined_set_of_four_and_one_zone_serves_one_pod():
     ],
 )
 def test_a_split_or_sliced_pod_is_told_what_to_change_in_its_spec(reason, advice):
-    sig = signals(
-        **merge(
-            healthy("n1", "n2"),
-            link_poor("trainer", reason),
-            gpus_held("trainer", 2, 8, 32),
-            zone("n2", "0", 32, 400, devices=TWO_GPUS),
-            free_set("n2", "0", 2, "nvlink"),
-        )
-    )
-    result = run(sig, [pod_info("trainer")])
+    result = run(trainer_and_a_pair(reason), [pod_info("trainer")])
     ((action,),) = [result.actions]
     assert (action.kind, action.dry_run) == ("recommend", True)
     assert action.detail.startswith(advice) and action.detail.endswith(f"(gpu_link: {reason})")
 
 
 def test_gpus_of_a_resource_claim_get_the_pcie_root_constraint_as_advice():
-    sig = signals(
-        **merge(
-            healthy("n1", "n2"),
-            link_poor("trainer"),
-            gpus_held("trainer", 2, 8, 32),
-            zone("n2", "0", 32, 400, devices=TWO_GPUS),
-            free_set("n2", "0", 2, "nvlink"),
-        )
-    )
-    result = run(sig, [pod_info("trainer", resources=frozenset({DRA}))])
+    result = run(trainer_and_a_pair(), [pod_info("trainer", resources=frozenset({DRA}))])
     ((action,),) = [result.actions]
     assert action.kind == "recommend"
     assert "matchAttribute: resource.kubernetes.io/pcieRoot" in action.detail
 
 
 def test_recommend_mode_only_advises():
-    sig = signals(
-        **merge(
-            healthy("n1", "n2"),
-            link_poor("trainer"),
-            gpus_held("trainer", 2, 8, 32),
-            zone("n2", "0", 32, 400, devices=TWO_GPUS),
-            free_set("n2", "0", 2, "nvlink"),
-        )
-    )
     policy = Policy(dry_run=False, enforcement=Enforcement(gpu_link="recommend"))
-    result = run(sig, [pod_info("trainer")], policy)
+    result = run(trainer_and_a_pair(), [pod_info("trainer")], policy)
     assert [(a.kind, a.detail) for a in result.actions] == [
         (
             "recommend",

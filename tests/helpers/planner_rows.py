@@ -65,19 +65,7 @@ def merge(*parts: dict) -> dict:
 
 
 def cross_numa(pod: str, node: str = "n1", reason: str = "device_remote", age=1.0) -> dict:
-    row = {
-        "node": node,
-        "namespace": "ml",
-        "pod": pod,
-        "pod_uid": f"uid-{pod}",
-        "reason": reason,
-        "value": 1.0,
-    }
-    return {
-        "cross_numa_sustained": [row],
-        "cross_numa_seen": [row],
-        "cross_numa_age": [{**row, "value": age}],
-    }
+    return _verdict("cross_numa", pod, reason, node, age)
 
 
 def needs(
@@ -156,7 +144,8 @@ def breaks_pair(pod: str, node: str = "n1") -> dict:
     return _verdict("gpu_fragmentation", pod, "breaks_pair", node)
 
 
-def _verdict(kind: str, pod: str, reason: str, node: str) -> dict:
+def _verdict(kind: str, pod: str, reason: str, node: str, age: float = 1.0) -> dict:
+    """A verdict's rows as the kind's sustained, seen and age queries answer them."""
     row = {
         "node": node,
         "namespace": "ml",
@@ -168,7 +157,7 @@ def _verdict(kind: str, pod: str, reason: str, node: str) -> dict:
     return {
         f"{kind}_sustained": [row],
         f"{kind}_seen": [row],
-        f"{kind}_age": [{**row, "value": 1.0}],
+        f"{kind}_age": [{**row, "value": age}],
     }
 
 
