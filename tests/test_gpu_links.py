@@ -393,3 +393,34 @@ async def test_a_single_gpu_pod_holding_half_of_the_last_joined_pair_is_said(tmp
     # free GPU, on NUMA nodes where no two free GPUs are joined; e's GPU is NODE from all
     pcie = await scrape("pcie", {"pair": [0, 1], "c": [2], "d": [4], "e": [7]}, tmp_path / "p")
     assert breaks(pcie) == {"c": 1, "d": 1, "e": 0}
+
+
+class Wrapped:
+    """pynvml behind a wrapper that hands out a new function at each lookup, as a
+    profiler's does (bench/cycle.py times every call so)."""
+
+    def __getattr__(self, name: str):
+        target = getattr(pynvml, name)
+        if not (name.startswith("nvml") and callable(target)):
+            return target
+
+        def call(*args):
+            return target(*args)
+
+        call.__name__ = name
+        return call
+
+
+def test_the_links_are_asked_once_even_through_a_wrapper(tmp_path):
+    _, nvml, _ = machine("hgx", tmp_path)
+    source = NvmlSource(Wrapped(), str(tmp_path))
+    with nvml.installed():
+        first = source.read()
+        asked = nvml.calls.copy()
+        again = source.read()
+    source.close()
+    assert first.issues == [] and again.issues == []
+    assert sum(n for (name, _), n in nvml.calls.items() if "NvLink" in name) == sum(
+        n for (name, _), n in asked.items() if "NvLink" in name
+    )
+    assert {p.level for p in pairs(again.gpus).values()} == {"nvlink"}

@@ -78,28 +78,33 @@ def _nvlinks(n, call: Caller, handle, peers: dict[str, int]):
     to_peer: dict[int, int] = {}
     switch = active = 0
     unknown = None, None, None
+    # looked up once: which one failed is told by identity (a wrapper, as a profiler's,
+    # may hand out a new function object at each lookup)
+    state_of = n.nvmlDeviceGetNvLinkState
+    kind_of = n.nvmlDeviceGetNvLinkRemoteDeviceType
+    far_end = n.nvmlDeviceGetNvLinkRemotePciInfo
     for link in range(n.NVML_NVLINK_MAX_LINKS):
-        fn = n.nvmlDeviceGetNvLinkState
+        fn = state_of
         try:
             if call.lacks(fn):
                 return unknown
             if not fn(handle, link):
                 continue
             active += 1
-            fn = n.nvmlDeviceGetNvLinkRemoteDeviceType
+            fn = kind_of
             if call.lacks(fn):
                 return unknown
             if fn(handle, link) == n.NVML_NVLINK_DEVICE_TYPE_SWITCH:
                 switch += 1
                 continue
-            fn = n.nvmlDeviceGetNvLinkRemotePciInfo
+            fn = far_end
             far = nvml_text(fn(handle, link).busId).lower()
         except n.NVMLError_NotSupported:
-            if fn is n.nvmlDeviceGetNvLinkState:
+            if fn is state_of:
                 return ({}, 0, 0) if link == 0 else (to_peer, switch, active)
             return unknown
         except n.NVMLError_InvalidArgument:
-            if fn is n.nvmlDeviceGetNvLinkState:
+            if fn is state_of:
                 break  # past the GPU's links
             call.issues.append(Issue("nvml", f"{call.where}/nvlink{link}", "Invalid Argument"))
             return unknown
