@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from datetime import UTC, datetime
 
 import aiohttp
@@ -144,24 +143,7 @@ class NodeAgent:
                 raise
 
     async def _watch(self, version: str) -> str:
-        path = f"/api/v1/pods?watch=1&resourceVersion={version}&allowWatchBookmarks=true"
-        headers = {"Authorization": f"Bearer {self.cp.admin_token}"}
-        async with self.session.get(
-            self.cp.url + path,
-            headers=headers,
-            ssl=self.cp.ssl_context(),
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-        ) as r:
-            if r.status != 200:
-                return ""
-            async for line in r.content:
-                event = json.loads(line)
-                if event["type"] == "ERROR":
-                    return ""  # 410 Gone: list again
-                version = event["object"]["metadata"]["resourceVersion"]
-                if event["type"] != "BOOKMARK":
-                    await self._on_pod(event["type"], event["object"])
-        return version
+        return await self.cp.watch(self.session, "/api/v1/pods", version, self._on_pod)
 
     async def _on_pod(self, type_: str, pod: dict) -> None:
         meta, spec = pod["metadata"], pod["spec"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 
 import aiohttp
 import pynvml as N
@@ -55,24 +54,11 @@ class MigManager:
                 await asyncio.sleep(0.2)  # the next list or watch will do
 
     async def _watch_nodes(self, version: str, applied: dict[str, str]) -> str:
-        path = f"/api/v1/nodes?watch=1&resourceVersion={version}&allowWatchBookmarks=true"
-        headers = {"Authorization": f"Bearer {self.cp.admin_token}"}
-        async with self.session.get(
-            self.cp.url + path,
-            headers=headers,
-            ssl=self.cp.ssl_context(),
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-        ) as r:
-            if r.status != 200:
-                return ""
-            async for line in r.content:
-                event = json.loads(line)
-                if event["type"] == "ERROR":
-                    return ""  # 410 Gone: list again
-                version = event["object"]["metadata"]["resourceVersion"]
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    await self._on_node(event["object"], applied)
-        return version
+        async def on_event(type_: str, node: dict) -> None:
+            if type_ in ("ADDED", "MODIFIED"):
+                await self._on_node(node, applied)
+
+        return await self.cp.watch(self.session, "/api/v1/nodes", version, on_event)
 
     async def _on_node(self, node: dict, applied: dict[str, str]) -> None:
         meta = node.get("metadata") or {}

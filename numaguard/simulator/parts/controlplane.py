@@ -502,6 +502,28 @@ class ControlPlane:
             path += "?" + "&".join(f"{k}={v}" for k, v in query.items())
         return (await self.call(session, "GET", path))["items"]
 
+    async def watch(self, session, path: str, version: str, on_event) -> str:
+        """Watch ``path`` (``/api/v1/pods``) from ``version``, awaiting ``on_event(type,
+        object)`` for each event but bookmarks; the last version seen when the API server
+        ends the watch, "" when it must be listed again (a refusal, 410 Gone)."""
+        url = f"{self.url}{path}?watch=1&resourceVersion={version}&allowWatchBookmarks=true"
+        async with session.get(
+            url,
+            headers={"Authorization": f"Bearer {self.admin_token}"},
+            ssl=self.ssl_context(),
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+        ) as r:
+            if r.status != 200:
+                return ""
+            async for line in r.content:
+                event = json.loads(line)
+                if event["type"] == "ERROR":
+                    return ""
+                version = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    await on_event(event["type"], event["object"])
+        return version
+
     async def install_crd(self, session, path: Path) -> None:
         """Create the CustomResourceDefinition in ``path`` (kept if another test made it)
         and wait until the API server serves it."""
