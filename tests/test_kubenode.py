@@ -6,9 +6,6 @@ PodResources answers."""
 
 from __future__ import annotations
 
-import json
-import sys
-
 import aiohttp
 import pytest
 import pytest_asyncio
@@ -37,7 +34,6 @@ from numaguard.simulator.parts.vm_kubelet import (
 from tests.helpers.kubenode import (
     NS,
     NUMASTAT,
-    PODRESOURCES,
     SLICE,
     numastat,
     scrape,
@@ -211,8 +207,7 @@ async def test_verdicts_and_memory_match_the_real_kernel(node):
 async def test_zones_agree_with_the_kubelet_s_podresources(node):
     """numaguard_zone_* against the real kubelet's GetAllocatableResources and List,
     asked here with grpc's generated stubs, not the exporter's client."""
-    asked = await node.sh(f"{sys.executable} -c '{PODRESOURCES}'")
-    allocatable, listed = (json.loads(line) for line in asked.splitlines()[-2:])
+    allocatable, listed = await node.pod_resources()
     cpus = ",".join(map(str, allocatable["cpuIds"]))
     held = ",".join(
         str(cpu)
@@ -267,8 +262,7 @@ async def test_zones_agree_with_the_kubelet_s_podresources(node):
 async def test_a_gpu_the_kubelet_gave_on_the_far_node_is_device_remote(node):
     """The real device manager's allocation (PodResources) puts gpu-far's GPU on node 1
     and its CPU on node 0; the exporter's fake NVML shows the same GPUs, and judges it."""
-    asked = await node.sh(f"{sys.executable} -c '{PODRESOURCES}'")
-    listed = json.loads(asked.splitlines()[-1])
+    _, listed = await node.pod_resources()
     given = {
         p["name"]: (d["deviceIds"], d["topology"]["nodes"])
         for p in listed["podResources"]
@@ -302,8 +296,7 @@ async def test_a_gpu_the_kubelet_gave_on_the_far_node_is_device_remote(node):
 async def test_a_mig_slice_the_kubelet_gave_is_the_one_the_exporter_names(node):
     """The real device manager gives sliced a MIG slice by its MIG UUID (the plugin's
     first, on NUMA node 1); the exporter, its NVML showing the same slices, names it."""
-    asked = await node.sh(f"{sys.executable} -c '{PODRESOURCES}'")
-    listed = json.loads(asked.splitlines()[-1])
+    _, listed = await node.pod_resources()
     ((resource, ids, topology),) = [
         (d["resourceName"], d["deviceIds"], d["topology"]["nodes"])
         for p in listed["podResources"]

@@ -5,14 +5,12 @@ by what the kernel (the pods' cgroups) and the API server say."""
 
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
 import pytest_asyncio
 
 from numaguard.contract.names import REQUEST_ANNOTATION
 from numaguard.exporter.mover.helper import CAP_SYS_PTRACE
+from numaguard.simulator.demos.gpu_story import linked
 from numaguard.simulator.demos.node_stories import (
     KEEP,
     MOVE_RATE,
@@ -27,7 +25,7 @@ from numaguard.simulator.demos.node_stories import (
 )
 from numaguard.simulator.parts.controlplane import path_of
 from numaguard.simulator.parts.vm_kubelet import EXPORTER_PID, HELD_MIB, MOVER_PID
-from tests.helpers.kubenode import PODRESOURCES, scrape
+from tests.helpers.kubenode import scrape
 from tests.helpers.numa_files import numa_maps_bytes
 from tests.helpers.tenants import tenant_token
 
@@ -266,8 +264,7 @@ async def test_under_the_memory_manager_the_zones_memory_is_the_kubelet_s(loop):
     await loop.start("single-numa-node", memory="Static")
     pinned = await loop.bare("pinned", 1)
     ((home, _),) = (await exclusive_cpus(loop.node, pinned)).items()
-    asked = await loop.node.sh(f"{sys.executable} -c '{PODRESOURCES}'")
-    allocatable, listed = (json.loads(line) for line in asked.splitlines()[-2:])
+    allocatable, listed = await loop.node.pod_resources()
 
     def per_node(blocks) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -290,3 +287,39 @@ async def test_under_the_memory_manager_the_zones_memory_is_the_kubelet_s(loop):
     free = {n: total[n] - used.get(n, 0) for n in total}
     got = await scrape(loop.node, lambda got: zone(got, "numaguard_zone_memory_free_bytes") == free)
     assert zone(got, "numaguard_zone_memory_allocatable_bytes") == total
+
+
+async def test_gpus_without_p2p_get_the_free_nvlink_pair_from_the_kubelet_and_plugin(loop):
+    """The trainer's two GPUs reach each other through the host only while it moves
+    data over PCIe; once the NVLink pair is free the remediator evicts it, and the real
+    kubelet, asking the device plugin, gives its replacement the pair: its link verdict
+    0, its GPUs busier."""
+    story = await linked(loop)
+    # the device plugin's preference gave the first pod asking 2 the joined pair ...
+    assert story.gpus["blocker"] == [1, 2]
+    (first, _), (replacement, _) = story.pods
+    before, after = (
+        story.gpus[first["metadata"]["name"]],
+        story.gpus[replacement["metadata"]["name"]],
+    )
+    # ... so the trainer got two of the others, and its replacement the pair
+    assert len(before) == 2 and not {1, 2} & set(before), story.said
+    assert after == [1, 2], story.said
+    acted = [
+        (a.kind, a.finding.kind, a.finding.reason, res)
+        for r in story.reports
+        for a, res in r.results
+    ]
+    assert acted == [("evict", "gpu_link", "no_p2p", "evicted")], story.said
+    ((workload, outcome),) = story.outcomes
+    assert (workload, outcome) == (f"Deployment/{NS}/trainer", "held"), story.said
+    (verified,) = [v for r in story.reports for v in r.verified]
+    # SM activity 60 % on the pair against 30 % on the GPUs without P2P
+    assert verified.gain.ratio == pytest.approx(2.0, rel=0.05), verified.detail
+    name = replacement["metadata"]["name"]
+    rows = await loop.prom.query(f'max_over_time(numaguard_pod_gpu_link_poor{{pod="{name}"}}[30s])')
+    assert {(r["metric"]["reason"], r["value"][1]) for r in rows} >= {("no_p2p", "0")}
+    levels = await loop.prom.query(
+        f'max_over_time(numaguard_pod_gpu_link{{pod="{name}"}}[30s]) == 1'
+    )
+    assert {r["metric"]["level"] for r in levels} == {"nvlink"}

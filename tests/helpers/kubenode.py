@@ -21,20 +21,6 @@ NUMASTAT = (
 )
 
 
-PODRESOURCES = """
-import grpc
-from google.protobuf.json_format import MessageToDict
-from numaguard.exporter.sources.podresources import api_pb2 as api, api_pb2_grpc as rpc
-stub = rpc.PodResourcesListerStub(
-    grpc.insecure_channel("unix:///var/lib/kubelet/pod-resources/kubelet.sock"))
-# a busy emulated kubelet can take longer than the 20 s gRPC gives a connection
-wait = dict(wait_for_ready=True, timeout=180)
-print(__import__("json").dumps(MessageToDict(
-    stub.GetAllocatableResources(api.AllocatableResourcesRequest(), **wait))))
-print(__import__("json").dumps(MessageToDict(stub.List(api.ListPodResourcesRequest(), **wait))))
-"""
-
-
 def numastat(text: str) -> dict[str, dict[str, int]]:
     out = {}
     for line in text.splitlines():

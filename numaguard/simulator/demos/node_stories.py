@@ -37,6 +37,7 @@ from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.signals import Prometheus
+from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.parts import vm
 from numaguard.simulator.parts.controlplane import ControlPlane, path_of
 from numaguard.simulator.parts.processes import free_port, until
@@ -63,6 +64,7 @@ NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
 MOVE_RATE = 32 * 2**20
 WINDOW = "8s"  # the exporter collects every 2 s in an emulated guest
 KEEP = 1  # refused pods kept for diagnosis
+GB_S = 1e9  # a GPU's traffic each way, bytes a second
 # how long an evicted pod terminates (its sleep, as PID 1, ignores SIGTERM): the real
 # time in which its replacement is admitted
 GRACE_SECONDS = 5
@@ -78,6 +80,24 @@ FILL_NODE_0 = (
     f" && dd if=/dev/zero of={FILLED}/pages bs=1M count=$((free - {LEFT_MIB})) 2>/dev/null"
     f" && echo $((free - {LEFT_MIB}))"
 )
+
+
+def linked_gpus() -> FakeNvml:
+    """NUMA node 1's five GPUs, offered by the device plugin in this order: 1 and 2
+    joined by an NVLink bridge (NV12), each other one on a host bridge of its own (NODE
+    to every GPU: no P2P). The unjoined ones move 2 GB/s over PCIe at 30 % SM activity,
+    as a job staging its all-reduce through host memory does; the pair is busier, its
+    traffic on NVLink."""
+    gpus = FakeNvml()
+    for i in range(5):
+        if i in (1, 2):
+            gpu = gpus.add_gpu("H100-80GB", 1, sm=0.6, nvlink_tx=GB_S, nvlink_rx=GB_S)
+            gpu.pci_root = "0000:80"
+        else:
+            gpu = gpus.add_gpu("H100-80GB", 1, sm=0.3, pcie_tx=GB_S, pcie_rx=GB_S)
+            gpu.pci_root = f"0000:{0x90 + 0x10 * i:02x}"
+    gpus.gpus[1].nvlinks, gpus.gpus[2].nvlinks = [2] * 12, [1] * 12
+    return gpus
 
 
 def cpu_nodes(cpulist: str, cores: int = SHAPE.cores) -> dict[str, int]:
@@ -99,8 +119,10 @@ async def exclusive_cpus(node: KubeNode, pod: dict) -> dict[str, int]:
     return cpu_nodes((await node.sh(f"cat {container_cgroup(pod)}/cpuset.cpus")).strip())
 
 
-def deployment(name: str, cpus: int, command: str = SLEEP, memory: str = "64Mi") -> dict:
-    d = guaranteed_deployment(name, NS, cpus, command, memory)
+def deployment(
+    name: str, cpus: int, command: str = SLEEP, memory: str = "64Mi", gpus: int = 0
+) -> dict:
+    d = guaranteed_deployment(name, NS, cpus, command, memory, gpus)
     d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = GRACE_SECONDS
     return d
 
@@ -115,6 +137,7 @@ class Story:
     reports: list[CycleReport] = field(default_factory=list)
     said: list[str] = field(default_factory=list)
     memory: dict[str, dict[str, int]] = field(default_factory=dict)  # MiB per node, by pod
+    gpus: dict[str, list[int]] = field(default_factory=dict)  # the GPUs given, by pod
     processes: dict[str, list[str]] = field(default_factory=dict)  # a container's PIDs
 
     @property
@@ -179,12 +202,33 @@ class NodeLoop:
         return await until(one, f"{prefix} Running", timeout=300, every=1)
 
     async def placed(self, story: Story, prefix: str) -> dict:
-        """The workload's running pod, its CPUs recorded in the story."""
+        """The workload's running pod, its CPUs (and GPUs) recorded in the story."""
         pod = await self.running(prefix)
         cpus = await exclusive_cpus(self.node, pod)
         story.pods.append((pod, cpus))
         story.said.append(f"  the kubelet runs {pod['metadata']['name']} on {show(cpus)}")
+        await self.given(story, pod)
         return pod
+
+    async def given(self, story: Story, pod: dict) -> list[int]:
+        """The GPUs (indices) the kubelet's device manager gave ``pod``, as its
+        PodResources API says, recorded in the story where it holds any."""
+        _, listed = await self.node.pod_resources()
+        uuids = [
+            uuid
+            for p in listed.get("podResources", [])
+            if (p["namespace"], p["name"]) == (NS, pod["metadata"]["name"])
+            for c in p.get("containers", [])
+            for d in c.get("devices", [])
+            for uuid in d["deviceIds"]
+        ]
+        index = {gpu.uuid: i for i, gpu in enumerate(self.node.gpus.gpus)}
+        gpus = sorted(index[u] for u in uuids)
+        if gpus:
+            story.gpus[pod["metadata"]["name"]] = gpus
+            names = " and ".join(map(str, gpus))
+            story.said.append(f"  {pod['metadata']['name']} is given GPUs {names}")
+        return gpus
 
     async def released(self, uid: str) -> None:
         """Wait until the kubelet's CPU manager has taken the pod's exclusive CPUs back
@@ -247,8 +291,9 @@ class NodeLoop:
         if self.node.policy != KubeletPolicy(policy, memory=memory):
             await self.node.restart_kubelet(KubeletPolicy(policy, memory=memory))
 
-    async def bare(self, name: str, cpus: int) -> dict:
-        await self.cp.create(self.session, guaranteed_pod(name, NS, self.node.name, cpus, SLEEP))
+    async def bare(self, name: str, cpus: int, gpus: int = 0) -> dict:
+        pod = guaranteed_pod(name, NS, self.node.name, cpus, SLEEP, gpus=gpus)
+        await self.cp.create(self.session, pod)
         return await self.running(name)
 
     async def sustained(self, reason: str) -> None:
@@ -290,16 +335,17 @@ def show(cpus: dict[str, int]) -> str:
 @contextlib.asynccontextmanager
 async def node_loop(job: Path):
     """A control plane with numaguard installed, the node VM under ``none`` with its
-    exporter, a Prometheus scraping it, and the remediator's client."""
+    GPUs (linked_gpus) and exporter, a Prometheus scraping it, and the remediator's
+    client."""
     async with contextlib.AsyncExitStack() as stack:
         cp = await stack.enter_async_context(ControlPlane())
         session = await stack.enter_async_context(aiohttp.ClientSession())
         await cp.install_numaguard(session, ("no-dry-run", "steering", "memory-mover"))
         exporter = ("--kubeconfig", exporter_kubeconfig(cp, job), "--interval", "2")
-        exporter += ("--no-collector.gpu", "--no-collector.resctrl")
+        exporter += ("--no-collector.resctrl",)
         policy = KubeletPolicy("none", memory="None")
         node = await stack.enter_async_context(
-            KubeNode(cp, job, policy=policy, exporter=exporter, shape=SHAPE)
+            KubeNode(cp, job, policy=policy, exporter=exporter, shape=SHAPE, gpus=linked_gpus())
         )
         prom = await stack.enter_async_context(
             PrometheusServer([node.exporter_url.removeprefix("http://")], free_port())

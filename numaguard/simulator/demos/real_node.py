@@ -4,12 +4,13 @@ A real control plane (API server, controllers, scheduler) and one node in a QEMU
 Debian's kernel with two sockets and two NUMA nodes, the kubelet built from the pinned
 Kubernetes module (static CPU manager, each story's Topology Manager policy),
 containerd and runc; the exporter in the node reading the real kernel and kubelet; a
-real Prometheus scraping it; the remediator acting live, as its ServiceAccount. Five
-stories (simulator/demos/node_stories.py), each printing what the real kubelet did: a split pod
-fixed under best-effort, a replacement that comes back split under none until the
-remediator gives up, a pod's remote memory fixed under single-numa-node by an eviction
-and then, with the exporter's memory mover on, in place, and pods the kubelet refuses
-under single-numa-node cleaned up.
+real Prometheus scraping it; the remediator acting live, as its ServiceAccount. Six
+stories (simulator/demos/node_stories.py, gpu_story.py), each printing what the real kubelet
+did: a split pod fixed under best-effort, a replacement that comes back split under none
+until the remediator gives up, a pod's remote memory fixed under single-numa-node by an
+eviction and then, with the exporter's memory mover on, in place, pods the kubelet
+refuses under single-numa-node cleaned up, and a 2-GPU pod without P2P given the free
+NVLink pair by the kubelet and the device plugin.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 from numaguard.common import logs
+from numaguard.simulator.demos.gpu_story import linked
 from numaguard.simulator.demos.node_stories import (
     fixed,
     misaligned_again,
@@ -44,7 +46,7 @@ async def main() -> None:
                 f"{loop.prom.url}\n",
                 flush=True,
             )
-            for story in (fixed, misaligned_again, moved_home, moved_in_place, refused):
+            for story in (fixed, misaligned_again, moved_home, moved_in_place, refused, linked):
                 began = time.monotonic()
                 told = await story(loop)
                 print("\n".join(told.said))

@@ -247,7 +247,7 @@ def guaranteed_pod(
 
 
 def guaranteed_deployment(
-    name: str, namespace: str, cpus: int, command: str, memory: str = "64Mi"
+    name: str, namespace: str, cpus: int, command: str, memory: str = "64Mi", gpus: int = 0
 ) -> dict:
     """A Deployment of one such pod, placed by the scheduler."""
     labels = {"app": name}
@@ -260,7 +260,7 @@ def guaranteed_deployment(
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": guaranteed_spec(cpus, command, memory),
+                "spec": guaranteed_spec(cpus, command, memory, gpus),
             },
         },
     }
@@ -284,6 +284,21 @@ def guaranteed_spec(cpus: int, command: str, memory: str, gpus: int = 0) -> dict
         ],
     }
 
+
+# the kubelet's PodResources answers, asked in the guest with grpc's generated stubs:
+# GetAllocatableResources, then List, each a line of JSON
+_PODRESOURCES = """
+import grpc
+from google.protobuf.json_format import MessageToDict
+from numaguard.exporter.sources.podresources import api_pb2 as api, api_pb2_grpc as rpc
+stub = rpc.PodResourcesListerStub(
+    grpc.insecure_channel("unix:///var/lib/kubelet/pod-resources/kubelet.sock"))
+# a busy emulated kubelet can take longer than the 20 s gRPC gives a connection
+wait = dict(wait_for_ready=True, timeout=180)
+print(__import__("json").dumps(MessageToDict(
+    stub.GetAllocatableResources(api.AllocatableResourcesRequest(), **wait))))
+print(__import__("json").dumps(MessageToDict(stub.List(api.ListPodResourcesRequest(), **wait))))
+"""
 
 FRESH_MEMORY_STATE = "/run/numaguard-fresh-memory-state"  # in the guest: see NODE_SCRIPT
 EXPORTER_PID = "/run/numaguard-exporter.pid"  # in the guest: the exporter's process
@@ -514,6 +529,29 @@ class KubeNode:
             return pid != before and (await self.sh(f"{healthz} || true")).strip() == "ok"
 
         await until(healthy, "the kubelet healthy again", timeout=timeout, every=1)
+        if self.gpus is not None:
+            # until the device plugin has registered again and listed its devices, the
+            # kubelet refuses a pod asking for one (UnexpectedAdmissionError: "no
+            # healthy devices"), though the Node still shows them allocatable
+            wanted = {r: len(d) for r, d in devices_of(self.gpus.description()).items()}
+
+            async def devices_back():
+                allocatable, _ = await self.pod_resources()
+                listed: dict[str, int] = {}
+                for d in allocatable.get("devices", []):
+                    listed[d["resourceName"]] = listed.get(d["resourceName"], 0) + len(
+                        d["deviceIds"]
+                    )
+                return listed == wanted
+
+            await until(devices_back, "the devices listed again", timeout=timeout, every=1)
+
+    async def pod_resources(self) -> tuple[dict, dict]:
+        """What the kubelet's PodResources API answers now: GetAllocatableResources and
+        List."""
+        asked = await self.sh(f"{sys.executable} -c '{_PODRESOURCES}'")
+        allocatable, listed = (json.loads(line) for line in asked.splitlines()[-2:])
+        return allocatable, listed
 
     async def restart_exporter(self, *extra: str, confined: bool = False) -> None:
         """Restart the guest's exporter with ``extra`` arguments besides its own, as a
