@@ -32,6 +32,8 @@ class Panel:
     legend: str = ""
     kind: str = "timeseries"  # timeseries | table | stat
     description: str = ""
+    # a table's rows by one label, its columns by another, each cell a third's value
+    matrix: tuple[str, str, str] = ()
 
 
 @dataclass(frozen=True)
@@ -262,6 +264,15 @@ DASHBOARDS = (
                 "{{node}} gpu{{gpu}}",
             ),
             Panel(
+                "GPU link matrix, as nvidia-smi topo -m (exporter --detail; one node)",
+                f"{c.GPU_LINK.name}{{{NODE}}}",
+                "short",
+                kind="table",
+                description="How each GPU (row) reaches each GPU after it (column): nvlink, "
+                "pix, pxb, phb, node, sys. Only exporters run with --detail publish the pairs.",
+                matrix=("gpu", "peer_gpu", "level"),
+            ),
+            Panel(
                 "Free GPU sets: the best joined set of each size",
                 f"{c.ZONE_GPU_FREE_SET.name}{{{NODE}}}",
                 "short",
@@ -451,6 +462,11 @@ def _variable(name: str) -> dict:
     return variable
 
 
+def _matrix(row: str, column: str, value: str) -> list[dict]:
+    options = {"rowField": row, "columnField": column, "valueField": value}
+    return [{"id": "groupingToMatrix", "options": {**options, "emptyValue": "empty"}}]
+
+
 def render(d: Dashboard) -> dict:
     panels = []
     for i, p in enumerate(d.panels):
@@ -469,6 +485,7 @@ def render(d: Dashboard) -> dict:
                 },
                 "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
                 "options": {},
+                **({"transformations": _matrix(*p.matrix)} if p.matrix else {}),
                 "targets": [
                     {
                         "refId": "A",
