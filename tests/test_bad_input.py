@@ -245,7 +245,10 @@ FILES = [
     "sys/devices/system/node/node1/numastat",
     "sys/devices/system/cpu/online",
     "sys/devices/system/cpu/cpu3/topology/physical_package_id",
+    "sys/devices/system/cpu/cpu3/topology/core_cpus_list",
+    "sys/devices/system/cpu/smt/active",
     "proc/vmstat",
+    "proc/stat",
 ]
 
 

@@ -72,6 +72,7 @@ ALLOWED_LABELS = {
     "counter",  # at most 32 a counter set (the API server's limit)
     "peer_gpu",  # the other GPU of a pair (--detail only: n² / 2 a node)
     "level",  # how two GPUs reach each other: nvlink, pix, pxb, phb, node, sys
+    "shared_with",  # whose a thread beside a pod's exclusive CPU is: three values
     "nvlinks",  # NVLinks joining a pair: at most NVML_NVLINK_MAX_LINKS
     "p2p",  # yes, no, unknown
     "size",  # a set of free GPUs: 2, 4 or 8
@@ -115,7 +116,10 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
     # and a GPU node with its kubelet, over two cycles so that utilization has an interval
     now = [0.0]
     host, nvml = presets.gpu_node(lambda: now[0])
-    async with gpu_collection(host, nvml, fake_root(host), lambda: now[0]) as (collection, gpus):
+    host.threads_per_core = 2  # a pod's core isolation: its siblings, how busy they were
+    host.cpu_ticks = {c: (10, 90) for c in host.all_cpus}
+    root = fake_root(host)
+    async with gpu_collection(host, nvml, root, lambda: now[0]) as (collection, gpus):
         gpus.start()
         collection.nrt_current = lambda: True  # as with --nrt, its topology published
         nvml.set_mig(7, [])  # GPU 7 under NVIDIA's DynamicMIG: its DRA counters
@@ -125,6 +129,8 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
         collection.moves = lambda: moves
         await collection.run_once()
         now[0] += 15
+        host.cpu_ticks = {c: (30, 170) for c in host.all_cpus}
+        root.write()
         await collection.run_once()
     seen |= _declared_families(collection)
     # and PCIe cards whose pods hold several GPUs and slices, in one container or two

@@ -26,6 +26,7 @@ from numaguard.exporter.readers.cgroup import (
     parse_pressure,
     parse_proc_cgroup,
 )
+from numaguard.exporter.readers.cpu import parse_cpu_times, parse_smt_active
 from numaguard.exporter.readers.dra import (
     Allocated,
     device_plugin_id,
@@ -310,6 +311,8 @@ READERS = [
     parse_assignments,
     topology_manager,
     parse_start_time,
+    parse_cpu_times,
+    parse_smt_active,
 ]
 VALID = [
     "0-3,8",
@@ -335,6 +338,8 @@ VALID = [
     "mbm_total_bytes:0=e;1=_\nmbm_local_bytes:0=e;1=e\n",
     "kind: KubeletConfiguration\ntopologyManagerPolicy: restricted\n",
     "4242 (a (b) c) S 1 4242 4242 0 -1 4194560" + " 0" * 12 + " 987654" + " 0" * 30,
+    "cpu  2 0 0 8 0 0 0 0 0 0\ncpu0 2 0 0 8 0 0 0 0 0 0\nintr 1\n",
+    "1\n",
 ]
 
 

@@ -68,3 +68,11 @@ BREAKS_PAIR = "breaks_pair"
 # a pod whose full GPUs move less than this over PCIe (bytes a second, both directions,
 # all its GPUs) is not worth an eviction for a better-joined set: an idle pair loses nothing
 LINK_TRAFFIC_BYTES_PER_SECOND = 1e9
+
+# the reasons of numaguard_pod_core_isolation (exporter model/isolation.py): a pod's
+# exclusive CPUs share a core with threads not its own, or span more L3 caches than
+# their count needs
+SMT_SHARED, L3_SPAN = CORE_ISOLATION_REASONS = ("smt_shared", "l3_span")
+# whose a thread beside a pod's exclusive CPU is: the kubelet's reserved CPUs, another
+# container's exclusive CPUs, or the shared pool
+SHARED_WITH = ("reserved", "exclusive", "shared_pool")

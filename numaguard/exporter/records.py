@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from numaguard.exporter.readers.cgroup import CpuThrottling, Pressure
+from numaguard.exporter.readers.cpu import CpuTime
 from numaguard.exporter.readers.numa import NodeMeminfo
 from numaguard.exporter.readers.nvml import GPM_UTILIZATION
 from numaguard.exporter.readers.podresources import Allocatable, PodResources
@@ -162,6 +163,9 @@ class HostReading:
     l3_domains: dict[int, L3Domain]
     balancing: dict[str, int]  # vmstat NUMA-balancing counters; empty when absent
     issues: list[Issue] = field(default_factory=list)
+    core_of_cpu: dict[int, frozenset[int]] = field(default_factory=dict)  # its core's CPUs
+    smt_active: bool | None = None  # None: the kernel does not say
+    cpu_times: dict[int, CpuTime] | None = None  # /proc/stat; None: not read
 
 
 @dataclass(frozen=True, slots=True)

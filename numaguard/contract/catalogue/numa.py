@@ -21,6 +21,14 @@ NUMA_NODE_CPUS = declare(
     ("numa_node", "socket"),
     "host_numa",
 )
+NODE_SMT_ACTIVE = declare(
+    "node_smt_active",
+    "gauge",
+    "1 when some core of the host runs more than one thread (SMT, hyperthreading), 0 when "
+    "none does (sys/devices/system/cpu/smt/active). Absent on kernels that do not say.",
+    (),
+    "host_numa",
+)
 NUMA_NODE_DISTANCE = declare(
     "numa_node_distance",
     "gauge",

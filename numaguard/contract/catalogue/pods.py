@@ -156,3 +156,50 @@ POD_CROSS_NUMA = declare(
     (*POD, "reason"),
     "pod_placement",
 )
+POD_CORE_ISOLATION = declare(
+    "pod_core_isolation",
+    "gauge",
+    "1 when a pod's exclusive CPUs are not its own down to the core or the cache, for the "
+    "reason given: smt_shared (a thread of a core it holds is another's: the shared pool, "
+    "another container's exclusive CPU, or the kubelet's reserved CPUs; only on nodes with "
+    "SMT, where a core has several threads), l3_span (its CPUs "
+    "span more L3 caches than their count needs; only on nodes whose L3 caches are finer "
+    "than their NUMA nodes, where cpu_span does not say it). Only pods holding exclusive "
+    "CPUs; absent when the cores, the cpusets or the kubelet's CPUs are unknown.",
+    (*POD, "reason"),
+    "pod_placement",
+)
+POD_SMT_SHARED_CPUS = declare(
+    "pod_smt_shared_cpus",
+    "gauge",
+    "Threads beside a pod's exclusive CPUs (on the same cores) that are not its own, by "
+    "whose they are: reserved, exclusive (another container's), shared_pool. Without "
+    "--detail only of pods whose smt_shared verdict is 1.",
+    (*POD, "shared_with"),
+    "pod_placement",
+)
+POD_SMT_SIBLING_BUSY = declare(
+    "pod_smt_sibling_busy_ratio",
+    "gauge",
+    "Busy share of the threads beside a pod's exclusive CPUs that are not its own, over the "
+    "last interval (/proc/stat): an idle sibling does no harm, a busy one is a noisy "
+    "neighbour in the core. Absent when there are none.",
+    POD,
+    "pod_placement",
+)
+POD_L3_DOMAINS = declare(
+    "pod_l3_domains",
+    "gauge",
+    "L3 caches a pod's exclusive CPUs span. Without --detail only of pods whose l3_span "
+    "verdict is 1.",
+    POD,
+    "pod_placement",
+)
+POD_L3_DOMAINS_FEWEST = declare(
+    "pod_l3_domains_fewest",
+    "gauge",
+    "The fewest L3 caches of the node that could hold as many CPUs as the pod's exclusive "
+    "ones. Without --detail only of pods whose l3_span verdict is 1.",
+    POD,
+    "pod_placement",
+)

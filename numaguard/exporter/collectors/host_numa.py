@@ -48,6 +48,10 @@ def families(snap: NodeSnapshot) -> list[Family]:
             fam = Family(spec, node)
             fam.add(snap.balancing[key])
             out.append(fam)
+    if snap.topology and snap.topology.smt_active is not None:
+        fam = Family(c.NODE_SMT_ACTIVE, node)
+        fam.add(int(snap.topology.smt_active))
+        out.append(fam)
     if snap.hint_fault_locality is not None:
         fam = Family(c.HINT_LOCALITY, node)
         fam.add(snap.hint_fault_locality)

@@ -4,9 +4,11 @@ remote memory, throttling, pressure, and the cross-NUMA verdicts."""
 from __future__ import annotations
 
 from numaguard.contract import catalogue as c
+from numaguard.contract.reasons import L3_SPAN, SHARED_WITH, SMT_SHARED
 from numaguard.exporter.collectors import METADATA, Collector
 from numaguard.exporter.exposition import Families, Family, LabelPrefix
 from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.model.isolation import CoreIsolation
 from numaguard.exporter.model.placement import ContainerState, PodState
 
 
@@ -61,7 +63,23 @@ def families(snap: NodeSnapshot) -> list[Family]:
             exclusive.add_under(plabels, count, str(numa))
         for reason, verdict in pod.cross_numa.items():
             cross.add_under(plabels, int(verdict), reason)
+        if pod.isolation is not None:
+            _isolation(f, plabels, pod.isolation, snap.detail)
     return list(f.values())
+
+
+def _isolation(f: Families, labels: LabelPrefix, iso: CoreIsolation, detail: bool) -> None:
+    """The verdicts; the breakdowns behind each by default only where it holds (a pod's
+    verdict 0 says what they would)."""
+    for reason, verdict in iso.verdicts.items():
+        f.add_under(c.POD_CORE_ISOLATION, labels, int(verdict), reason)
+    if SMT_SHARED in iso.verdicts and (detail or iso.verdicts[SMT_SHARED]):
+        for whose in SHARED_WITH:
+            f.add_under(c.POD_SMT_SHARED_CPUS, labels, iso.shared.get(whose, 0), whose)
+    f.add_under(c.POD_SMT_SIBLING_BUSY, labels, iso.sibling_busy)
+    if detail or iso.verdicts.get(L3_SPAN):
+        f.add_under(c.POD_L3_DOMAINS, labels, iso.l3_domains)
+        f.add_under(c.POD_L3_DOMAINS_FEWEST, labels, iso.l3_fewest)
 
 
 def _placement(labels: LabelPrefix, state: ContainerState | PodState, *families) -> None:

@@ -18,6 +18,7 @@ from numaguard.exporter.model.devices import (
     device_uses,
     with_device_verdicts,
 )
+from numaguard.exporter.model.isolation import core_isolation
 from numaguard.exporter.model.links import (
     FreeSet,
     Pair,
@@ -41,6 +42,7 @@ from numaguard.exporter.model.starvation import Starvation, starvation_of
 from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.model.traffic import ResctrlState, build_resctrl
 from numaguard.exporter.model.zones import Zone, dra_devices, zones_of
+from numaguard.exporter.readers.cpu import CpuTime
 from numaguard.exporter.readers.dra import DraView
 from numaguard.exporter.readers.podresources import ContainerResources
 from numaguard.exporter.records import (
@@ -73,6 +75,7 @@ class NodeSnapshot:
     pod_links: tuple[PodLinks, ...] = ()
     gpu_free_sets: tuple[FreeSet, ...] = ()
     pair_breakers: tuple[PodLinks, ...] = ()  # single-GPU pods, their breaks_pair verdict
+    cpu_times: Mapping[int, CpuTime] | None = None  # /proc/stat, for the next cycle's rates
     # the readings of the collectors turned on this cycle (None: failed), by name
     readings: Mapping[str, object] = field(default_factory=dict)
     detail: bool = False  # the families render their detail too (--detail)
@@ -113,6 +116,16 @@ def build_snapshot(
         )
     granted = kubelet_index(kubelet)
     pod_states = pods_of(pods, topology, metadata or {}, thresholds, granted) if pods else ()
+    cpu_times = host.cpu_times if host else None
+    before = previous.cpu_times if previous else None
+    if pods and kubelet is not None:
+        pod_states = with_isolation(
+            pod_states,
+            topology,
+            pods.shared_pool,
+            kubelet.allocatable.cpus if kubelet.allocatable else None,
+            (before, cpu_times) if before and cpu_times else None,
+        )
     traffic = None
     if resctrl is not None:
         traffic = build_resctrl(
@@ -159,6 +172,7 @@ def build_snapshot(
         pod_links=pod_links(uses, gpu_pairs),
         gpu_free_sets=free_sets(free, gpu_pairs) if free is not None else (),
         pair_breakers=pair_breakers(uses, gpu_pairs, free) if free is not None else (),
+        cpu_times=cpu_times,
         readings=dict(readings or {}),
         detail=detail,
     )
@@ -171,3 +185,41 @@ def kubelet_index(
     if kubelet is None or kubelet.pods is None:
         return None
     return {(p.namespace, p.name, c.name): c for p in kubelet.pods for c in p.containers}
+
+
+def with_isolation(
+    pods: tuple[PodState, ...],
+    topology: Topology | None,
+    shared_pool: frozenset[int] | None,
+    allocatable: frozenset[int] | None,
+    times: tuple[Mapping[int, CpuTime], Mapping[int, CpuTime]] | None,
+) -> tuple[PodState, ...]:
+    """``pods``, each holding exclusive CPUs with its core isolation."""
+    if topology is None:
+        return pods
+    held = {p.uid: _exclusive(p) for p in pods}
+    exclusive = frozenset().union(*held.values())
+    finer = len(topology.l3_domains) > len(set(topology.node_of_cpu.values()))
+    out = []
+    for pod in pods:
+        own = held[pod.uid]
+        if own:
+            isolation = core_isolation(
+                own,
+                exclusive - own,
+                topology.core_of_cpu,
+                shared_pool,
+                allocatable,
+                topology.l3_domains,
+                finer,
+                times,
+            )
+            pod = replace(pod, isolation=isolation)
+        out.append(pod)
+    return tuple(out)
+
+
+def _exclusive(pod: PodState) -> frozenset[int]:
+    return frozenset().union(
+        *(c.cpus for c in pod.containers if c.exclusive_cpus and c.cpus is not None)
+    )

@@ -4,8 +4,9 @@ CPUs and memory per NUMA node with the verdicts cpu_span and memory_remote."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from numaguard.exporter.model.isolation import CoreIsolation
 from numaguard.exporter.model.thresholds import Thresholds
 from numaguard.exporter.readers.cgroup import CpuThrottling, Pressure
 from numaguard.exporter.readers.numa import NodeMeminfo
@@ -21,6 +22,8 @@ class Topology:
     # distance[a][b]; rows whose length does not match the node list are left out
     distance: Mapping[int, Mapping[int, int]]
     l3_domains: Mapping[int, L3Domain]
+    core_of_cpu: Mapping[int, frozenset[int]] = field(default_factory=dict)  # SMT siblings
+    smt_active: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class PodState:
     # summed over its containers; None when one of them could not be read
     throttled_seconds: float | None
     pressure_seconds: Mapping[str, float]  # PSI some, by resource: where all containers say
+    isolation: CoreIsolation | None = None  # of a pod holding exclusive CPUs (isolation.py)
 
 
 def build_topology(host: HostReading) -> Topology:
@@ -80,7 +84,15 @@ def build_topology(host: HostReading) -> Topology:
         for n in host.nodes
         if n.distances is not None and len(n.distances) == len(nodes)
     }
-    return Topology(nodes, node_of_cpu, host.socket_of_cpu, distance, host.l3_domains)
+    return Topology(
+        nodes,
+        node_of_cpu,
+        host.socket_of_cpu,
+        distance,
+        host.l3_domains,
+        host.core_of_cpu,
+        host.smt_active,
+    )
 
 
 def numa_node_state(reading, host: HostReading, previous: NumaNodeState | None) -> NumaNodeState:

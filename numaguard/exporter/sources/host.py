@@ -1,4 +1,5 @@
-"""Host NUMA source: sysfs node and CPU topology, per-node memory and counters, vmstat."""
+"""Host NUMA source: sysfs node and CPU topology (sockets, SMT siblings, L3 caches),
+per-node memory and counters, vmstat, and each CPU's busy time (/proc/stat)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 from typing import TYPE_CHECKING
 
 from numaguard.exporter.readers import parse_id_list, parse_single_int
+from numaguard.exporter.readers.cpu import parse_cpu_times, parse_smt_active
 from numaguard.exporter.readers.numa import (
     parse_distance,
     parse_node_meminfo,
@@ -30,10 +32,12 @@ class HostSource:
         self.root = host_root
         self._node_dir = os.path.join(host_root, "sys/devices/system/node")
         self._cpu_dir = os.path.join(host_root, "sys/devices/system/cpu")
-        # CPU -> socket and L3 cache only change with CPU hotplug: re-read when the
-        # online set changes.
+        # CPU -> socket, core and L3 cache only change with CPU hotplug (SMT turned off
+        # takes siblings offline): re-read when the online set changes.
         self._cpus_read_for: frozenset[int] | None = None
         self._socket_of_cpu: dict[int, int] = {}
+        self._core_of_cpu: dict[int, frozenset[int]] = {}
+        self._smt_active: bool | None = None
         self._l3_domains: dict[int, L3Domain] = {}
 
     def read(self) -> HostReading:
@@ -43,13 +47,23 @@ class HostSource:
         if online is not None and online != self._cpus_read_for:
             before = len(issues)
             self._socket_of_cpu = self._read_sockets(online, issues)
+            self._core_of_cpu = self._read_cores(online, issues)
+            self._smt_active = self._read_smt(issues)
             self._l3_domains = self._read_l3(online, issues)
             # Cache only a complete answer, so a failed read is retried next cycle.
             self._cpus_read_for = online if len(issues) == before else None
         vmstat = os.path.join(self.root, "proc/vmstat")
         balancing = read_parsed(issues, vmstat, parse_vmstat_balancing) or {}
+        times = read_parsed(issues, os.path.join(self.root, "proc/stat"), parse_cpu_times)
         return HostReading(
-            nodes, dict(self._socket_of_cpu), dict(self._l3_domains), balancing, issues
+            nodes,
+            dict(self._socket_of_cpu),
+            dict(self._l3_domains),
+            balancing,
+            issues,
+            core_of_cpu=dict(self._core_of_cpu),
+            smt_active=self._smt_active,
+            cpu_times=times,
         )
 
     def _node_ids(self, issues: list[Issue]) -> list[int]:
@@ -80,6 +94,36 @@ class HostSource:
             if socket is not None:
                 sockets[cpu] = socket
         return sockets
+
+    def _read_cores(self, cpus: frozenset[int], issues: list[Issue]) -> dict[int, frozenset[int]]:
+        """Each CPU's core: the threads that share it (itself alone without SMT), from
+        ``core_cpus_list``, or ``thread_siblings_list`` on kernels before 5.3."""
+        cores: dict[int, frozenset[int]] = {}
+        for cpu in sorted(cpus):
+            if cpu in cores:
+                continue  # a sibling's read named it
+            base = f"{self._cpu_dir}/cpu{cpu}/topology"
+            tried: list[Issue] = []
+            core = read_parsed(tried, f"{base}/core_cpus_list", parse_id_list)
+            if core is None and [i.reason for i in tried] == ["missing"]:
+                tried = []
+                core = read_parsed(tried, f"{base}/thread_siblings_list", parse_id_list)
+            issues += tried
+            if core is None:
+                continue
+            if cpu not in core or not core <= cpus:
+                issues.append(Issue("parse", f"{base}/core_cpus_list", "not cpu's online core"))
+                continue
+            cores.update(dict.fromkeys(core, core))
+        return cores
+
+    def _read_smt(self, issues: list[Issue]) -> bool | None:
+        """Whether SMT is on; None on kernels that do not say (before 4.18, or built
+        without SMT control): the cores say it then."""
+        tried: list[Issue] = []
+        active = read_parsed(tried, f"{self._cpu_dir}/smt/active", parse_smt_active)
+        issues += [i for i in tried if i.reason != "missing"]
+        return active
 
     def _read_l3(self, cpus: frozenset[int], issues: list[Issue]) -> dict[int, L3Domain]:
         """L3 caches from cpuN/cache/indexM; one CPU per cache is enough to read."""

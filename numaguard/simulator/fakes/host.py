@@ -119,6 +119,13 @@ class FakeHost:
     # through them, as the kernel's does; without one, straight under a root complex
     # of its own bus
     pci_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # threads a core (SMT): each NUMA node's CPUs in that many runs, core k the k-th of
+    # each, as Linux numbers x86 threads (0 and 56 share a core of a 112-CPU node)
+    threads_per_core: int = 1
+    # the kubelet's reservedSystemCPUs: never handed out (GetAllocatableResources)
+    reserved_cpus: str = ""
+    # /proc/stat, by CPU: (busy, idle) ticks since boot
+    cpu_ticks: dict[int, tuple[int, int]] = field(default_factory=dict)
     _tids: dict[str, list[int]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -149,6 +156,17 @@ class FakeHost:
     def pid(self, pod: FakePod, container: FakeContainer) -> int:
         """The container's main process: its first thread."""
         return self.tids(pod, container)[0]
+
+    def cores(self) -> dict[int, frozenset[int]]:
+        """Each CPU's core: the CPUs that share it."""
+        out: dict[int, frozenset[int]] = {}
+        for node in self.nodes:
+            cpus = sorted(parse_id_list(node.cpus))
+            run = len(cpus) // self.threads_per_core
+            for k in range(run):
+                core = frozenset(cpus[k + t * run] for t in range(self.threads_per_core))
+                out.update(dict.fromkeys(core, core))
+        return out
 
     def l3_caches(self) -> list[tuple[frozenset[int], int]]:
         if self.l3 is not None:
@@ -269,6 +287,22 @@ class FakeHostRoot:
         for node in self.host.nodes:
             for cpu in parse_id_list(node.cpus):
                 _put(base / f"cpu{cpu}/topology/physical_package_id", str(node.socket))
+        for cpu, core in self.host.cores().items():
+            for name in ("core_cpus_list", "thread_siblings_list"):
+                _put(base / f"cpu{cpu}/topology/{name}", format_id_list(core))
+        smt = self.host.threads_per_core > 1
+        _put(base / "smt/active", "1" if smt else "0")
+        _put(base / "smt/control", "on" if smt else "notsupported")
+        # user nice system idle iowait irq softirq steal guest guest_nice
+        lines = [
+            f"cpu{cpu} {busy} 0 0 {idle} 0 0 0 0 0 0"
+            for cpu in sorted(cpus)
+            for busy, idle in [self.host.cpu_ticks.get(cpu, (0, 0))]
+        ]
+        total_busy = sum(self.host.cpu_ticks.get(c, (0, 0))[0] for c in cpus)
+        total_idle = sum(self.host.cpu_ticks.get(c, (0, 0))[1] for c in cpus)
+        head = f"cpu  {total_busy} 0 0 {total_idle} 0 0 0 0 0 0"
+        _put(self.root / "proc/stat", "\n".join([head, *lines, "intr 0", "ctxt 0"]) + "\n")
         for cache_id, (cpus, size) in enumerate(self.host.l3_caches()):
             for cpu in cpus:
                 # a private L2 (which the exporter must pass over) and the shared L3

@@ -67,7 +67,9 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
             for i, n in enumerate(self.host.nodes)
         ]
         return pb.AllocatableResourcesResponse(
-            devices=self._advertised(), cpu_ids=sorted(self.host.all_cpus), memory=memory
+            devices=self._advertised(),
+            cpu_ids=sorted(self.host.all_cpus - parse_id_list(self.host.reserved_cpus)),
+            memory=memory,
         )
 
     async def Get(self, request, context):

@@ -1,0 +1,208 @@
+"""Core isolation: a pod's exclusive CPUs against the threads that share their cores and
+the L3 caches they span, judged from the kernel's cores, the cgroups' cpusets, the
+kubelet's CPUs and /proc/stat — in the model alone, and through the exporter on a fake
+SMT host with the simulator's kubelet."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+
+import pytest
+
+from numaguard.exporter.model.isolation import core_isolation
+from numaguard.exporter.readers import ParseError
+from numaguard.exporter.readers.cpu import CpuTime, parse_cpu_times, parse_smt_active
+from numaguard.exporter.records import L3Domain
+from numaguard.exporter.sources.host import HostSource
+from numaguard.exporter.sources.kubelet import PodResourcesSource
+from numaguard.simulator.fakes.host import GIB, FakeContainer, FakeHost, FakeNumaNode, FakePod
+from numaguard.simulator.fakes.podresources import FakeKubelet
+from tests.conftest import make_collection, metadata_of, samples, series
+
+ALL = frozenset(range(16))
+# 2 NUMA nodes of 4 cores x 2 threads: core k of node 0 is CPUs k and k + 4
+CORES = {c: frozenset({c, c ^ 4}) for c in range(8)} | {
+    c: frozenset({c, c ^ 4}) for c in range(8, 16)
+}
+NO_SMT = {c: frozenset({c}) for c in ALL}
+ONE_L3_A_NODE = {0: L3Domain(0, frozenset(range(8)), 1), 1: L3Domain(1, frozenset(range(8, 16)), 1)}
+# two caches a NUMA node: CPUs 0-1 and their siblings 4-5, 2-3 and 6-7, ...
+CCX = {
+    i: L3Domain(i, frozenset({base, base + 1, base + 4, base + 5}), 1)
+    for i, base in enumerate((0, 2, 8, 10))
+}
+
+
+def judged(
+    own, elsewhere=(), pool=ALL, allocatable=ALL, cores=None, l3=None, finer=False, times=None
+):
+    return core_isolation(
+        frozenset(own),
+        frozenset(elsewhere),
+        CORES if cores is None else cores,
+        None if pool is None else frozenset(pool) - frozenset(own) - frozenset(elsewhere),
+        None if allocatable is None else frozenset(allocatable),
+        l3 or {},
+        finer,
+        times,
+    )
+
+
+def test_whole_cores_share_nothing():
+    iso = judged({0, 4, 1, 5})
+    assert iso.verdicts == {"smt_shared": False} and iso.shared == {}
+    assert iso.sibling_busy is None
+
+
+def test_an_odd_thread_s_sibling_is_named_by_whose_it_is():
+    # 3 CPUs: core 0 whole and CPU 1, whose sibling 5 is in the shared pool ...
+    assert judged({0, 4, 1}).shared == {"shared_pool": 1}
+    # ... another container's exclusive CPU ...
+    iso = judged({0, 4, 1}, elsewhere={5})
+    assert iso.verdicts == {"smt_shared": True} and iso.shared == {"exclusive": 1}
+    # ... one the kubelet reserved (it is in the shared pool too, but never handed out) ...
+    assert judged({0, 4, 1}, allocatable=ALL - {5}).shared == {"reserved": 1}
+    # ... or out of the pool though no container read holds it: the CPU manager gave it
+    assert judged({0, 4, 1}, pool=ALL - {5}).shared == {"exclusive": 1}
+
+
+def test_what_cannot_be_known_gets_no_verdict():
+    assert "smt_shared" not in judged({0, 1}, cores={0: frozenset({0, 4})}).verdicts
+    assert "smt_shared" not in judged({0, 1}, pool=None).verdicts
+    assert "smt_shared" not in judged({0, 1}, allocatable=None).verdicts
+    # and without SMT no core is shared: the node's numaguard_node_smt_active says so
+    assert "smt_shared" not in judged({0, 1}, cores=NO_SMT).verdicts
+
+
+def test_the_siblings_busy_share_comes_from_proc_stat():
+    before = {c: CpuTime(100, 1000) for c in ALL}
+    after = {c: CpuTime(100 + (90 if c in (5, 6) else 10), 1100) for c in ALL}
+    iso = judged({0, 4, 1, 2}, times=(before, after))  # siblings 5 and 6 are not its own
+    assert iso.shared == {"shared_pool": 2}
+    assert iso.sibling_busy == pytest.approx(0.9)
+    # a CPU whose counters went back (offlined and back) leaves it unknown, never 0
+    back = {**after, 6: CpuTime(50, 1100)}
+    assert judged({0, 4, 1, 2}, times=(before, back)).sibling_busy is None
+    assert (
+        judged({0, 4, 1, 2}, times=(before, {c: after[c] for c in ALL - {5}})).sibling_busy is None
+    )
+
+
+def test_l3_span_only_where_caches_are_finer_than_numa_nodes():
+    # CPUs 1 and 2 sit in two caches though one holds four CPUs
+    iso = judged({1, 2}, l3=CCX, finer=True)
+    assert (iso.l3_domains, iso.l3_fewest, iso.verdicts["l3_span"]) == (2, 1, True)
+    assert judged({0, 1}, l3=CCX, finer=True).verdicts["l3_span"] is False
+    # six CPUs need two caches of four: spanning two is no fault
+    assert judged({0, 1, 4, 5, 2, 6}, l3=CCX, finer=True).verdicts["l3_span"] is False
+    # one cache a NUMA node: a span of caches is one of nodes, cpu_span's to say
+    iso = judged({7, 8}, l3=ONE_L3_A_NODE)
+    assert (iso.l3_domains, iso.l3_fewest) == (2, 1) and "l3_span" not in iso.verdicts
+    # a CPU in no cache read: nothing said of caches
+    assert judged({1, 2}, l3={0: CCX[0]}, finer=True).l3_domains is None
+
+
+def test_proc_stat_and_smt_active_are_read_as_the_kernel_writes_them():
+    text = (
+        "cpu  40 0 20 900 10 0 0 0 0 0\n"
+        "cpu0 30 0 10 400 5 0 0 0 7 0\n"
+        "cpu1 10 0 10 500 5 0 0 0 0 0\n"
+        "intr 12 0\nctxt 99\n"
+    )
+    # busy: all but idle and iowait; guest time is in user already
+    assert parse_cpu_times(text) == {0: CpuTime(40, 445), 1: CpuTime(20, 525)}
+    assert parse_cpu_times("cpu0 1 2 3 4\n") == {0: CpuTime(6, 10)}  # 2.4's four fields
+    for bad in ("intr 1\n", "cpu0 1 2\n", "cpu0 1 2 3 x\n", "cpu0 1 2 3 4\ncpu0 1 2 3 4\n"):
+        with pytest.raises(ParseError):
+            parse_cpu_times(bad)
+    assert parse_smt_active("1\n") is True and parse_smt_active("0") is False
+    with pytest.raises(ParseError):
+        parse_smt_active("on")
+
+
+def test_cores_from_the_older_file_and_bad_ones_said_not_guessed(fake_root):
+    root = fake_root(smt_host())
+    cpu = root.root / "sys/devices/system/cpu"
+    (cpu / "cpu3/topology/core_cpus_list").unlink()  # a kernel before 5.3
+    (cpu / "cpu9/topology/core_cpus_list").write_text("9,99\n")  # a CPU not online
+    (cpu / "cpu9/topology/thread_siblings_list").write_text("9,99\n")
+    (cpu / "cpu13/topology/core_cpus_list").write_text("thirteen\n")
+    (cpu / "smt/active").unlink()  # a kernel without SMT control
+    reading = HostSource(str(root.root)).read()
+    assert reading.core_of_cpu[3] == reading.core_of_cpu[7] == frozenset({3, 7})
+    assert 9 not in reading.core_of_cpu and 13 not in reading.core_of_cpu
+    assert reading.core_of_cpu[12] == frozenset({8, 12})  # read from 8, its sibling
+    problems = {(i.reason, i.path.split("/")[-3]) for i in reading.issues}
+    assert problems == {("parse", "cpu9"), ("parse", "cpu13")}
+    assert reading.smt_active is None
+
+
+def uid(name: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
+
+
+def smt_host() -> FakeHost:
+    """Two NUMA nodes of 4 cores x 2 threads; CPU 0 reserved. trainer: 3 exclusive
+    CPUs, core 1 whole (1, 5) and CPU 2, whose sibling 6 is loader's; loader: CPU 6;
+    web in the shared pool."""
+    host = FakeHost(
+        [FakeNumaNode("0-7", 0), FakeNumaNode("8-15", 1)],
+        threads_per_core=2,
+        reserved_cpus="0",
+    )
+    host.pods = [
+        FakePod(
+            "trainer",
+            uid("trainer"),
+            "guaranteed",
+            [FakeContainer("main", "1-2,5", {0: GIB}, exclusive_cpus=True)],
+        ),
+        FakePod(
+            "loader",
+            uid("loader"),
+            "guaranteed",
+            [FakeContainer("main", "6", {0: GIB}, exclusive_cpus=True)],
+        ),
+        FakePod("web", uid("web"), "burstable", [FakeContainer("main", "0,3-4,7-15", {0: GIB})]),
+    ]
+    return host
+
+
+async def test_the_exporter_says_whose_sibling_and_how_busy(fake_root):
+    host = smt_host()
+    host.cpu_ticks = {c: (0, 0) for c in range(16)}
+    root = fake_root(host)
+    short = tempfile.mkdtemp(prefix="iso", dir="/tmp")
+    kubelet = await FakeKubelet(f"{short}/kubelet.sock", host).start()
+    source = PodResourcesSource(f"{short}/kubelet.sock")
+    try:
+        collection = make_collection(root, metadata_of(host), kubelet=source, detail=False)
+        await collection.run_once()
+        # the loader's CPU 6 works 80 % of the interval, the reserved CPU 0 half of it
+        host.cpu_ticks = {c: (80 if c == 6 else 50 if c == 0 else 5, 100) for c in range(16)}
+        host.cpu_ticks = {c: (b, 100 - b) for c, (b, _) in host.cpu_ticks.items()}
+        root.write()
+        await collection.run_once()
+        got = samples(collection.exposition.text)
+    finally:
+        source.close()
+        await kubelet.stop()
+        shutil.rmtree(short, ignore_errors=True)
+
+    def of(name, pod, **labels):
+        return got.get(series(name, namespace="default", pod=pod, pod_uid=uid(pod), **labels))
+
+    assert got[series("numaguard_node_smt_active")] == 1
+    assert of("numaguard_pod_core_isolation", "trainer", reason="smt_shared") == 1
+    assert of("numaguard_pod_smt_shared_cpus", "trainer", shared_with="exclusive") == 1
+    assert of("numaguard_pod_smt_shared_cpus", "trainer", shared_with="shared_pool") == 0
+    assert of("numaguard_pod_smt_sibling_busy_ratio", "trainer") == pytest.approx(0.8)
+    # the loader's sibling 2 is the trainer's; its core is shared the other way too
+    assert of("numaguard_pod_core_isolation", "loader", reason="smt_shared") == 1
+    assert of("numaguard_pod_smt_sibling_busy_ratio", "loader") == pytest.approx(0.05)
+    # a pod in the shared pool gets no verdict: the pool spans the node by design
+    assert of("numaguard_pod_core_isolation", "web", reason="smt_shared") is None
+    # one L3 a socket: caches are cpu_span's to judge, no l3_span
+    assert of("numaguard_pod_core_isolation", "trainer", reason="l3_span") is None
