@@ -42,7 +42,7 @@ from numaguard.exporter.sources.podresources import api_pb2, api_pb2_grpc
 from numaguard.exporter.sources.resctrl import ResctrlSource
 from numaguard.simulator.cluster.simulated import SimulatedCluster
 from numaguard.simulator.fakes import presets
-from numaguard.simulator.fakes.host import FakeHostRoot, pod_metadata
+from numaguard.simulator.fakes.host import KUBELET_CONFIG, FakeHostRoot, pod_metadata
 from numaguard.simulator.fakes.resctrl import FakeResctrl
 from numaguard.simulator.parts.controlplane import ControlPlane
 from numaguard.simulator.parts.processes import exporter_process, get
@@ -295,7 +295,7 @@ def main() -> None:
         timed = TimedNvml()
         timed_gpus = NvmlSource(timed, tmp)
         timed_gpus.start()
-        pod_resources = PodResourcesSource(socket)
+        pod_resources = PodResourcesSource(socket, config=f"{tmp}/{KUBELET_CONFIG}")
         collection = Collection(
             "reference",
             {

@@ -23,7 +23,7 @@ from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.exporter.sources.resctrl import ResctrlSource
 from numaguard.simulator.fakes import dra, presets
-from numaguard.simulator.fakes.host import FakeHostRoot, pod_metadata
+from numaguard.simulator.fakes.host import KUBELET_CONFIG, FakeHostRoot, pod_metadata
 from numaguard.simulator.fakes.resctrl import FakeResctrl
 
 PRESET = ("--preset", "reference_gpu_node")
@@ -95,7 +95,7 @@ def expositions(
 async def _text(tmp, host, kernel, socket, names, clock: StepClock, detail: bool, view=None) -> str:
     gpus = NvmlSource(pynvml, tmp, clock=clock)
     gpus.start()
-    pod_resources = PodResourcesSource(socket)
+    pod_resources = PodResourcesSource(socket, config=f"{tmp}/{KUBELET_CONFIG}")
     collection = Collection(
         "reference",
         {

@@ -73,6 +73,10 @@ ALLOWED_LABELS = {
     "peer_gpu",  # the other GPU of a pair (--detail only: n² / 2 a node)
     "level",  # how two GPUs reach each other: nvlink, pix, pxb, phb, node, sys
     "shared_with",  # whose a thread beside a pod's exclusive CPU is: three values
+    "policy",  # the kubelet's CPU manager policy: none, static
+    "reserved_cpus",  # the kubelet's reservedSystemCPUs: one list a node
+    "option",  # a CPU manager policy option: the kubelet knows six
+    "setting",  # its value as written: true, false
     "nvlinks",  # NVLinks joining a pair: at most NVML_NVLINK_MAX_LINKS
     "p2p",  # yes, no, unknown
     "size",  # a set of free GPUs: 2, 4 or 8
@@ -117,6 +121,7 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
     now = [0.0]
     host, nvml = presets.gpu_node(lambda: now[0])
     host.threads_per_core = 2  # a pod's core isolation: its siblings, how busy they were
+    host.kubelet_config["cpuManagerPolicyOptions"] = {"full-pcpus-only": "true"}
     host.cpu_ticks = {c: (10, 90) for c in host.all_cpus}
     root = fake_root(host)
     async with gpu_collection(host, nvml, root, lambda: now[0]) as (collection, gpus):

@@ -183,6 +183,7 @@ COMPONENTS = (
     "steering",
     "memory-mover",
     "mig-layout",
+    "kubelet-config",
 )
 
 

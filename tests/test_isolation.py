@@ -17,7 +17,14 @@ from numaguard.exporter.readers.cpu import CpuTime, parse_cpu_times, parse_smt_a
 from numaguard.exporter.records import L3Domain
 from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
-from numaguard.simulator.fakes.host import GIB, FakeContainer, FakeHost, FakeNumaNode, FakePod
+from numaguard.simulator.fakes.host import (
+    GIB,
+    KUBELET_CONFIG,
+    FakeContainer,
+    FakeHost,
+    FakeNumaNode,
+    FakePod,
+)
 from numaguard.simulator.fakes.podresources import FakeKubelet
 from tests.conftest import make_collection, metadata_of, samples, series
 
@@ -150,7 +157,7 @@ def smt_host() -> FakeHost:
     host = FakeHost(
         [FakeNumaNode("0-7", 0), FakeNumaNode("8-15", 1)],
         threads_per_core=2,
-        reserved_cpus="0",
+        kubelet_config={"cpuManagerPolicy": "static", "reservedSystemCPUs": "0"},
     )
     host.pods = [
         FakePod(
@@ -176,7 +183,7 @@ async def test_the_exporter_says_whose_sibling_and_how_busy(fake_root):
     root = fake_root(host)
     short = tempfile.mkdtemp(prefix="iso", dir="/tmp")
     kubelet = await FakeKubelet(f"{short}/kubelet.sock", host).start()
-    source = PodResourcesSource(f"{short}/kubelet.sock")
+    source = PodResourcesSource(f"{short}/kubelet.sock", config=str(root.root / KUBELET_CONFIG))
     try:
         collection = make_collection(root, metadata_of(host), kubelet=source, detail=False)
         await collection.run_once()
@@ -195,6 +202,8 @@ async def test_the_exporter_says_whose_sibling_and_how_busy(fake_root):
         return got.get(series(name, namespace="default", pod=pod, pod_uid=uid(pod), **labels))
 
     assert got[series("numaguard_node_smt_active")] == 1
+    info = series("numaguard_kubelet_cpu_manager_info", policy="static", reserved_cpus="0")
+    assert got[info] == 1
     assert of("numaguard_pod_core_isolation", "trainer", reason="smt_shared") == 1
     assert of("numaguard_pod_smt_shared_cpus", "trainer", shared_with="exclusive") == 1
     assert of("numaguard_pod_smt_shared_cpus", "trainer", shared_with="shared_pool") == 0
@@ -206,3 +215,59 @@ async def test_the_exporter_says_whose_sibling_and_how_busy(fake_root):
     assert of("numaguard_pod_core_isolation", "web", reason="smt_shared") is None
     # one L3 a socket: caches are cpu_span's to judge, no l3_span
     assert of("numaguard_pod_core_isolation", "trainer", reason="l3_span") is None
+
+
+async def test_the_kubelet_s_cpu_manager_as_its_config_says(fake_root):
+    """Its policy, reserved CPUs and options as written; a node without the file says
+    nothing of them and counts no error; a file the kubelet would refuse is an error."""
+    host = smt_host()
+    host.kubelet_config["cpuManagerPolicyOptions"] = {
+        "full-pcpus-only": "true",
+        "prefer-align-cpus-by-uncorecache": "false",
+    }
+    root = fake_root(host)
+    short = tempfile.mkdtemp(prefix="iso", dir="/tmp")
+    kubelet = await FakeKubelet(f"{short}/kubelet.sock", host).start()
+    source = PodResourcesSource(f"{short}/kubelet.sock", config=str(root.root / KUBELET_CONFIG))
+    collection = make_collection(root, metadata_of(host), kubelet=source, detail=False)
+
+    async def cycle() -> dict:
+        root.write()
+        await collection.run_once()
+        return samples(collection.exposition.text)
+
+    def errors(got) -> float:
+        return sum(
+            v
+            for (n, k), v in got.items()
+            if n == "numaguard_collector_errors_total" and ("collector", "pod_resources") in k
+        )
+
+    try:
+        got = await cycle()
+        options = {
+            dict(k)["option"]: dict(k)["setting"]
+            for (n, k), v in got.items()
+            if n == "numaguard_kubelet_cpu_manager_option" and v == 1
+        }
+        assert options == {"full-pcpus-only": "true", "prefer-align-cpus-by-uncorecache": "false"}
+        host.kubelet_config = None  # kept elsewhere on this node
+        got = await cycle()
+        assert not [n for n, _ in got if n.startswith("numaguard_kubelet_cpu_manager")]
+        assert errors(got) == 0
+        # an unquoted true: the kubelet's map of strings refuses it, and so do we
+        host.kubelet_config = {"cpuManagerPolicyOptions": {"full-pcpus-only": True}}
+        got = await cycle()
+        assert not [n for n, _ in got if n.startswith("numaguard_kubelet_cpu_manager")]
+        assert (
+            got[
+                series(
+                    "numaguard_collector_errors_total", collector="pod_resources", reason="parse"
+                )
+            ]
+            == 1
+        )
+    finally:
+        source.close()
+        await kubelet.stop()
+        shutil.rmtree(short, ignore_errors=True)

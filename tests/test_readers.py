@@ -34,7 +34,7 @@ from numaguard.exporter.readers.dra import (
     read_claim_allocation,
     read_resource_slice,
 )
-from numaguard.exporter.readers.kubeletconfig import topology_manager
+from numaguard.exporter.readers.kubeletconfig import CpuManager, cpu_manager, topology_manager
 from numaguard.exporter.readers.numa import (
     NodeMeminfo,
     parse_distance,
@@ -313,6 +313,7 @@ READERS = [
     parse_start_time,
     parse_cpu_times,
     parse_smt_active,
+    cpu_manager,
 ]
 VALID = [
     "0-3,8",
@@ -340,6 +341,7 @@ VALID = [
     "4242 (a (b) c) S 1 4242 4242 0 -1 4194560" + " 0" * 12 + " 987654" + " 0" * 30,
     "cpu  2 0 0 8 0 0 0 0 0 0\ncpu0 2 0 0 8 0 0 0 0 0 0\nintr 1\n",
     "1\n",
+    'cpuManagerPolicy: static\ncpuManagerPolicyOptions:\n  full-pcpus-only: "true"\n',
 ]
 
 
@@ -359,6 +361,26 @@ def test_the_kubelet_s_topology_manager_as_its_config_says_or_its_defaults():
     for bad in ("- a\n- b\n", "topologyManagerPolicy: [a]\n", "a: [\n"):
         with pytest.raises(ParseError):
             topology_manager(bad)
+
+
+def test_the_kubelet_s_cpu_manager_as_its_config_says_or_its_defaults():
+    config = (
+        'cpuManagerPolicy: static\nreservedSystemCPUs: "0,56"\n'
+        'cpuManagerPolicyOptions:\n  full-pcpus-only: "true"\n'
+    )
+    assert cpu_manager(config) == CpuManager(
+        "static", {"full-pcpus-only": "true"}, frozenset({0, 56})
+    )
+    assert cpu_manager("") == CpuManager("none", {}, None)
+    for bad in (
+        "cpuManagerPolicyOptions:\n  full-pcpus-only: true\n",  # the kubelet refuses a bool
+        "cpuManagerPolicyOptions: [a]\n",
+        "cpuManagerPolicy: 3\n",
+        "reservedSystemCPUs: 0\n",
+        'reservedSystemCPUs: "3-1"\n',
+    ):
+        with pytest.raises(ParseError):
+            cpu_manager(bad)
 
 
 def test_abmc_files_read_as_the_kernel_writes_them():

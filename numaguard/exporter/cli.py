@@ -204,12 +204,14 @@ def parser() -> argparse.ArgumentParser:
         "deploy/components/nrt's RBAC",
     )
     p.add_argument(
-        "--nrt.kubelet-config",
-        dest="nrt_kubelet_config",
+        "--kubelet-config",
+        "--nrt.kubelet-config",  # its name before the CPU manager's options were read
+        dest="kubelet_config",
         default="/var/lib/kubelet/config.yaml",
         metavar="PATH",
-        help="the kubelet's configuration file, under --host-root: its Topology Manager "
-        "policy and scope are published with the zones",
+        help="the kubelet's configuration file, under --host-root: its CPU manager's policy "
+        "and options (numaguard_kubelet_cpu_manager_info), and with --nrt its Topology "
+        "Manager's policy and scope; where it is missing they are left out",
     )
     p.add_argument(
         "--memory-mover",
@@ -272,7 +274,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         detail=args.detail,
         collectors=frozenset(n for n in COLLECTORS if getattr(args, f"collector_{n}")),
         nrt=args.nrt,
-        nrt_kubelet_config=args.nrt_kubelet_config,
+        kubelet_config=args.kubelet_config,
         memory_mover=args.memory_mover,
         memory_mover_socket=args.memory_mover_socket,
     )

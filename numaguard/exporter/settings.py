@@ -42,7 +42,7 @@ class Settings:
     # the collectors to run (--collector.<name>); the rest are not run at all
     collectors: frozenset[str] = frozenset(n for n, c in COLLECTORS.items() if c.default)
     nrt: bool = False  # publish this node's NodeResourceTopology each cycle it changes
-    nrt_kubelet_config: str = "/var/lib/kubelet/config.yaml"  # under the host root
+    kubelet_config: str = "/var/lib/kubelet/config.yaml"  # under the host root
     # carry out the requests to move a pod's memory home its node's pods carry
     memory_mover: bool = False
     memory_mover_socket: str = "/run/numaguard/memory-mover.sock"  # the helper's

@@ -14,7 +14,7 @@ import pynvml
 from numaguard.exporter.sources.gpu import NvmlSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
 from numaguard.simulator.fakes import presets
-from numaguard.simulator.fakes.host import GIB, FakeContainer, FakeHost, FakePod
+from numaguard.simulator.fakes.host import GIB, KUBELET_CONFIG, FakeContainer, FakeHost, FakePod
 from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.fakes.podresources import FakeKubelet
 from tests.conftest import make_collection, metadata_of
@@ -28,7 +28,7 @@ async def gpu_collection(host, nvml, root, clock):
     with nvml.installed():
         await kubelet.start()
         gpus = NvmlSource(pynvml, str(root.root), clock=clock)
-        pod_resources = PodResourcesSource(socket)
+        pod_resources = PodResourcesSource(socket, config=str(root.root / KUBELET_CONFIG))
         try:
             collection = make_collection(
                 root, metadata=metadata_of(host), gpus=gpus, kubelet=pod_resources

@@ -115,3 +115,21 @@ MEMORY_MOVE_DURATION = declare(
     (),
     "memory_mover",
 )
+KUBELET_CPU_MANAGER_INFO = declare(
+    "kubelet_cpu_manager_info",
+    "gauge",
+    "The kubelet's CPU manager, as its configuration file (--kubelet-config) says: its "
+    "policy (none, static) and reservedSystemCPUs (empty: not set); value 1. Absent when "
+    "the file is not there.",
+    ("policy", "reserved_cpus"),
+    "capacity",
+)
+KUBELET_CPU_MANAGER_OPTION = declare(
+    "kubelet_cpu_manager_option",
+    "gauge",
+    "Each cpuManagerPolicyOptions entry of the kubelet's configuration file, with its "
+    "value as written (full-pcpus-only: true, ...); value 1. An option it does not set is "
+    "at the kubelet's default.",
+    ("option", "setting"),
+    "capacity",
+)

@@ -1,6 +1,6 @@
 """Capacity per NUMA zone, from the kubelet: what each NUMA node can still give a pod
 (exclusive CPUs, devices per resource, memory, the best joined sets of free GPUs), for
-the remediator's fit check."""
+the remediator's fit check; and how its CPU manager hands CPUs out."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from numaguard.contract import catalogue as c
 from numaguard.exporter.collectors import Collector
 from numaguard.exporter.exposition import Families, Family
 from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.readers import format_id_list
 
 
 def families(snap: NodeSnapshot) -> list[Family]:
@@ -22,6 +23,13 @@ def families(snap: NodeSnapshot) -> list[Family]:
             add(c.ZONE_DEVICES_FREE, zone.devices_free.get(resource, 0), node, resource)
         add(c.ZONE_MEMORY_ALLOCATABLE, zone.memory_allocatable_bytes, node)
         add(c.ZONE_MEMORY_FREE, zone.memory_free_bytes, node)
+    reading = snap.readings.get("pod_resources")
+    manager = getattr(reading, "cpu_manager", None)
+    if manager is not None:
+        reserved = format_id_list(manager.reserved) if manager.reserved else ""
+        add(c.KUBELET_CPU_MANAGER_INFO, 1, manager.policy, reserved)
+        for option, value in manager.options.items():
+            add(c.KUBELET_CPU_MANAGER_OPTION, 1, option, value)
     for free in snap.gpu_free_sets:
         node = "" if free.numa_node is None else str(free.numa_node)
         add(c.ZONE_GPU_FREE_SET, 1, node, str(free.size), free.level)

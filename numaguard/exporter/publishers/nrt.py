@@ -4,7 +4,7 @@ read, so that a concurrent writer's change is never overwritten blind. A failed 
 logged and tried again the next cycle; it never holds the cycle up.
 
 The Topology Manager's policy and scope come from the kubelet's configuration file on
-the host (``--nrt.kubelet-config``), read again each time: a kubelet restarted with
+the host (``--kubelet-config``), read again each time: a kubelet restarted with
 another policy is published with it.
 """
 

@@ -1,29 +1,66 @@
 """The kubelet's configuration file (a KubeletConfiguration, YAML): what its Topology
-Manager does, for the NodeResourceTopology the exporter publishes."""
+Manager and CPU manager do."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import yaml
 
-from numaguard.exporter.readers import ParseError
+from numaguard.exporter.readers import ParseError, parse_id_list
 
 # what the kubelet does when its configuration sets nothing
 DEFAULT_POLICY = "none"
 DEFAULT_SCOPE = "container"
+DEFAULT_CPU_MANAGER_POLICY = "none"
 
 
-def topology_manager(text: str) -> tuple[str, str]:
-    """(policy, scope): ``topologyManagerPolicy`` and ``topologyManagerScope``."""
+@dataclass(frozen=True, slots=True)
+class CpuManager:
+    """``cpuManagerPolicy``, ``cpuManagerPolicyOptions`` (option -> its text, as the
+    kubelet takes them: "true", "false") and ``reservedSystemCPUs`` (None: not set)."""
+
+    policy: str
+    options: Mapping[str, str]
+    reserved: frozenset[int] | None
+
+
+def _config(text: str) -> dict:
     try:
         config = yaml.safe_load(text)
     except (yaml.YAMLError, ValueError, RecursionError) as err:  # a 5,000-digit number...
         raise ParseError(f"not a YAML the kubelet reads: {str(err)[:80]}") from None
     if config is None:
-        config = {}
+        return {}
     if not isinstance(config, dict):
         raise ParseError("not a KubeletConfiguration mapping")
+    return config
+
+
+def topology_manager(text: str) -> tuple[str, str]:
+    """(policy, scope): ``topologyManagerPolicy`` and ``topologyManagerScope``."""
+    config = _config(text)
     policy = config.get("topologyManagerPolicy", DEFAULT_POLICY)
     scope = config.get("topologyManagerScope", DEFAULT_SCOPE)
     if not isinstance(policy, str) or not isinstance(scope, str):
         raise ParseError("topologyManagerPolicy and topologyManagerScope must be strings")
     return policy, scope
+
+
+def cpu_manager(text: str) -> CpuManager:
+    config = _config(text)
+    policy = config.get("cpuManagerPolicy", DEFAULT_CPU_MANAGER_POLICY)
+    options = config.get("cpuManagerPolicyOptions") or {}
+    reserved = config.get("reservedSystemCPUs")
+    if not isinstance(policy, str):
+        raise ParseError("cpuManagerPolicy must be a string")
+    # a map of strings to strings, as the kubelet's config type has it
+    if not isinstance(options, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in options.items()
+    ):
+        raise ParseError("cpuManagerPolicyOptions must map strings to strings")
+    if reserved is not None and not isinstance(reserved, str):
+        raise ParseError("reservedSystemCPUs must be a CPU list string")
+    cpus = parse_id_list(reserved) if reserved and reserved.strip() else None
+    return CpuManager(policy, dict(sorted(options.items())), cpus)

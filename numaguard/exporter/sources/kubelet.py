@@ -1,5 +1,6 @@
 """Kubelet PodResources source: which devices, exclusive CPUs and memory the kubelet
-gave each container, and what it can still give, over gRPC v1 on its unix socket.
+gave each container, and what it can still give, over gRPC v1 on its unix socket; and
+its CPU manager's policy and options, from its configuration file.
 
 The client is grpclib (gRPC over h2, on the event loop): two small unary calls a cycle
 do not need grpcio's C core, which cost ~10 MiB more of the exporter's RSS, and its
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import h2.exceptions
@@ -21,11 +23,13 @@ from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from numaguard.exporter.readers import ParseError
+from numaguard.exporter.readers.kubeletconfig import CpuManager, cpu_manager
 from numaguard.exporter.readers.podresources import (
     read_allocatable,
     read_list,
 )
 from numaguard.exporter.records import Issue, KubeletReading
+from numaguard.exporter.sources import ReadFailure, read_text
 from numaguard.exporter.sources.podresources import api_pb2
 
 if TYPE_CHECKING:
@@ -49,13 +53,51 @@ class PodResourcesSource:
     """Read on the event loop (``read`` is a coroutine): the calls wait on the socket,
     and an answer is decoded only when its bytes changed."""
 
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 2.0) -> None:
+    def __init__(
+        self, socket_path: str = DEFAULT_SOCKET, timeout: float = 2.0, config: str | None = None
+    ) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
+        self.config = config  # the kubelet's configuration file; None: not read
+        self._config_said = False
+        self._config_read: tuple[tuple | None, CpuManager] | None = None  # (stat, read)
         self._channel: Channel | None = None  # made on first use, on the running loop
         self._last: dict[str, tuple[bytes, object]] = {}  # method -> (answer, its reading)
 
     async def read(self) -> KubeletReading:
+        reading = await self._read_api()
+        if self.config is None:
+            return reading
+        try:
+            manager = self._cpu_manager()
+        except ReadFailure as failure:
+            if failure.issue.reason != "missing":
+                return replace(reading, issues=[*reading.issues, failure.issue])
+            if not self._config_said:  # many a node keeps it elsewhere: said once
+                self._config_said = True
+                log.info(
+                    "no kubelet config at %s: its CPU manager options are unknown "
+                    "(--kubelet-config names it)",
+                    self.config,
+                )
+            return reading
+        except ParseError as err:
+            return replace(reading, issues=[*reading.issues, Issue("parse", self.config, str(err))])
+        return replace(reading, cpu_manager=manager)
+
+    def _cpu_manager(self) -> CpuManager:
+        """The config file read, parsed again only when it changed (the kubelet reads it
+        at start, so it changes when the kubelet is restarted with another)."""
+        try:
+            seen = os.stat(self.config)
+        except OSError:
+            seen = None  # read_text says why
+        key = seen and (seen.st_ino, seen.st_size, seen.st_mtime_ns)
+        if key is None or self._config_read is None or self._config_read[0] != key:
+            self._config_read = (key, cpu_manager(read_text(self.config)))
+        return self._config_read[1]
+
+    async def _read_api(self) -> KubeletReading:
         if not os.path.exists(self.socket_path):
             self.close()
             return _failed(Issue("missing", self.socket_path, "no kubelet socket"))
@@ -147,4 +189,7 @@ def open_source(settings: Settings) -> PodResourcesSource | None:
             )
             return None
         path = DEFAULT_SOCKET
-    return PodResourcesSource(path, timeout=min(2.0, settings.collector_timeout_seconds / 2))
+    config = os.path.join(settings.host_root, settings.kubelet_config.lstrip("/"))
+    return PodResourcesSource(
+        path, timeout=min(2.0, settings.collector_timeout_seconds / 2), config=config
+    )

@@ -13,6 +13,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from numaguard.exporter.readers import format_id_list, parse_id_list
 from numaguard.exporter.records import PodMeta
 
@@ -20,6 +22,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 SANDBOX = "POD"  # what the kubelet calls a pod's sandbox container
+KUBELET_CONFIG = "var/lib/kubelet/config.yaml"  # under the root, where kubeadm puts it
 
 
 @dataclass
@@ -122,8 +125,11 @@ class FakeHost:
     # threads a core (SMT): each NUMA node's CPUs in that many runs, core k the k-th of
     # each, as Linux numbers x86 threads (0 and 56 share a core of a 112-CPU node)
     threads_per_core: int = 1
-    # the kubelet's reservedSystemCPUs: never handed out (GetAllocatableResources)
-    reserved_cpus: str = ""
+    # the kubelet's configuration file (/var/lib/kubelet/config.yaml; None: none there):
+    # its reservedSystemCPUs are never handed out (simulator.fakes.podresources)
+    kubelet_config: dict | None = field(
+        default_factory=lambda: {"kind": "KubeletConfiguration", "cpuManagerPolicy": "static"}
+    )
     # /proc/stat, by CPU: (busy, idle) ticks since boot
     cpu_ticks: dict[int, tuple[int, int]] = field(default_factory=dict)
     _tids: dict[str, list[int]] = field(default_factory=dict, repr=False, compare=False)
@@ -156,6 +162,10 @@ class FakeHost:
     def pid(self, pod: FakePod, container: FakeContainer) -> int:
         """The container's main process: its first thread."""
         return self.tids(pod, container)[0]
+
+    @property
+    def reserved_cpus(self) -> frozenset[int]:
+        return parse_id_list((self.kubelet_config or {}).get("reservedSystemCPUs", ""))
 
     def cores(self) -> dict[int, frozenset[int]]:
         """Each CPU's core: the CPUs that share it."""
@@ -201,6 +211,11 @@ class FakeHostRoot:
         self.host = host
 
     def write(self) -> FakeHostRoot:
+        config = self.root / KUBELET_CONFIG
+        if self.host.kubelet_config is None:
+            config.unlink(missing_ok=True)
+        else:
+            _put(config, yaml.safe_dump(self.host.kubelet_config))
         self._write_nodes()
         self._write_cpus()
         self._write_vmstat()

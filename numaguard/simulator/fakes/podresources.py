@@ -68,7 +68,7 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
         ]
         return pb.AllocatableResourcesResponse(
             devices=self._advertised(),
-            cpu_ids=sorted(self.host.all_cpus - parse_id_list(self.host.reserved_cpus)),
+            cpu_ids=sorted(self.host.all_cpus - self.host.reserved_cpus),
             memory=memory,
         )
 
