@@ -312,6 +312,30 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             "numaguard-remediation",
         ),
         Alert(
+            "NumaguardExclusiveCPUsShareABusyCore",
+            q["smt_shared_busy"],
+            "0m",
+            "info",  # one per pod: a ticket or a dashboard, never a page
+            "{{ $labels.namespace }}/{{ $labels.pod }}: its exclusive CPUs share a busy core",
+            "For the whole finding window a thread on a core of pod {{ $labels.namespace }}/"
+            "{{ $labels.pod }}'s exclusive CPUs on {{ $labels.node }} was not its own, and was "
+            "busy over half the time on average.",
+            "Two hyperthreads of a core share its L1 and L2 caches and execution units: the "
+            "pod's CPUs are exclusive in name only. The kubelet's static CPU manager without "
+            "`full-pcpus-only` gives a container an odd CPU count on an SMT node as whole cores "
+            "and one thread, whose sibling stays in the shared pool or becomes another "
+            "container's exclusive CPU (KEP-2625).",
+            "`numaguard_pod_smt_shared_cpus{pod=...}` says whose the sibling is (exclusive, "
+            "shared_pool, reserved) and `numaguard_kubelet_cpu_manager_option` whether the "
+            "node runs `full-pcpus-only` (deploy/components/kubelet-config mounts the file "
+            "it is read from). Without it, set `cpuManagerPolicyOptions: {full-pcpus-only: "
+            '"true"}` (GA since 1.33; changing CPU manager options needs the node drained and '
+            "`cpu_manager_state` removed), after which a pod asking an odd count on an SMT node "
+            "is refused with SMTAlignmentError: ask for whole cores (an even count). Evicting "
+            "the pod without the option only repeats the layout.",
+            "numaguard-pods",
+        ),
+        Alert(
             "NumaguardRemediationNotHolding",
             # no_gain is an expected outcome (placement was not what held the job back),
             # said in the RemediationVerified Event and the fix-gain histogram: no alert

@@ -119,6 +119,17 @@ DASHBOARDS = (
                 description="One row per pod and reason.",
             ),
             Panel(
+                "Exclusive CPUs sharing a core: how busy the other thread is",
+                f"{c.POD_SMT_SIBLING_BUSY.name}{{{POD}}} and on (node, namespace, pod, pod_uid) "
+                f'{c.POD_CORE_ISOLATION.name}{{{POD}, reason="smt_shared"}} == 1',
+                "percentunit",
+                "{{namespace}}/{{pod}}",
+                description="Pods whose exclusive CPUs share a core (SMT) with a thread not "
+                "their own, and the busy share of those threads: an idle sibling does no harm. "
+                "Whose they are: numaguard_pod_smt_shared_cpus; whether the node runs "
+                "full-pcpus-only: numaguard_kubelet_cpu_manager_option.",
+            ),
+            Panel(
                 "Memory per NUMA node",
                 f"{c.POD_MEMORY.name}{{{POD}}}",
                 "bytes",

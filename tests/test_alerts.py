@@ -282,6 +282,32 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
             ("10m", [{**N, "namespace": "ml", "pod": "far", "pod_uid": "u1", "reason": "no_p2p"}]),
         ],
     ),
+    "NumaguardExclusiveCPUsShareABusyCore": (
+        {
+            # odd: a core shared, its sibling busy 80 % of the time
+            'numaguard_pod_core_isolation{node="n1",namespace="ml",pod="odd",pod_uid="u1",'
+            'reason="smt_shared"}': "1x40",
+            'numaguard_pod_smt_sibling_busy_ratio{node="n1",namespace="ml",pod="odd",'
+            'pod_uid="u1"}': "0.8x40",
+            # quiet: as shared, its sibling idle: no harm done
+            'numaguard_pod_core_isolation{node="n1",namespace="ml",pod="quiet",pod_uid="u2",'
+            'reason="smt_shared"}': "1x40",
+            'numaguard_pod_smt_sibling_busy_ratio{node="n1",namespace="ml",pod="quiet",'
+            'pod_uid="u2"}': "0.05x40",
+            # whole: whole cores; a busy ratio left over from before it was fixed
+            'numaguard_pod_core_isolation{node="n1",namespace="ml",pod="whole",pod_uid="u3",'
+            'reason="smt_shared"}': "0x40",
+            'numaguard_pod_smt_sibling_busy_ratio{node="n1",namespace="ml",pod="whole",'
+            'pod_uid="u3"}': "0.9x40",
+        },
+        [
+            ("9m", []),
+            (
+                "10m",
+                [{**N, "namespace": "ml", "pod": "odd", "pod_uid": "u1", "reason": "smt_shared"}],
+            ),
+        ],
+    ),
     "NumaguardUnremediableFindingsPiling": (
         {"numaguard_remediator_unremediable_findings": "6x40"},
         [("29m", []), ("31m", [{}])],
@@ -292,6 +318,7 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, list[dict]]]]] = {
 # alerts whose series keep the exporter's labels, job among them
 KEEP_JOB = {
     "NumaguardMultiGPUPodWithoutP2P",
+    "NumaguardExclusiveCPUsShareABusyCore",
     "NumaguardPodCrossNUMA",
     "NumaguardGPUStarved",
     "NumaguardMIGSliceOversized",

@@ -76,3 +76,6 @@ SMT_SHARED, L3_SPAN = CORE_ISOLATION_REASONS = ("smt_shared", "l3_span")
 # whose a thread beside a pod's exclusive CPU is: the kubelet's reserved CPUs, another
 # container's exclusive CPUs, or the shared pool
 SHARED_WITH = ("reserved", "exclusive", "shared_pool")
+# the busy share above which a thread beside a pod's exclusive CPUs, not its own, counts
+# as a noisy neighbour in the core: an idle sibling does no harm
+SIBLING_BUSY_RATIO = 0.5

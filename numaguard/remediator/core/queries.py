@@ -24,7 +24,13 @@ from typing import Annotated
 from pydantic import Field
 
 from numaguard.contract import catalogue as c
-from numaguard.contract.reasons import JOINED_LEVELS, LINK_TRAFFIC_BYTES_PER_SECOND, NO_P2P
+from numaguard.contract.reasons import (
+    JOINED_LEVELS,
+    LINK_TRAFFIC_BYTES_PER_SECOND,
+    NO_P2P,
+    SIBLING_BUSY_RATIO,
+    SMT_SHARED,
+)
 from numaguard.remediator.core.kinds import (
     CROSS_NUMA,
     GPU_FRAGMENTATION,
@@ -123,6 +129,12 @@ def expressions(
     no_p2p_moving = (
         f"{held(no_p2p)} and on ({by_pod}) ({moving}) unless on ({by_pod}) ({spec_bound} == 1)"
     )
+    # a core shared with another's thread that kept busy over the window
+    smt_shared = m(c.POD_CORE_ISOLATION, f'reason="{SMT_SHARED}"')
+    sibling_busy = f"avg_over_time({m(c.POD_SMT_SIBLING_BUSY)}[{w.finding}])"
+    smt_shared_busy = (
+        f"{held(smt_shared)} and on ({by_pod}) ({sibling_busy} > {SIBLING_BUSY_RATIO!r})"
+    )
     return {
         # a verdict that held at every scrape of the window and at the last one before
         # it (a new series is not yet sustained) opens a finding. The sample at the
@@ -140,6 +152,7 @@ def expressions(
         # no P2P is a finding only while the pod moves data, and not where its spec keeps
         # its GPUs apart anyway (split, or slices: their own reasons say what to change)
         "no_p2p_moving": no_p2p_moving,
+        "smt_shared_busy": smt_shared_busy,
         GPU_LINK.sustained: f"({held(spec_bound)}) or ({no_p2p_moving})",
         GPU_LINK.seen: f"max_over_time({link}[{w.finding}]) == 1",
         GPU_FRAGMENTATION.sustained: held(breaking),
@@ -199,6 +212,7 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     CROSS_NUMA.series: ("instance", "pod_uid", "reason"),
     GPU_LINK.sustained: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
     "no_p2p_moving": ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
+    "smt_shared_busy": ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
     GPU_LINK.seen: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
     GPU_LINK.age: ("node", "instance", "pod_uid", "reason"),
     GPU_LINK.series: ("instance", "pod_uid", "reason"),

@@ -18,6 +18,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from numaguard.common import logs
+from numaguard.exporter.readers import parse_id_list
 from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.exporter.server import serve
 from numaguard.exporter.settings import Settings
@@ -98,6 +99,18 @@ def advance(host, kernel: FakeResctrl, tick: int) -> None:
         other_node=n1.numastat["other_node"] + 100,
     )
     n0.memory_free_bytes -= 64 << 20
+    # /proc/stat: pods' exclusive CPUs busy, the shared pool less so (100 ticks a CPU)
+    exclusive = {
+        cpu
+        for p in host.pods
+        for c in p.containers
+        if c.exclusive_cpus
+        for cpu in parse_id_list(c.cpus)
+    }
+    for cpu in host.all_cpus:
+        busy, idle = host.cpu_ticks.get(cpu, (0, 0))
+        step = 90 if cpu in exclusive else 60
+        host.cpu_ticks[cpu] = (busy + step, idle + 100 - step)
 
 
 async def live_view(url: str) -> str:
