@@ -103,9 +103,12 @@ def container(
     return out
 
 
-def pod(ids, cpus, memory, remote, spanned, cpu_span, memory_remote, throttled, psi=None) -> dict:
+def pod(
+    ids, cpus, memory, remote, spanned, cpu_span, memory_remote, throttled, psi=None, l3=None
+) -> dict:
     """cpu_span None: a pod without exclusive CPUs (no such verdict); else its CPUs are
-    its exclusive ones. throttled and psi (cpu, memory: PSI some): its containers' summed."""
+    its exclusive ones, spanning l3 = (L3 caches, the fewest that could hold them).
+    throttled and psi (cpu, memory: PSI some): its containers' summed."""
     ns, name, uid = ids
     labels = dict(namespace=ns, pod=name, pod_uid=uid)
     out = {
@@ -116,6 +119,8 @@ def pod(ids, cpus, memory, remote, spanned, cpu_span, memory_remote, throttled, 
     }
     if cpu_span is not None:
         out[series("numaguard_pod_cross_numa", **labels, reason="cpu_span")] = cpu_span
+        out[series("numaguard_pod_l3_domains", **labels)] = l3[0]
+        out[series("numaguard_pod_l3_domains_fewest", **labels)] = l3[1]
     if psi is not None:
         for resource, some in zip(("cpu", "memory"), psi, strict=True):
             out[series(f"numaguard_pod_{resource}_pressure_seconds_total", **labels)] = some
@@ -196,6 +201,7 @@ async def test_two_socket_cgroup_v2_systemd(fake_root):
         256 / (8 * 1024 + 256),
         1,
         cpu_span=0,
+        l3=(1, 1),
         memory_remote=0,
         throttled=0.5,
         psi=(1.5, 0.25),
@@ -218,6 +224,7 @@ async def test_two_socket_cgroup_v2_systemd(fake_root):
         0.0,
         2,
         cpu_span=1,
+        l3=(2, 1),
         memory_remote=0,
         throttled=0.0,
         psi=(0, 0),
@@ -306,6 +313,7 @@ async def test_four_node_cgroup_v1_cgroupfs(fake_root):
         1 / 3,
         1,
         cpu_span=0,
+        l3=(1, 1),
         memory_remote=1,
         throttled=2.25,
     )
@@ -326,6 +334,7 @@ async def test_four_node_cgroup_v1_cgroupfs(fake_root):
         0.0,
         2,
         cpu_span=1,
+        l3=(1, 1),
         memory_remote=0,
         throttled=0.0,
     )
@@ -382,6 +391,7 @@ async def test_pod_memory_mostly_on_far_node(fake_root):
         0.8,
         1,
         cpu_span=0,
+        l3=(1, 1),
         memory_remote=1,
         throttled=0.0,
         psi=(0, 0),
@@ -436,8 +446,13 @@ async def test_by_default_the_detail_is_left_out_and_nothing_else(fake_root):
         "numaguard_pod_cpu_pressure_seconds_total",
         "numaguard_pod_memory_pressure_seconds_total",
     }
-    left_out = {k for k in full if k[0] in detail or (k[0] in per_pod and ("pod_uid", web) in k[1])}
-    assert {k[0] for k in left_out} - detail == per_pod
+    # the breakdowns behind a core-isolation verdict, by default only where it is 1 (no
+    # pod's here: one L3 a socket has no l3_span, a core of one thread no smt_shared)
+    behind = {"numaguard_pod_l3_domains", "numaguard_pod_l3_domains_fewest"}
+    left_out = {
+        k for k in full if k[0] in detail | behind or (k[0] in per_pod and ("pod_uid", web) in k[1])
+    }
+    assert {k[0] for k in left_out} - detail == per_pod | behind
     assert default == {k: v for k, v in full.items() if k not in left_out}
     # the trainers keep theirs
     for name in ("trainer-aligned", "trainer-split"):

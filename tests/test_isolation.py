@@ -134,7 +134,6 @@ def test_cores_from_the_older_file_and_bad_ones_said_not_guessed(fake_root):
     cpu = root.root / "sys/devices/system/cpu"
     (cpu / "cpu3/topology/core_cpus_list").unlink()  # a kernel before 5.3
     (cpu / "cpu9/topology/core_cpus_list").write_text("9,99\n")  # a CPU not online
-    (cpu / "cpu9/topology/thread_siblings_list").write_text("9,99\n")
     (cpu / "cpu13/topology/core_cpus_list").write_text("thirteen\n")
     (cpu / "smt/active").unlink()  # a kernel without SMT control
     reading = HostSource(str(root.root)).read()
@@ -153,7 +152,7 @@ def uid(name: str) -> str:
 def smt_host() -> FakeHost:
     """Two NUMA nodes of 4 cores x 2 threads; CPU 0 reserved. trainer: 3 exclusive
     CPUs, core 1 whole (1, 5) and CPU 2, whose sibling 6 is loader's; loader: CPU 6;
-    web in the shared pool."""
+    edge: CPU 4, whose sibling 0 is reserved; web in the shared pool."""
     host = FakeHost(
         [FakeNumaNode("0-7", 0), FakeNumaNode("8-15", 1)],
         threads_per_core=2,
@@ -172,7 +171,13 @@ def smt_host() -> FakeHost:
             "guaranteed",
             [FakeContainer("main", "6", {0: GIB}, exclusive_cpus=True)],
         ),
-        FakePod("web", uid("web"), "burstable", [FakeContainer("main", "0,3-4,7-15", {0: GIB})]),
+        FakePod(
+            "edge",
+            uid("edge"),
+            "guaranteed",
+            [FakeContainer("main", "4", {0: GIB}, exclusive_cpus=True)],
+        ),
+        FakePod("web", uid("web"), "burstable", [FakeContainer("main", "0,3,7-15", {0: GIB})]),
     ]
     return host
 
@@ -188,8 +193,8 @@ async def test_the_exporter_says_whose_sibling_and_how_busy(fake_root):
         collection = make_collection(root, metadata_of(host), kubelet=source, detail=False)
         await collection.run_once()
         # the loader's CPU 6 works 80 % of the interval, the reserved CPU 0 half of it
-        host.cpu_ticks = {c: (80 if c == 6 else 50 if c == 0 else 5, 100) for c in range(16)}
-        host.cpu_ticks = {c: (b, 100 - b) for c, (b, _) in host.cpu_ticks.items()}
+        busy = {c: 80 if c == 6 else 50 if c == 0 else 5 for c in range(16)}
+        host.cpu_ticks = {c: (b, 100 - b) for c, b in busy.items()}
         root.write()
         await collection.run_once()
         got = samples(collection.exposition.text)
@@ -211,62 +216,69 @@ async def test_the_exporter_says_whose_sibling_and_how_busy(fake_root):
     # the loader's sibling 2 is the trainer's; its core is shared the other way too
     assert of("numaguard_pod_core_isolation", "loader", reason="smt_shared") == 1
     assert of("numaguard_pod_smt_sibling_busy_ratio", "loader") == pytest.approx(0.05)
+    # the edge's sibling 0 is the kubelet's reserved CPU, busy half the time
+    assert of("numaguard_pod_smt_shared_cpus", "edge", shared_with="reserved") == 1
+    assert of("numaguard_pod_smt_shared_cpus", "edge", shared_with="shared_pool") == 0
+    assert of("numaguard_pod_smt_sibling_busy_ratio", "edge") == pytest.approx(0.5)
     # a pod in the shared pool gets no verdict: the pool spans the node by design
     assert of("numaguard_pod_core_isolation", "web", reason="smt_shared") is None
     # one L3 a socket: caches are cpu_span's to judge, no l3_span
     assert of("numaguard_pod_core_isolation", "trainer", reason="l3_span") is None
 
 
-async def test_the_kubelet_s_cpu_manager_as_its_config_says(fake_root):
-    """Its policy, reserved CPUs and options as written; a node without the file says
-    nothing of them and counts no error; a file the kubelet would refuse is an error."""
+async def test_the_kubelet_s_cpu_manager_as_its_config_says(fake_root, caplog):
+    """Its policy, reserved CPUs and options as written, a UTF-8 comment and all; a node
+    without the file, or with one the kubelet would refuse, says nothing of them, says
+    why once in the log, and fails no collector: the PodResources answers stand."""
     host = smt_host()
     host.kubelet_config["cpuManagerPolicyOptions"] = {
         "full-pcpus-only": "true",
         "prefer-align-cpus-by-uncorecache": "false",
     }
     root = fake_root(host)
+    config = root.root / KUBELET_CONFIG
     short = tempfile.mkdtemp(prefix="iso", dir="/tmp")
     kubelet = await FakeKubelet(f"{short}/kubelet.sock", host).start()
-    source = PodResourcesSource(f"{short}/kubelet.sock", config=str(root.root / KUBELET_CONFIG))
+    source = PodResourcesSource(f"{short}/kubelet.sock", config=str(config))
     collection = make_collection(root, metadata_of(host), kubelet=source, detail=False)
 
-    async def cycle() -> dict:
+    async def cycle(comment: str = "") -> dict:
         root.write()
+        if comment:
+            config.write_text(f"# {comment}\n" + config.read_text(), encoding="utf-8")
         await collection.run_once()
-        return samples(collection.exposition.text)
+        got = samples(collection.exposition.text)
+        assert got[series("numaguard_collector_success", collector="pod_resources")] == 1
+        return got
 
-    def errors(got) -> float:
-        return sum(
-            v
-            for (n, k), v in got.items()
-            if n == "numaguard_collector_errors_total" and ("collector", "pod_resources") in k
-        )
-
-    try:
-        got = await cycle()
-        options = {
+    def options(got) -> dict[str, str]:
+        return {
             dict(k)["option"]: dict(k)["setting"]
             for (n, k), v in got.items()
             if n == "numaguard_kubelet_cpu_manager_option" and v == 1
         }
-        assert options == {"full-pcpus-only": "true", "prefer-align-cpus-by-uncorecache": "false"}
+
+    def unread(got) -> bool:
+        return not [n for n, _ in got if n.startswith("numaguard_kubelet_cpu_manager")]
+
+    try:
+        got = await cycle("réglé à la main")
+        assert options(got) == {
+            "full-pcpus-only": "true",
+            "prefer-align-cpus-by-uncorecache": "false",
+        }
+        # changed, its size the same: read again all the same
+        host.kubelet_config["cpuManagerPolicyOptions"]["full-pcpus-only"] = "fals"
+        assert options(await cycle("réglé à la main"))["full-pcpus-only"] == "fals"
         host.kubelet_config = None  # kept elsewhere on this node
-        got = await cycle()
-        assert not [n for n, _ in got if n.startswith("numaguard_kubelet_cpu_manager")]
-        assert errors(got) == 0
+        assert unread(await cycle())
         # an unquoted true: the kubelet's map of strings refuses it, and so do we
         host.kubelet_config = {"cpuManagerPolicyOptions": {"full-pcpus-only": True}}
-        got = await cycle()
-        assert not [n for n, _ in got if n.startswith("numaguard_kubelet_cpu_manager")]
-        assert (
-            got[
-                series(
-                    "numaguard_collector_errors_total", collector="pod_resources", reason="parse"
-                )
-            ]
-            == 1
-        )
+        assert unread(await cycle())
+        assert unread(await cycle())
+        said = [r.getMessage() for r in caplog.records if "kubelet config" in r.getMessage()]
+        assert len(said) == 2, said  # once for each thing wrong
+        assert said[0].startswith("no kubelet config at") and "left unread" in said[1]
     finally:
         source.close()
         await kubelet.stop()

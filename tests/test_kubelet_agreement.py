@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from numaguard.exporter.readers import format_id_list
 from numaguard.simulator.cluster.node import POLICIES, SimNode, admit
 from numaguard.simulator.demos.node_stories import SHAPE, cpu_nodes
 from numaguard.simulator.fakes.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
@@ -45,7 +46,8 @@ SCENARIOS = {
 def simulated(policy: str, requests) -> list[str]:
     """What the simulated kubelet decides for each request, in order."""
     host = FakeHost(nodes=[FakeNumaNode("0-3", socket=0), FakeNumaNode("4-7", socket=1)], pods=[])
-    node = SimNode("sim", host, FakeNvml(), policy, reserved=RESERVED)
+    host.kubelet_config = {"reservedSystemCPUs": format_id_list(RESERVED)}
+    node = SimNode("sim", host, FakeNvml(), policy)
     out = []
     for i, need in enumerate(requests):
         given = admit(node, need, {})

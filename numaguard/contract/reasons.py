@@ -72,7 +72,7 @@ LINK_TRAFFIC_BYTES_PER_SECOND = 1e9
 # the reasons of numaguard_pod_core_isolation (exporter model/isolation.py): a pod's
 # exclusive CPUs share a core with threads not its own, or span more L3 caches than
 # their count needs
-SMT_SHARED, L3_SPAN = CORE_ISOLATION_REASONS = ("smt_shared", "l3_span")
+SMT_SHARED, L3_SPAN = "smt_shared", "l3_span"
 # whose a thread beside a pod's exclusive CPU is: the kubelet's reserved CPUs, another
 # container's exclusive CPUs, or the shared pool
 SHARED_WITH = ("reserved", "exclusive", "shared_pool")

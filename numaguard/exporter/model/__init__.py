@@ -118,12 +118,13 @@ def build_snapshot(
     pod_states = pods_of(pods, topology, metadata or {}, thresholds, granted) if pods else ()
     cpu_times = host.cpu_times if host else None
     before = previous.cpu_times if previous else None
-    if pods and kubelet is not None:
+    if pods:  # without the kubelet, smt_shared is unknown; the caches are not
+        allocatable = kubelet.allocatable if kubelet else None
         pod_states = with_isolation(
             pod_states,
             topology,
             pods.shared_pool,
-            kubelet.allocatable.cpus if kubelet.allocatable else None,
+            allocatable.cpus if allocatable else None,
             (before, cpu_times) if before and cpu_times else None,
         )
     traffic = None

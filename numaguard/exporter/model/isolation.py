@@ -3,7 +3,7 @@ the L3 cache. The static CPU manager without ``full-pcpus-only`` gives a contain
 count of CPUs on an SMT node as whole cores and one thread; that thread's sibling stays in
 the shared pool or goes to another container as its "exclusive" CPU, and the two share
 the core's caches and execution units. And a pod's CPUs may span more L3 caches than its
-size needs where a NUMA node has several (AMD's CCXs, Intel's sub-NUMA clusters)."""
+size needs where a NUMA node has several (AMD's CCXs)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,9 @@ def core_isolation(
     spanned = fewest = None
     if l3 and all(any(c in d.cpus for d in l3.values()) for c in own):
         spanned = sum(1 for d in l3.values() if d.cpus & own)
-        fewest = _fewest(len(own), sorted((len(d.cpus) for d in l3.values()), reverse=True))
+        # what each cache could give a pod: its CPUs the kubelet may hand out
+        usable = [len(d.cpus & allocatable) if allocatable else len(d.cpus) for d in l3.values()]
+        fewest = _fewest(len(own), sorted(usable, reverse=True))
         if l3_finer_than_numa:  # else a span of caches is one of NUMA nodes: cpu_span says it
             verdicts[L3_SPAN] = spanned > fewest
     return CoreIsolation(shared, busy, spanned, fewest, verdicts)
@@ -81,7 +83,7 @@ def _busy(
     cpus: frozenset[int], times: tuple[Mapping[int, CpuTime], Mapping[int, CpuTime]]
 ) -> float | None:
     """Busy share of ``cpus``' time between two readings; None where one is missing,
-    went back (a CPU offlined and back) or no time passed."""
+    went back (the kernel's idle and iowait accounting is loose) or no time passed."""
     before, after = times
     busy = total = 0
     for cpu in cpus:

@@ -19,7 +19,7 @@ class CpuTime:
 
 # /proc/stat's cpuN fields since 2.6.33: user nice system idle iowait irq softirq steal
 # guest guest_nice. guest and guest_nice are already counted in user and nice.
-_FIELDS = 10
+_COUNTED = 8
 _IDLE, _IOWAIT = 3, 4
 
 
@@ -32,9 +32,9 @@ def parse_cpu_times(text: str) -> dict[int, CpuTime]:
             continue
         name, *fields = line.split()
         cpu = _small_int(name[3:])
-        if not 4 <= len(fields) <= _FIELDS:
-            raise ParseError(f"{name}: {len(fields)} fields, not 4 to {_FIELDS}")
-        ticks = [_count(f) for f in fields[:8]]  # guest time is in user and nice already
+        if len(fields) < 4:  # a later kernel may add fields: the first 8 are these
+            raise ParseError(f"{name}: {len(fields)} fields, not 4 or more")
+        ticks = [_count(f) for f in fields[:_COUNTED]]  # guest time is in user and nice
         idle = ticks[_IDLE] + (ticks[_IOWAIT] if len(ticks) > _IOWAIT else 0)
         if cpu in out:
             raise ParseError(f"{name} twice")

@@ -51,7 +51,8 @@ def topology_manager(text: str) -> tuple[str, str]:
 def cpu_manager(text: str) -> CpuManager:
     config = _config(text)
     policy = config.get("cpuManagerPolicy", DEFAULT_CPU_MANAGER_POLICY)
-    options = config.get("cpuManagerPolicyOptions") or {}
+    options = config.get("cpuManagerPolicyOptions")
+    options = {} if options is None else options
     reserved = config.get("reservedSystemCPUs")
     if not isinstance(policy, str):
         raise ParseError("cpuManagerPolicy must be a string")

@@ -104,15 +104,16 @@ class HostSource:
                 continue  # a sibling's read named it
             base = f"{self._cpu_dir}/cpu{cpu}/topology"
             tried: list[Issue] = []
-            core = read_parsed(tried, f"{base}/core_cpus_list", parse_id_list)
+            path = f"{base}/core_cpus_list"
+            core = read_parsed(tried, path, parse_id_list)
             if core is None and [i.reason for i in tried] == ["missing"]:
-                tried = []
-                core = read_parsed(tried, f"{base}/thread_siblings_list", parse_id_list)
+                tried, path = [], f"{base}/thread_siblings_list"
+                core = read_parsed(tried, path, parse_id_list)
             issues += tried
             if core is None:
                 continue
             if cpu not in core or not core <= cpus:
-                issues.append(Issue("parse", f"{base}/core_cpus_list", "not cpu's online core"))
+                issues.append(Issue("parse", path, "not the CPU's core of online CPUs"))
                 continue
             cores.update(dict.fromkeys(core, core))
         return cores

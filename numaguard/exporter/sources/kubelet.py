@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,6 @@ from numaguard.exporter.readers.podresources import (
     read_list,
 )
 from numaguard.exporter.records import Issue, KubeletReading
-from numaguard.exporter.sources import ReadFailure, read_text
 from numaguard.exporter.sources.podresources import api_pb2
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+MAX_CONFIG_BYTES = 1 << 20  # a KubeletConfiguration is a few KiB
 _SERVICE = "/v1.PodResourcesLister/"
 
 
@@ -59,43 +60,45 @@ class PodResourcesSource:
         self.socket_path = socket_path
         self.timeout = timeout
         self.config = config  # the kubelet's configuration file; None: not read
-        self._config_said = False
-        self._config_read: tuple[tuple | None, CpuManager] | None = None  # (stat, read)
+        self._config_said = ""  # what was last said of it
+        self._config_read: tuple[tuple, CpuManager] | None = None  # (its stat, what it says)
         self._channel: Channel | None = None  # made on first use, on the running loop
         self._last: dict[str, tuple[bytes, object]] = {}  # method -> (answer, its reading)
 
     async def read(self) -> KubeletReading:
         reading = await self._read_api()
-        if self.config is None:
-            return reading
-        try:
-            manager = self._cpu_manager()
-        except ReadFailure as failure:
-            if failure.issue.reason != "missing":
-                return replace(reading, issues=[*reading.issues, failure.issue])
-            if not self._config_said:  # many a node keeps it elsewhere: said once
-                self._config_said = True
-                log.info(
-                    "no kubelet config at %s: its CPU manager options are unknown "
-                    "(--kubelet-config names it)",
-                    self.config,
-                )
-            return reading
-        except ParseError as err:
-            return replace(reading, issues=[*reading.issues, Issue("parse", self.config, str(err))])
-        return replace(reading, cpu_manager=manager)
+        manager = self._cpu_manager() if self.config is not None else None
+        return replace(reading, cpu_manager=manager) if manager is not None else reading
 
-    def _cpu_manager(self) -> CpuManager:
-        """The config file read, parsed again only when it changed (the kubelet reads it
-        at start, so it changes when the kubelet is restarted with another)."""
+    def _cpu_manager(self) -> CpuManager | None:
+        """The kubelet's config file, parsed again only when it changed (the kubelet reads
+        it at start). None when it cannot be read or the kubelet would not take it: said
+        once, never a failure of the PodResources collector, which it is no part of."""
+        assert self.config is not None
         try:
             seen = os.stat(self.config)
-        except OSError:
-            seen = None  # read_text says why
-        key = seen and (seen.st_ino, seen.st_size, seen.st_mtime_ns)
-        if key is None or self._config_read is None or self._config_read[0] != key:
-            self._config_read = (key, cpu_manager(read_text(self.config)))
-        return self._config_read[1]
+            key = (seen.st_ino, seen.st_size, seen.st_mtime_ns, seen.st_ctime_ns)
+            if self._config_read is None or self._config_read[0] != key:
+                if not stat.S_ISREG(seen.st_mode) or seen.st_size > MAX_CONFIG_BYTES:
+                    raise ParseError(f"not a file of at most {MAX_CONFIG_BYTES} bytes")
+                with open(self.config, "rb") as f:  # UTF-8, comments and all
+                    data = f.read(MAX_CONFIG_BYTES + 1)
+                if len(data) > MAX_CONFIG_BYTES:  # grew since the stat
+                    raise ParseError(f"over {MAX_CONFIG_BYTES} bytes")
+                text = data.decode("utf-8")
+                self._config_read = (key, cpu_manager(text))
+            self._config_said = ""
+            return self._config_read[1]
+        except FileNotFoundError:  # many a node keeps it elsewhere
+            said = f"no kubelet config at {self.config}: its CPU manager options are unknown "
+            said += "(--kubelet-config names it)"
+        except (OSError, UnicodeDecodeError, ParseError) as err:
+            said = f"the kubelet config {self.config} is left unread: {err}"
+        self._config_read = None
+        if said != self._config_said:
+            self._config_said = said
+            log.warning(said, extra={"path": self.config})
+        return None
 
     async def _read_api(self) -> KubeletReading:
         if not os.path.exists(self.socket_path):

@@ -41,7 +41,6 @@ class SimNode:
     kubelet: FakeKubelet | None = None
     description: str = ""  # the fake NVML description file its exporter follows
     presets: dict[tuple[str, str], FakePod] = field(default_factory=dict)
-    reserved: frozenset[int] = frozenset()  # reservedSystemCPUs: never given exclusively
     # its kubelet's PodResources names the devices of DRA claims (KEP-3695): on from 1.34
     claims_in_pod_resources: bool = False
     # the GPU Operator's MIG manager's config on it (cluster/mig_manager.py); "": none
@@ -112,7 +111,7 @@ def free_cpus(node: SimNode) -> frozenset[int]:
         for c in p.containers:
             if c.exclusive_cpus:
                 taken |= parse_id_list(c.cpus)
-    return node.host.all_cpus - taken - node.reserved
+    return node.host.all_cpus - taken - node.host.reserved_cpus
 
 
 def take(node: SimNode, resources: dict[str, int], numa: int | None):

@@ -113,14 +113,15 @@ class SimulatedCluster(NodeAgent, MigManager):
                 for claim in ctr.claims:
                     claim.pool = name  # NVIDIA's DRA driver names a node's pool after it
         host.pods = []  # the pods arrive as the agent admits them
+        # the kubelet's configuration file, as kubeadm writes it: its Topology Manager too
+        host.kubelet_config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            **(host.kubelet_config or {}),
+            "topologyManagerPolicy": policy,
+            "topologyManagerScope": "container",
+        }
         node.write()
-        # the kubelet's configuration file, as kubeadm writes it: its Topology Manager
-        config = node.root.root / "var/lib/kubelet/config.yaml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
-            f"topologyManagerPolicy: {policy}\ntopologyManagerScope: container\n"
-        )
         self.nodes[name] = node
         return node
 

@@ -17,10 +17,13 @@ from numaguard.simulator.demos.node_stories import WINDOW, NodeLoop, Story, depl
 async def linked(loop: NodeLoop) -> Story:
     story = Story(said=["under single-numa-node, NUMA node 1's GPUs 1 and 2 joined by NVLink:"])
     await loop.start("single-numa-node")
+    await loop.gpu_collector(True)
     await loop.given(story, await loop.bare("blocker", 1, gpus=2))
     await loop.cp.create(loop.session, deployment("trainer", 1, gpus=2))
-    await loop.placed(story, "trainer-")
-    story.said.append("  its GPUs reach each other through the host only, moving 2 GB/s over PCIe")
+    trainer = await loop.placed(story, "trainer-")
+    a, b = story.gpus[trainer["metadata"]["name"]]
+    how = "by NVLink" if loop.node.gpus.nvlinked(a, b) else "through the host only (no P2P)"
+    story.said.append(f"  GPUs {a} and {b} reach each other {how}; it moves 2 GB/s over PCIe")
     await loop.delete("blocker")
     story.said.append("  the blocker deleted: the NVLink pair is free")
     # as the controller's query sees it: no P2P, while moving data, a whole window

@@ -37,6 +37,7 @@ from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import Windows, expressions
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.signals import Prometheus
+from numaguard.simulator.fakes.deviceplugin import RESOURCE
 from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.parts import vm
 from numaguard.simulator.parts.controlplane import ControlPlane, path_of
@@ -157,6 +158,7 @@ class NodeLoop:
     session: aiohttp.ClientSession
     kube: Kube
     mover_on: bool = False  # the exporter runs --memory-mover
+    gpus_on: bool = False  # and its GPU collector
 
     async def mover(self, on: bool) -> None:
         """The exporter's memory mover on or off (the exporter restarted if need be): on,
@@ -164,11 +166,21 @@ class NodeLoop:
         the helper beside it with CAP_SYS_PTRACE alone."""
         if on != self.mover_on:
             await self.node.memory_mover(MOVE_RATE if on else None)
-            socket = f"--memory-mover.socket={MOVER_SOCKET}"
-            await self.node.restart_exporter(
-                *(("--memory-mover", socket) if on else ()), confined=on
-            )
             self.mover_on = on
+            await self._restart_exporter()
+
+    async def gpu_collector(self, on: bool) -> None:
+        """The exporter's GPU collector on or off (the exporter restarted if need be):
+        off for the stories of CPUs and memory, whose emulated guest needs the time its
+        fake NVML's reads would take."""
+        if on != self.gpus_on:
+            self.gpus_on = on
+            await self._restart_exporter()
+
+    async def _restart_exporter(self) -> None:
+        extra = ("--memory-mover", f"--memory-mover.socket={MOVER_SOCKET}") * self.mover_on
+        extra += ("--collector.gpu",) * self.gpus_on
+        await self.node.restart_exporter(*extra, confined=self.mover_on)
 
     def controller(self, **policy) -> Controller:
         prometheus = Prometheus(self.prom.url, self.session, windows=Windows(WINDOW, WINDOW))
@@ -207,7 +219,9 @@ class NodeLoop:
         cpus = await exclusive_cpus(self.node, pod)
         story.pods.append((pod, cpus))
         story.said.append(f"  the kubelet runs {pod['metadata']['name']} on {show(cpus)}")
-        await self.given(story, pod)
+        limits = [c["resources"].get("limits") or {} for c in pod["spec"]["containers"]]
+        if any(RESOURCE in lim for lim in limits):  # each ask of the guest costs it seconds
+            await self.given(story, pod)
         return pod
 
     async def given(self, story: Story, pod: dict) -> list[int]:
@@ -342,7 +356,7 @@ async def node_loop(job: Path):
         session = await stack.enter_async_context(aiohttp.ClientSession())
         await cp.install_numaguard(session, ("no-dry-run", "steering", "memory-mover"))
         exporter = ("--kubeconfig", exporter_kubeconfig(cp, job), "--interval", "2")
-        exporter += ("--no-collector.resctrl",)
+        exporter += ("--no-collector.gpu", "--no-collector.resctrl")  # gpu_collector() turns it on
         policy = KubeletPolicy("none", memory="None")
         node = await stack.enter_async_context(
             KubeNode(cp, job, policy=policy, exporter=exporter, shape=SHAPE, gpus=linked_gpus())

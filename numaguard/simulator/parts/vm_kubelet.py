@@ -549,7 +549,8 @@ class KubeNode:
     async def pod_resources(self) -> tuple[dict, dict]:
         """What the kubelet's PodResources API answers now: GetAllocatableResources and
         List."""
-        asked = await self.sh(f"{sys.executable} -c '{_PODRESOURCES}'")
+        # longer than the script's own two waits: a failed call says why itself
+        asked = await self.sh(f"{sys.executable} -c '{_PODRESOURCES}'", timeout=400)
         allocatable, listed = (json.loads(line) for line in asked.splitlines()[-2:])
         return allocatable, listed
 
