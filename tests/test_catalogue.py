@@ -16,7 +16,7 @@ from numaguard.contract.catalogue import CATALOGUE
 from numaguard.exporter import docs
 from numaguard.exporter.mover.orders import MoveTotals
 from numaguard.simulator.fakes import dra, gpu_topology, presets
-from numaguard.simulator.fakes.host import FakeHost, FakeNumaNode
+from numaguard.simulator.fakes.host import MIB, FakeHost, FakeNumaNode
 from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.fakes.resctrl import FakeResctrl
 from tests.conftest import NODE, make_collection, metadata_of
@@ -123,6 +123,9 @@ async def test_everything_exported_is_declared_with_its_labels(fake_root):
     host.threads_per_core = 2  # a pod's core isolation: its siblings, how busy they were
     host.kubelet_config["cpuManagerPolicyOptions"] = {"full-pcpus-only": "true"}
     host.cpu_ticks = {c: (10, 90) for c in host.all_cpus}
+    # two L3 caches a NUMA node, of whole cores: the room a pod kept to one cache has
+    halves = ("0-7,16-23", "8-15,24-31", "32-39,48-55", "40-47,56-63")
+    host.l3 = [(cpus, 32 * MIB) for cpus in halves]
     root = fake_root(host)
     async with gpu_collection(host, nvml, root, lambda: now[0]) as (collection, gpus):
         gpus.start()

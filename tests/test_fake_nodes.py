@@ -63,6 +63,7 @@ def host_numa(nodes, distance, numastat, remote, balancing=None, locality=None) 
     if locality is not None:
         out[series("numaguard_numa_balancing_hint_fault_locality_ratio")] = locality
     out[series("numaguard_node_smt_active")] = 0  # the fake hosts' cores have one thread
+    out[series("numaguard_node_cpus_per_core")] = 1
     # these exporters run no resctrl collector: it says so, and nothing else of it shows
     out[series("numaguard_resctrl_available")] = 0
     out[series("numaguard_resctrl_mode_info", mode="off")] = 1

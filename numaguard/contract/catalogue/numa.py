@@ -29,6 +29,15 @@ NODE_SMT_ACTIVE = declare(
     (),
     "host_numa",
 )
+NODE_CPUS_PER_CORE = declare(
+    "node_cpus_per_core",
+    "gauge",
+    "Online CPUs per physical core, as the kubelet's CPU manager counts them (online CPUs "
+    "over cores): its full-pcpus-only option admits only multiples of it. Absent when the "
+    "cores are not known.",
+    (),
+    "host_numa",
+)
 NUMA_NODE_DISTANCE = declare(
     "numa_node_distance",
     "gauge",

@@ -22,6 +22,23 @@ ZONE_CPUS_ALLOCATED = declare(
     ("numa_node",),
     "capacity",
 )
+ZONE_CPUS_FREE_WHOLE_CORES = declare(
+    "zone_cpus_free_whole_cores",
+    "gauge",
+    "Free CPUs of the NUMA node whose core's every thread is free: what the CPU manager "
+    "can still give a pod as whole cores (full-pcpus-only). Only on SMT nodes.",
+    ("numa_node",),
+    "capacity",
+)
+ZONE_L3_MOST_FREE_CPUS = declare(
+    "zone_l3_most_free_cpus",
+    "gauge",
+    "The most free CPUs of any one L3 cache of the NUMA node: the largest pod the CPU "
+    "manager can still give one cache (prefer-align-cpus-by-uncorecache). Only where a "
+    "NUMA node has several L3 caches.",
+    ("numa_node",),
+    "capacity",
+)
 ZONE_DEVICES_ALLOCATABLE = declare(
     "zone_devices_allocatable",
     "gauge",

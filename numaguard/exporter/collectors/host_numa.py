@@ -52,6 +52,10 @@ def families(snap: NodeSnapshot) -> list[Family]:
         fam = Family(c.NODE_SMT_ACTIVE, node)
         fam.add(int(snap.topology.smt_active))
         out.append(fam)
+    if snap.topology and snap.topology.cpus_per_core is not None:
+        fam = Family(c.NODE_CPUS_PER_CORE, node)
+        fam.add(snap.topology.cpus_per_core)
+        out.append(fam)
     if snap.hint_fault_locality is not None:
         fam = Family(c.HINT_LOCALITY, node)
         fam.add(snap.hint_fault_locality)

@@ -18,6 +18,8 @@ def families(snap: NodeSnapshot) -> list[Family]:
         node = "" if zone.numa_node is None else str(zone.numa_node)
         add(c.ZONE_CPUS_ALLOCATABLE, zone.cpus_allocatable, node)
         add(c.ZONE_CPUS_ALLOCATED, zone.cpus_allocated, node)
+        add(c.ZONE_CPUS_FREE_WHOLE_CORES, zone.cpus_free_whole_cores, node)
+        add(c.ZONE_L3_MOST_FREE_CPUS, zone.l3_most_free_cpus, node)
         for resource, count in sorted(zone.devices_allocatable.items()):
             add(c.ZONE_DEVICES_ALLOCATABLE, count, node, resource)
             add(c.ZONE_DEVICES_FREE, zone.devices_free.get(resource, 0), node, resource)

@@ -25,6 +25,15 @@ class Topology:
     core_of_cpu: Mapping[int, frozenset[int]] = field(default_factory=dict)  # SMT siblings
     smt_active: bool | None = None
 
+    @property
+    def cpus_per_core(self) -> int | None:
+        """Online CPUs per core as the kubelet's CPU manager counts them (its
+        ``full-pcpus-only`` admits only multiples of it); None: the cores are not known."""
+        cores = set(self.core_of_cpu.values())
+        if not cores or self.node_of_cpu.keys() - self.core_of_cpu.keys():
+            return None  # a CPU whose core was not read: no count to trust
+        return len(self.core_of_cpu) // len(cores)
+
 
 @dataclass(frozen=True, slots=True)
 class NumaNodeState:

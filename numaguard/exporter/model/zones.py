@@ -23,6 +23,11 @@ class Zone:
     devices_free: Mapping[str, int]
     memory_allocatable_bytes: int | None  # memory manager; None without it
     memory_free_bytes: int | None
+    # free CPUs in wholly free cores (SMT nodes only), and the most free CPUs of one L3
+    # cache (where a NUMA node has several): what a pod kept to whole cores, or to one
+    # cache, can still get
+    cpus_free_whole_cores: int | None = None
+    l3_most_free_cpus: int | None = None
 
 
 def dra_devices(
@@ -80,7 +85,9 @@ def zones_of(
         return out
 
     cpus_allocatable = per_node(alloc.cpus)
-    cpus_allocated = per_node(frozenset().union(*(c.exclusive_cpus for c in given)))
+    exclusive = frozenset().union(*(c.exclusive_cpus for c in given))
+    cpus_allocated = per_node(exclusive)
+    whole, one_cache = aligned_room(alloc.cpus - exclusive, topology)
     taken = {(d.resource, i) for c in given for d in c.devices for i in d.ids}
     devices_all: dict[int | None, dict[str, int]] = {}
     devices_free: dict[int | None, dict[str, int]] = {}
@@ -129,6 +136,38 @@ def zones_of(
                 devices_free.get(node, {}),
                 memory,
                 None if memory is None else max(0, memory - memory_used.get(node, 0)),
+                whole.get(node, 0) if whole is not None and has_cpus and node is not None else None,
+                one_cache.get(node, 0)
+                if one_cache is not None and has_cpus and node is not None
+                else None,
             )
         )
     return tuple(zones)
+
+
+def aligned_room(
+    free: frozenset[int], topology: Topology | None
+) -> tuple[dict[int, int] | None, dict[int, int] | None]:
+    """Per NUMA node: the free CPUs whose whole core is free (None: no SMT, or the
+    cores are not all known) and the most free CPUs of one L3 cache (None: no NUMA node
+    has several caches, or they are not known)."""
+    if topology is None:
+        return None, None
+    whole: dict[int, int] | None = None
+    if (topology.cpus_per_core or 1) > 1:
+        whole = {}
+        for cpu in free:
+            node = topology.node_of_cpu.get(cpu)
+            core = topology.core_of_cpu.get(cpu)
+            if node is not None and core is not None and core <= free:
+                whole[node] = whole.get(node, 0) + 1
+    one_cache: dict[int, int] | None = None
+    caches = topology.l3_domains.values()
+    if len(caches) > len(set(topology.node_of_cpu.values())):
+        one_cache = {}
+        for cache in caches:
+            nodes = {topology.node_of_cpu.get(cpu) for cpu in cache.cpus}
+            if len(nodes) == 1 and None not in nodes:  # a cache on one NUMA node
+                (node,) = nodes
+                one_cache[node] = max(one_cache.get(node, 0), len(cache.cpus & free))
+    return whole, one_cache
