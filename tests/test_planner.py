@@ -783,6 +783,26 @@ def test_refused_pods_are_kept_under_each_guard(policy, guard):
     assert storm.guard == guard and storm.delete == () and len(storm.pods) == 6
 
 
+def test_a_refused_odd_cpu_count_is_told_the_counts_full_pcpus_only_admits():
+    said = "Pod was rejected: SMT Alignment Error: requested {} cpus not multiple cpus per core = 2"
+    for asked, advice in ((3, "ask 4 CPUs (or 2)"), (1, "ask 2 CPUs;")):
+        pods = [rejected("t", reason="SMTAlignmentError", message=said.format(asked))]
+        (storm,) = storms(pods, None, Policy())
+        assert f"whole cores of 2 CPUs only, and {asked} CPUs are not: {advice}" in (
+            describe(storm) + ";"
+        )
+        assert "room for it" not in describe(storm)  # refused wherever the option is on
+    # too few whole cores free: the kubelet's count, and where there is room
+    text = "SMT Alignment Error: not enough free physical CPUs: available physical CPUs = 2, "
+    pods = [rejected("t", reason="SMTAlignmentError", message=text + "requested CPUs = 4")]
+    (storm,) = storms(pods, None, Policy())
+    assert "only 2 CPUs in whole free cores there, not 8 exclusive CPUs" in describe(storm)
+    # words it cannot read: what the kubelet was asked is said, no count made up
+    pods = [rejected("t", reason="SMTAlignmentError", message="cpus per core = " + "9" * 5000)]
+    (storm,) = storms(pods, None, Policy())
+    assert "no NUMA zone there has 8 exclusive CPUs" in describe(storm)
+
+
 def test_a_dry_run_says_what_it_would_delete():
     (storm,) = storms([rejected(f"t{i}", age=i) for i in range(5)], None, Policy())
     assert storm.dry_run and len(storm.delete) == 2

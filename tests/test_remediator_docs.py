@@ -86,7 +86,8 @@ BAD = [
         "policy:\n  enforcement:\n    topology: act\n",
         [],
         "policy.enforcement.topology: no such setting (the keys are cross_numa, starved, "
-        "gpu_link, gpu_fragmentation, noisy_neighbour, mis_sized, topology_affinity_error)",
+        "gpu_link, gpu_fragmentation, noisy_neighbour, mis_sized, core_isolation, "
+        "topology_affinity_error)",
     ),
     ("policy:\n  enforcement: act\n", [], "policy.enforcement"),
     ("", ["--enforce", "mis_sized"], "give KIND=MODE"),

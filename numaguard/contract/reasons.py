@@ -79,3 +79,8 @@ SHARED_WITH = ("reserved", "exclusive", "shared_pool")
 # the busy share above which a thread beside a pod's exclusive CPUs, not its own, counts
 # as a noisy neighbour in the core: an idle sibling does no harm
 SIBLING_BUSY_RATIO = 0.5
+# the kubelet's CPU manager option that keeps each reason from happening: whole cores
+# only (GA in 1.33), and a pod's CPUs in as few L3 caches as it can (beta in 1.34)
+ISOLATION_OPTIONS = {SMT_SHARED: "full-pcpus-only", L3_SPAN: "prefer-align-cpus-by-uncorecache"}
+# the texts the kubelet reads as true for a CPU manager option (Go's strconv.ParseBool)
+OPTION_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})

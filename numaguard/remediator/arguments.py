@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
             f"{', '.join(f.name for f in fields(Enforcement))}; MODE is act (evict or "
             "resize under every guard; while dry-run, which --no-dry-run alone ends, a DryRun "
             "Event says it would), recommend (an Event and the log say what would help; "
-            "nothing else) or ignore. Default: act for all",
+            "nothing else) or ignore. Default: act for all but gpu_fragmentation (recommend)",
         )
         s.add_argument(
             "--min-fix-gain",

@@ -289,6 +289,7 @@ async def _rejected(kube: Kube, pod: dict, reason: str, owners: dict) -> Rejecte
         need=_need(spec),
         annotations=dict(meta.get("annotations") or {}),
         owned=owned,
+        message=str((pod.get("status") or {}).get("message") or ""),
     )
 
 

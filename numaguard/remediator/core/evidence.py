@@ -13,6 +13,7 @@ from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.claims import mechanism
 from numaguard.remediator.core.findings import Finding
 from numaguard.remediator.core.kinds import (
+    CORE_ISOLATION,
     CROSS_NUMA,
     GPU_FRAGMENTATION,
     GPU_LINK,
@@ -55,6 +56,18 @@ class Evidence:
         self.mover_age = dict(
             ((n, i), v) for n, i, v in columns(s["mover_age"], "node", "instance", "value")
         )
+        # (node, instance) -> its kubelet's CPU manager policy, its options as written,
+        # and the node's CPUs a core, as its exporter says them now
+        self.cpu_policy = {
+            (n, i): p for n, i, p in columns(s["cpu_manager"], "node", "instance", "policy")
+        }
+        self.cpu_options: dict[tuple[str, str], dict[str, str]] = {}
+        rows = columns(s["cpu_manager_options"], "node", "instance", "option", "setting")
+        for n, i, option, setting in rows:
+            self.cpu_options.setdefault((n, i), {})[option] = setting
+        self.cpus_per_core = {
+            (n, i): v for n, i, v in columns(s["cpus_per_core"], "node", "instance", "value")
+        }
         holders = s["holders"]
         holders = holders[(holders["source"] == "kubelet") & holders["pod_uid"].isin(pods)]
         self.holders: dict[tuple, set[str]] = {}  # (node, pod uid) -> the kubelet's devices
@@ -67,7 +80,7 @@ class Evidence:
         cross, starved, llc, slices = (
             k.age for k in (CROSS_NUMA, STARVED, NOISY_NEIGHBOUR, OVERSIZED)
         )
-        for by_pod in (cross, GPU_LINK.age, GPU_FRAGMENTATION.age):
+        for by_pod in (cross, GPU_LINK.age, GPU_FRAGMENTATION.age, CORE_ISOLATION.age):
             for uid, reason, age in columns(s[by_pod], "pod_uid", "reason", "value"):
                 self._age((by_pod, uid, reason), age)
         rows = columns(s[starved], "pod_uid", "reason", "gpu_uuid", "mig_uuid", "value")
@@ -136,6 +149,22 @@ class Evidence:
         if age > self.stale_after:
             return f"the memory mover of {node} last reported {age:.0f}s ago"
         return ""
+
+    def cpu_manager(self, node: str) -> tuple[dict[str, str] | None, int | None, str]:
+        """(the options ``node``'s kubelet runs its static CPU manager with, its CPUs a
+        core, "") as its one exporter target says now; (None, None, why) when it says no
+        static policy or nothing: then no option is known to be off, nor on."""
+        instance, why = self.instance(node)
+        if instance is None:
+            return None, None, why
+        policy = self.cpu_policy.get((node, instance))
+        if policy is None:
+            return None, None, f"the exporter of {node} does not read the kubelet's config"
+        if policy != "static":
+            return None, None, f"the kubelet of {node} runs the {policy} CPU manager policy"
+        per_core = self.cpus_per_core.get((node, instance))
+        whole = int(per_core) if per_core is not None and per_core == int(per_core) else None
+        return self.cpu_options.get((node, instance), {}), whole, ""
 
     def doubt(self, f: Finding, pod: PodInfo | None) -> tuple[str | None, str]:
         """(guard, why) when the finding must not be acted on; (None, "") otherwise."""

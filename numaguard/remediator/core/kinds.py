@@ -6,14 +6,15 @@ planner, controller and outcome read these records; none spells a kind's traits 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from numaguard.contract import catalogue as c
 from numaguard.contract.names import mig_resource
 from numaguard.contract.reasons import (
     BREAKS_PAIR,
     CROSS_NUMA_REASONS,
+    ISOLATION_OPTIONS,
     LINK_POOR_REASONS,
     MIG_SLICES,
     NO_P2P,
@@ -56,6 +57,9 @@ class Kind:
     # its eviction is for GPUs that reach each other: the pod's full GPUs must find a free
     # set joined at P2P_UP_TO or better on one NUMA node
     joined_gpus: bool = False
+    # reason -> the kubelet CPU manager option without which its eviction would repeat
+    # the layout: the pod's node and its replacement's must run with it
+    needs_option: Mapping[str, str] = field(default_factory=dict)
 
     def intent_of(self, reason: str) -> str:
         return "recommend" if reason in self.recommend_for else self.intent
@@ -173,6 +177,28 @@ NOISY_NEIGHBOUR = Kind(
     reasons=frozenset({"llc"}),
 )
 
+# A pod's exclusive CPUs that share a core with a busy thread not its own, or span more L3
+# caches than they need: the kubelet's CPU manager lays them out so, and does so again for
+# a replacement unless its option says otherwise (core/isolation.py decides which)
+CORE_ISOLATION = Kind(
+    "core_isolation",
+    priority=7,
+    depends_on=("host_numa", "pod_placement", "pod_resources"),
+    intent="evict",
+    enforced_as="core_isolation",
+    min_gain=1.05,
+    advice=lambda f: f"recreate it on whole cores of one L3 cache (core_isolation: {f.reason})",
+    age="core_isolation_age",
+    age_of=("pod_uid", "reason"),
+    verified_by=c.POD_CORE_ISOLATION,
+    sustained="core_isolation_sustained",
+    seen="core_isolation_seen",
+    series="core_isolation_series",
+    reasons=frozenset(ISOLATION_OPTIONS),
+    fixes_placement=True,
+    needs_option=ISOLATION_OPTIONS,
+)
+
 
 def _resize(kind: str, priority: int, min_gain: float) -> Kind:
     return Kind(
@@ -204,6 +230,7 @@ KINDS = {
         OVERSIZED,
         UNDERSIZED,
         GPU_FRAGMENTATION,
+        CORE_ISOLATION,
     )
 }
 # the kinds whose verdicts the exporter writes: found from their sustained and seen queries

@@ -9,12 +9,13 @@ taken for the rest of the cycle."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
 
 from numaguard.contract.names import AUTO_RESIZE_ANNOTATION, REQUEST_ANNOTATION, mig_resource
+from numaguard.contract.reasons import ISOLATION_OPTIONS, SMT_SHARED
 from numaguard.remediator.core.actions import DRA, Action, Plan, PodInfo, Refusal
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity
@@ -23,6 +24,12 @@ from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding, shared_pool_advice
 from numaguard.remediator.core.guards import CAP_GUARDS, POD_GUARDS, Asked, first_refusal
 from numaguard.remediator.core.history import WorkloadHistory
+from numaguard.remediator.core.isolation import (
+    node_advice,
+    option_on,
+    refused_advice,
+    room_of,
+)
 from numaguard.remediator.core.kinds import (
     CLAIM_LINK_ADVICE,
     CROSS_NUMA,
@@ -75,14 +82,23 @@ def plan(
         shared_pool = intent == "evict" and kind.fixes_placement and not capacity.need(finding).cpus
         # GPUs of a ResourceClaim: its spec, not a new pod, decides how they are joined
         claimed = intent == "evict" and kind.joined_gpus and DRA in pod.resources
+        # a layout the kubelet repeats unless its option says otherwise: said, not evicted
+        option = kind.needs_option.get(finding.reason, "")
+        repeated = ""
+        if option and not shared_pool:
+            guard, repeated = _repeated(finding, option, evidence, capacity, hurt)
+            if guard is not None:
+                refusals.append(Refusal(finding, guard, repeated))
+                return
         if (
             mode == "recommend"
             or intent == "recommend"
             or shared_pool
             or claimed
+            or repeated
             or (intent == "resize" and not _opted_in(pod))
         ):
-            advice = kind.advice(finding)
+            advice = repeated or kind.advice(finding)
             if shared_pool:
                 advice = shared_pool_advice(finding)
             elif claimed:
@@ -118,7 +134,8 @@ def plan(
             if not need.memory and (need.cpus or need.devices):
                 guard, detail = "stale_data", "no exporter says how much memory the pod holds"
             else:
-                target, steer, detail = _fit(capacity, reach, pod, need)
+                kept = _kept_whole(finding, option, evidence, capacity, room) if option else None
+                target, steer, detail = _fit(capacity, reach, pod, need, kept)
                 guard = "no_fit" if target is None else None
         elif guard is None and intent == "resize":
             how, claim = mechanism(pod.resources, pod.claims, finding.profile)
@@ -161,6 +178,9 @@ def plan(
             detail = f"move {remote / 2**20:.0f} MiB of memory home to NUMA node {numa}, in place"
         elif intent == "evict":
             capacity.move(freed_in_time(pod), target, need)
+            if option:  # the room in whole cores, or in one cache, is taken too
+                wanted = room[room_of(finding.reason)]
+                wanted[capacity.name(target)] = wanted.get(capacity.name(target), 0) - need.cpus
             node, numa = capacity.name(target)
             reach.move(pod, node)
             detail = f"evict: fits aligned on {node} NUMA node {numa}"
@@ -177,9 +197,14 @@ def plan(
         actions.append(Action(intent, finding, pod, detail, policy.dry_run, steer))
 
     reasons: dict[str, set[str]] = defaultdict(set)  # pod uid -> its cross-NUMA reasons
+    hurt: Counter[tuple[str, str]] = Counter()  # (node, reason) -> pods it holds that have it
     for f in findings:
         if f.kind == CROSS_NUMA.name:
             reasons[f.pod_uid].add(f.reason)
+        if KINDS[f.kind].needs_option:
+            hurt[(f.node, f.reason)] += 1
+    # (node, NUMA node) -> the CPUs a zone can give in whole cores, or in one L3 cache
+    room = {room_of(r): _zone_values(signals[room_of(r)]) for r in ISOLATION_OPTIONS}
     for finding in sorted(findings, key=_priority):
         try:
             decide(finding)
@@ -317,14 +342,71 @@ def _room_at_home(
     return None, "", (zone, remote)
 
 
+def _repeated(
+    f: Finding, option: str, evidence: Evidence, capacity: Capacity, hurt: Mapping
+) -> tuple[str | None, str]:
+    """(guard, why) when no exporter says how ``f``'s node hands out CPUs; else (None,
+    what to do instead of an eviction that would repeat the layout, "" for none)."""
+    options, per_core, why = evidence.cpu_manager(f.node)
+    if options is None:
+        return "stale_data", why
+    if not option_on(options, option):
+        return None, node_advice(f, hurt[(f.node, f.reason)])
+    if f.reason != SMT_SHARED:
+        return None, ""
+    if per_core is None:
+        return "stale_data", f"no exporter says how many CPUs a core of {f.node} has"
+    cpus = capacity.need(f).cpus
+    return None, refused_advice(f, cpus, per_core) if cpus % per_core else ""
+
+
+def _kept_whole(
+    f: Finding, option: str, evidence: Evidence, capacity: Capacity, room: Mapping
+) -> tuple[Callable[[int], bool], str]:
+    """Which zones a replacement gets a whole layout on: of a node whose kubelet runs
+    ``option``, with room for all its CPUs in whole cores (or in one L3 cache); and how
+    to say so."""
+    cpus = capacity.need(f).cpus
+    free = room[room_of(f.reason)]
+
+    def whole(zone: int) -> bool:
+        node, _ = capacity.name(zone)
+        options = evidence.cpu_manager(node)[0]
+        return (
+            options is not None
+            and option_on(options, option)
+            and (free.get(capacity.name(zone), 0) >= cpus)
+        )
+
+    where = "in whole cores" if f.reason == SMT_SHARED else "in one L3 cache"
+    return whole, f"of a node whose kubelet runs {option} with {cpus:g} CPUs free {where}"
+
+
+def _zone_values(df) -> dict[tuple[str, str], float]:
+    """(node, NUMA node) -> value; the least where several series say it."""
+    out: dict[tuple[str, str], float] = {}
+    if df.empty or "numa_node" not in df:
+        return out
+    for node, numa, value in zip(df["node"], df["numa_node"], df["value"], strict=True):
+        out[(node, numa)] = min(value, out.get((node, numa), value))
+    return out
+
+
 def _fit(
-    capacity: Capacity, reach: _Reach, pod: PodInfo, need: Need
+    capacity: Capacity,
+    reach: _Reach,
+    pod: PodInfo,
+    need: Need,
+    kept: tuple[Callable[[int], bool], str] | None = None,
 ) -> tuple[int | None, tuple[str, ...], str]:
     """The zone to plan the pod's replacement on (the roomiest that fits on a node it
-    may reach), the nodes to steer it to, or why there is none."""
+    may reach, and that ``kept`` allows), the nodes to steer it to, or why there is none."""
     zones = capacity.fitting(need, freed_in_time(pod))
+    if kept is not None and len(zones):
+        zones = zones[np.array([kept[0](int(z)) for z in zones], dtype=bool)]
     if not len(zones):
-        return None, (), f"no NUMA zone anywhere has {need.describe()}"
+        where = f" {kept[1]}" if kept is not None else " anywhere"
+        return None, (), f"no NUMA zone{where} has {need.describe()}"
     if pod.placement is None:
         return None, (), "where its replacement may run is unknown: its owner's template is"
     # only zones of the nodes looked up can be reachable; of those, the roomiest are

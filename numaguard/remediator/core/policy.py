@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from numaguard.remediator.core.kinds import (
+    CORE_ISOLATION,
     CROSS_NUMA,
     GPU_LINK,
     KINDS,
@@ -45,6 +46,8 @@ class Enforcement:
     gpu_fragmentation: Mode = "recommend"  # advice only, whatever it says
     noisy_neighbour: Mode = "act"
     mis_sized: Mode = "act"
+    # evicts only where the kubelet's option keeps the new layout whole (core/isolation.py)
+    core_isolation: Mode = "act"
     # pods the kubelet refused for alignment (rejections.py): act deletes the surplus
     topology_affinity_error: Mode = "act"
 
@@ -66,6 +69,7 @@ class FixGain:
     noisy_neighbour: NonNegative = NOISY_NEIGHBOUR.min_gain
     undersized: NonNegative = UNDERSIZED.min_gain
     oversized: NonNegative = OVERSIZED.min_gain
+    core_isolation: NonNegative = CORE_ISOLATION.min_gain
 
     def of(self, kind: str) -> float:
         return getattr(self, kind)

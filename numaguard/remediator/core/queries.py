@@ -26,12 +26,14 @@ from pydantic import Field
 from numaguard.contract import catalogue as c
 from numaguard.contract.reasons import (
     JOINED_LEVELS,
+    L3_SPAN,
     LINK_TRAFFIC_BYTES_PER_SECOND,
     NO_P2P,
     SIBLING_BUSY_RATIO,
     SMT_SHARED,
 )
 from numaguard.remediator.core.kinds import (
+    CORE_ISOLATION,
     CROSS_NUMA,
     GPU_FRAGMENTATION,
     GPU_LINK,
@@ -135,6 +137,8 @@ def expressions(
     smt_shared_busy = (
         f"{held(smt_shared)} and on ({by_pod}) ({sibling_busy} > {SIBLING_BUSY_RATIO!r})"
     )
+    isolation = m(c.POD_CORE_ISOLATION)
+    l3_span = m(c.POD_CORE_ISOLATION, f'reason="{L3_SPAN}"')
     return {
         # a verdict that held at every scrape of the window and at the last one before
         # it (a new series is not yet sustained) opens a finding. The sample at the
@@ -155,6 +159,9 @@ def expressions(
         "smt_shared_busy": smt_shared_busy,
         GPU_LINK.sustained: f"({held(spec_bound)}) or ({no_p2p_moving})",
         GPU_LINK.seen: f"max_over_time({link}[{w.finding}]) == 1",
+        # a shared core is a finding only while the thread beside it kept busy
+        CORE_ISOLATION.sustained: f"({smt_shared_busy}) or ({held(l3_span)})",
+        CORE_ISOLATION.seen: f"max_over_time({isolation}[{w.finding}]) == 1",
         GPU_FRAGMENTATION.sustained: held(breaking),
         GPU_FRAGMENTATION.seen: f"max_over_time({breaking}[{w.finding}]) == 1",
         # how old the newest sample saying so is: an action needs the verdict now
@@ -162,12 +169,14 @@ def expressions(
         STARVED.age: f"time() - timestamp({starved} == 1)",
         GPU_LINK.age: f"time() - timestamp({link} == 1)",
         GPU_FRAGMENTATION.age: f"time() - timestamp({breaking} == 1)",
+        CORE_ISOLATION.age: f"time() - timestamp({isolation} == 1)",
         # one exporter writes one series per pod and reason (and device): a second, now,
         # with another label or another value, was written by someone else
         CROSS_NUMA.series: f"count by (instance, pod_uid, reason) ({cross})",
         STARVED.series: f"count by (instance, pod_uid, reason, gpu_uuid, mig_uuid) ({starved})",
         GPU_LINK.series: f"count by (instance, pod_uid, reason) ({link})",
         GPU_FRAGMENTATION.series: f"count by (instance, pod_uid, reason) ({breaking})",
+        CORE_ISOLATION.series: f"count by (instance, pod_uid, reason) ({isolation})",
         # MIG sizing: what each slice did over the whole sizing window, and what it is
         "slice_sm": f"avg_over_time({sm}[{w.sizing}]) and {sm} offset {w.sizing}",
         "slice_sm_peak": f"max_over_time({sm}[{w.sizing}])",
@@ -184,6 +193,13 @@ def expressions(
         "zone_free_devices": m(c.ZONE_DEVICES_FREE),
         "zone_free_memory": m(c.NUMA_MEMORY_FREE),
         "zone_gpu_free_sets": m(c.ZONE_GPU_FREE_SET, 'numa_node!=""'),
+        # what a zone can give a pod kept to whole cores, or to one L3 cache
+        "zone_free_whole_cores": m(c.ZONE_CPUS_FREE_WHOLE_CORES),
+        "zone_l3_most_free": m(c.ZONE_L3_MOST_FREE_CPUS),
+        # how each node's kubelet hands out CPUs: its policy and options, and CPUs a core
+        "cpu_manager": m(c.KUBELET_CPU_MANAGER_INFO),
+        "cpu_manager_options": m(c.KUBELET_CPU_MANAGER_OPTION),
+        "cpus_per_core": m(c.NODE_CPUS_PER_CORE),
         # how many more slices of a MIG profile each GPU's DRA counters allow
         "mig_profiles_free": f"{m(c.GPU_MIG_PROFILES_FREE)} >= 1",
         # LLC: each pod's share of each L3 domain
@@ -220,6 +236,10 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     GPU_FRAGMENTATION.seen: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
     GPU_FRAGMENTATION.age: ("node", "instance", "pod_uid", "reason"),
     GPU_FRAGMENTATION.series: ("instance", "pod_uid", "reason"),
+    CORE_ISOLATION.sustained: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
+    CORE_ISOLATION.seen: ("node", "instance", "namespace", "pod", "pod_uid", "reason"),
+    CORE_ISOLATION.age: ("node", "instance", "pod_uid", "reason"),
+    CORE_ISOLATION.series: ("instance", "pod_uid", "reason"),
     STARVED.series: ("instance", "pod_uid", "reason", "gpu_uuid"),
     "slice_sm": ("node", "instance", "mig_uuid", "mig_profile"),
     "slice_sm_peak": ("node", "mig_uuid"),
@@ -236,6 +256,11 @@ REQUIRED_LABELS: dict[str, tuple[str, ...]] = {
     "mig_profiles_free": ("node", "mig_profile"),
     "zone_free_memory": ("node",),
     "zone_gpu_free_sets": ("node", "numa_node", "size", "level"),
+    "zone_free_whole_cores": ("node", "instance", "numa_node"),
+    "zone_l3_most_free": ("node", "instance", "numa_node"),
+    "cpu_manager": ("node", "instance", "policy"),
+    "cpu_manager_options": ("node", "instance", "option", "setting"),
+    "cpus_per_core": ("node", "instance"),
     "llc_share": ("node", "instance", "l3_domain", "pod_uid"),
     "llc_age": ("node", "instance", "l3_domain", "pod_uid"),
     "targets_up": ("node", "instance"),
@@ -260,6 +285,15 @@ HOLDINGS = (
 )
 ZONES = ("zone_free_cpus", "zone_free_devices", "zone_free_memory", "zone_gpu_free_sets")
 NODE_EVIDENCE = ("targets_up", "collector_age", "collector_success")
+# of the nodes where pods' cores are shared or caches spanned, and those that could take
+# them: whether the kubelet's options keep a new layout whole, and the room that fits it
+ISOLATION = (
+    "cpu_manager",
+    "cpu_manager_options",
+    "cpus_per_core",
+    "zone_free_whole_cores",
+    "zone_l3_most_free",
+)
 Queries = list[tuple[str, str]]  # (frame name, PromQL): a name may come in several batches
 
 

@@ -12,6 +12,7 @@ the pod aligned is named.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from numaguard.contract.names import OPT_OUT
@@ -20,6 +21,11 @@ from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.policy import Policy
 
 ADMISSION_REJECTIONS = ("TopologyAffinityError", "SMTAlignmentError")
+_SMT = ADMISSION_REJECTIONS[1]
+# the kubelet's SMTAlignmentError texts (cpumanager/policy_static.go): a CPU count that is
+# no multiple of the CPUs a core, or too few whole cores free
+_NOT_MULTIPLE = re.compile(r"requested (\d{1,6}) cpus not multiple cpus per core = (\d{1,6})")
+_NO_WHOLE_CORES = re.compile(r"not enough free physical CPUs: available physical CPUs = (\d{1,6})")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class RejectedPod:
     # exists: only then do its surplus pods get deleted (a Job's, a custom resource's, a
     # missing owner's are reported, never deleted)
     owned: bool = False
+    message: str = ""  # its status message, the kubelet's words
 
 
 @dataclass(frozen=True)
@@ -103,17 +110,38 @@ def storms(rejected: list[RejectedPod], capacity: Capacity | None, policy: Polic
 def describe(storm: Storm) -> str:
     """What the Event on the workload says."""
     newest = storm.pods[0]
-    text = (
-        f"{len(storm.pods)} pods rejected by the kubelet on {storm.node} ({storm.reason}): "
-        f"no NUMA zone there has {newest.need.describe()}"
-    )
-    if storm.fit is not None:
-        text += f"; {storm.fit[0]} NUMA node {storm.fit[1]} has room for it aligned"
+    text = f"{len(storm.pods)} pods rejected by the kubelet on {storm.node} ({storm.reason}): "
+    if rounded := _rounded(newest):  # refused wherever the option is on: no room helps
+        text += rounded
     else:
-        text += "; no fresh node has room for it aligned"
+        cores = _NO_WHOLE_CORES.search(newest.message) if storm.reason == _SMT else None
+        text += (
+            f"only {cores[1]} CPUs in whole free cores there, not {newest.need.describe()}"
+            if cores
+            else f"no NUMA zone there has {newest.need.describe()}"
+        )
+        if storm.fit is not None:
+            text += f"; {storm.fit[0]} NUMA node {storm.fit[1]} has room for it aligned"
+        else:
+            text += "; no fresh node has room for it aligned"
     if storm.delete:
         verb = "would delete" if storm.dry_run else "deleting"
         text += f"; {verb} {len(storm.delete)}, keeping the newest"
     elif storm.guard:
         text += f"; none deleted ({storm.guard})"
     return text
+
+
+def _rounded(pod: RejectedPod) -> str:
+    """For a CPU count the kubelet's full-pcpus-only option refuses: the counts it
+    admits, from the kubelet's own words; "" otherwise."""
+    m = _NOT_MULTIPLE.search(pod.message) if pod.reason == _SMT else None
+    if m is None or int(m[2]) < 1:
+        return ""
+    asked, per_core = int(m[1]), int(m[2])
+    up = -(-asked // per_core) * per_core
+    down = f" (or {up - per_core})" if up > per_core else ""
+    return (
+        f"its full-pcpus-only CPU manager gives whole cores of {per_core} CPUs only, and "
+        f"{asked} CPUs are not: ask {up} CPUs{down}"
+    )

@@ -8,8 +8,9 @@ answers of its own.
 2. what the verdicts' pods, slices and nodes need to be findings (ages, sustained
    windows not recorded by a rule, slices' use, LLC where GPUs starve);
 3. what the finding pods hold; 4. the zones that could take them (and the pods the
-   kubelet refused); 5. those zones' room, whether the nodes named can be believed, and
-   which of the nodes of pods with remote memory can move it home in place.
+   kubelet refused); 5. those zones' room, whether the nodes named can be believed,
+   which of the nodes of pods with remote memory can move it home in place, and, where
+   cores are shared or caches spanned, how those nodes' kubelets hand out CPUs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from numaguard.remediator.core import queries as q
 from numaguard.remediator.core.answers import Signals, merged
 from numaguard.remediator.core.capacity import CAPACITY_DEPENDS_ON, holdings, need_of
 from numaguard.remediator.core.findings import Detection, FindingState, update
-from numaguard.remediator.core.kinds import KINDS, PLACEMENT, STARVED
+from numaguard.remediator.core.kinds import CORE_ISOLATION, KINDS, PLACEMENT, STARVED
 from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.planner import intent_of
 from numaguard.remediator.core.policy import Policy
@@ -120,8 +121,10 @@ def rounds(asked: Round, state: FindingState, sizing: Sizing) -> Rounds:
     nodes |= set(zones["mig_profiles_free"]["node"])
     # whose exporters could move remote memory home in place
     movers = {f.node for f in findings if f.reason == "memory_remote"}
+    isolated = any(f.kind == CORE_ISOLATION.name for f in findings)
     evidence = yield [
         *scoped((*q.ZONES, *q.NODE_EVIDENCE), "node", nodes),
         *scoped(["mover_age"], "node", movers),
+        *scoped(q.ISOLATION, "node", nodes if isolated else ()),
     ]
     return merged(found, zones, evidence), state, sizing
