@@ -12,11 +12,14 @@ import uuid
 import pytest
 
 from numaguard.exporter.model.isolation import core_isolation
-from numaguard.exporter.readers import ParseError
+from numaguard.exporter.model.placement import Topology, build_topology
+from numaguard.exporter.model.zones import aligned_room
+from numaguard.exporter.readers import ParseError, format_id_list
 from numaguard.exporter.readers.cpu import CpuTime, parse_cpu_times, parse_smt_active
 from numaguard.exporter.records import L3Domain
 from numaguard.exporter.sources.host import HostSource
 from numaguard.exporter.sources.kubelet import PodResourcesSource
+from numaguard.simulator.cluster.node import SimNode, SMTAlignmentError, admit, take_by_topology
 from numaguard.simulator.fakes.host import (
     GIB,
     KUBELET_CONFIG,
@@ -25,6 +28,7 @@ from numaguard.simulator.fakes.host import (
     FakeNumaNode,
     FakePod,
 )
+from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.fakes.podresources import FakeKubelet
 from tests.conftest import make_collection, metadata_of, samples, series
 
@@ -111,6 +115,19 @@ def test_l3_span_only_where_caches_are_finer_than_numa_nodes():
     assert judged({1, 2}, l3={0: CCX[0]}, finer=True).l3_domains is None
 
 
+def test_a_zone_s_room_in_whole_cores_and_in_one_cache():
+    def topology(cores=CORES, l3=CCX):
+        return Topology((0, 1), {c: c // 8 for c in ALL}, {}, {}, l3, cores)
+
+    # node 0 has CPUs 1 and 5 (core 1, whole) and 2 (its sibling 6 is taken) free
+    free = frozenset({1, 5, 2, *range(8, 16)})
+    assert aligned_room(free, topology()) == ({0: 2, 1: 8}, {0: 2, 1: 4})
+    # no SMT: no whole cores to count; one cache a NUMA node: no cache to count
+    assert aligned_room(free, topology(NO_SMT, ONE_L3_A_NODE)) == (None, None)
+    # a CPU whose core was not read: no count made up
+    assert aligned_room(free, topology({c: CORES[c] for c in range(15)}))[0] is None
+
+
 def test_proc_stat_and_smt_active_are_read_as_the_kernel_writes_them():
     text = (
         "cpu  40 0 20 900 10 0 0 0 0 0\n"
@@ -143,6 +160,9 @@ def test_cores_from_the_older_file_and_bad_ones_said_not_guessed(fake_root):
     problems = {(i.reason, i.path.split("/")[-3]) for i in reading.issues}
     assert problems == {("parse", "cpu9"), ("parse", "cpu13")}
     assert reading.smt_active is None
+    # a core count with CPUs left out would be made up: none is said
+    assert build_topology(reading).cpus_per_core is None
+    assert build_topology(HostSource(str(fake_root(smt_host()).root)).read()).cpus_per_core == 2
 
 
 def uid(name: str) -> str:
@@ -207,6 +227,11 @@ async def test_the_exporter_says_whose_sibling_and_how_busy(fake_root):
         return got.get(series(name, namespace="default", pod=pod, pod_uid=uid(pod), **labels))
 
     assert got[series("numaguard_node_smt_active")] == 1
+    assert got[series("numaguard_node_cpus_per_core")] == 2
+    # node 0's free CPUs are 3 and 7, one whole core; node 1's are all free
+    whole = "numaguard_zone_cpus_free_whole_cores"
+    assert got[series(whole, numa_node="0")] == 2 and got[series(whole, numa_node="1")] == 8
+    assert not [k for k in got if "zone_l3_most_free_cpus" in k]  # one L3 a socket
     info = series("numaguard_kubelet_cpu_manager_info", policy="static", reserved_cpus="0")
     assert got[info] == 1
     assert of("numaguard_pod_core_isolation", "trainer", reason="smt_shared") == 1
@@ -283,3 +308,54 @@ async def test_the_kubelet_s_cpu_manager_as_its_config_says(fake_root, caplog):
         source.close()
         await kubelet.stop()
         shutil.rmtree(short, ignore_errors=True)
+
+
+def sim_node(reserved: str = "0") -> SimNode:
+    """Two NUMA nodes of 4 cores x 2 threads (core k of node 0: CPUs k and k + 4) under
+    single-numa-node."""
+    host = FakeHost(
+        [FakeNumaNode("0-7", 0), FakeNumaNode("8-15", 1)],
+        threads_per_core=2,
+        kubelet_config={
+            "cpuManagerPolicy": "static",
+            "reservedSystemCPUs": reserved,
+        },
+    )
+    return SimNode("sim", host, FakeNvml(), "single-numa-node")
+
+
+def admitted(node: SimNode, need: int) -> frozenset[int]:
+    cpus, _ = admit(node, need, {})
+    container = FakeContainer("c", format_id_list(cpus), exclusive_cpus=True)
+    node.host.pods.append(FakePod(f"p{len(node.host.pods)}", "u", "guaranteed", [container]))
+    return cpus
+
+
+def test_the_simulated_kubelet_takes_whole_cores_first_then_the_fullest_cores_threads():
+    node = sim_node()
+    # core 1 whole, then the thread beside the reserved CPU 0
+    assert admitted(node, 3) == {1, 5, 4}
+    # one thread: of the emptiest cores, the lowest; the next fills its core
+    assert admitted(node, 1) == {2}
+    assert admitted(node, 1) == {6}
+    # without SMT the lowest free CPUs, as before
+    assert take_by_topology([3, 1, 2], {c: frozenset({c}) for c in range(4)}, 2) == [1, 2]
+
+
+def test_full_pcpus_only_refuses_what_whole_cores_cannot_hold_in_the_kubelet_s_words():
+    node = sim_node()
+    node.host.kubelet_config["cpuManagerPolicyOptions"] = {"full-pcpus-only": "true"}
+    with pytest.raises(SMTAlignmentError) as refused:
+        admit(node, 3, {})
+    assert str(refused.value) == (
+        "SMT Alignment Error: requested 3 cpus not multiple cpus per core = 2"
+    )
+    assert admitted(node, 4) == {1, 5, 2, 6}
+    # the reserved CPUs' siblings (4, 5) count as taken, node-wide: with node 1 full,
+    # only core 3 is whole and free
+    node = sim_node(reserved="0,1")
+    node.host.kubelet_config["cpuManagerPolicyOptions"] = {"full-pcpus-only": "1"}
+    assert admitted(node, 8) == set(range(8, 16))
+    assert admitted(node, 2) == {2, 6}
+    with pytest.raises(SMTAlignmentError, match="available physical CPUs = 2, requested CPUs = 4"):
+        admit(node, 4, {})

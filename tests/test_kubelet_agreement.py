@@ -1,8 +1,10 @@
 """The simulated kubelet (simulator/cluster/node.py's admit, which the simulated clusters, the
 demo and the decision benchmark run on) against the real one: the same pods, in the same
 order, on nodes of the same shape under the same Topology Manager policy, and the same
-answers — admitted or refused, and how many exclusive CPUs on each NUMA node. One real
-node, its kubelet restarted under each policy with no pod left on it."""
+answers — admitted or refused, and how many exclusive CPUs on each NUMA node; on its SMT
+cores, with and without the CPU manager's full-pcpus-only, which CPUs, and the refusal
+in the kubelet's words. One real node of two threads a core, its kubelet restarted under
+each policy with no pod left on it."""
 
 from __future__ import annotations
 
@@ -12,11 +14,11 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from numaguard.exporter.readers import format_id_list
-from numaguard.simulator.cluster.node import POLICIES, SimNode, admit
-from numaguard.simulator.demos.node_stories import SHAPE, cpu_nodes
+from numaguard.exporter.readers import format_id_list, parse_id_list
+from numaguard.simulator.cluster.node import POLICIES, SimNode, SMTAlignmentError, admit
 from numaguard.simulator.fakes.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from numaguard.simulator.fakes.nvml import FakeNvml
+from numaguard.simulator.parts import vm
 from numaguard.simulator.parts.controlplane import ControlPlane, path_of
 from numaguard.simulator.parts.processes import until
 from numaguard.simulator.parts.vm_kubelet import SLEEP, KubeletPolicy, KubeNode, guaranteed_pod
@@ -30,6 +32,11 @@ pytestmark = [
 
 RESERVED = frozenset({0})  # the real kubelet's reservedSystemCPUs
 NS = "agreement"
+# two NUMA nodes of two cores of two threads, as QEMU numbers them: cores 0-1, 2-3 on
+# node 0, 4-5, 6-7 on node 1 (what the machine boots in time: 8 vCPUs)
+SHAPE = vm.Shape(cores=2, threads=2)
+PER_NODE = SHAPE.cores * SHAPE.threads
+FULL_PCPUS_ONLY = (("full-pcpus-only", "true"),)
 # exclusive CPUs asked for, pod after pod, on a node whose CPUs 1-3 (NUMA node 0) and
 # 4-7 (node 1) are free
 SCENARIOS = {
@@ -43,27 +50,49 @@ SCENARIOS = {
 }
 
 
-def simulated(policy: str, requests) -> list[str]:
+# on the SMT cores under single-numa-node, which CPUs (and which refusal): an odd count
+# shares a core unless full-pcpus-only refuses it
+SMT_SCENARIOS = {
+    # 1 beside the reserved CPU 0; 3 as core 4-5 and thread 6; then 2 and 3, one core
+    (): (1, 3, 1, 1),
+    # odd counts refused in the kubelet's words; whole cores; then no NUMA node has 2
+    FULL_PCPUS_ONLY: (1, 3, 2, 4, 2),
+}
+
+
+def simulated(policy: str, requests, options=(), exact=False) -> list[str]:
     """What the simulated kubelet decides for each request, in order."""
-    host = FakeHost(nodes=[FakeNumaNode("0-3", socket=0), FakeNumaNode("4-7", socket=1)], pods=[])
-    host.kubelet_config = {"reservedSystemCPUs": format_id_list(RESERVED)}
+    host = FakeHost(
+        nodes=[FakeNumaNode("0-3", socket=0), FakeNumaNode("4-7", socket=1)],
+        pods=[],
+        threads_per_core=SHAPE.threads,
+        threads_adjacent=True,
+    )
+    host.kubelet_config = {
+        "reservedSystemCPUs": format_id_list(RESERVED),
+        "cpuManagerPolicyOptions": dict(options),
+    }
     node = SimNode("sim", host, FakeNvml(), policy)
     out = []
     for i, need in enumerate(requests):
-        given = admit(node, need, {})
+        try:
+            given = admit(node, need, {})
+        except SMTAlignmentError as err:
+            out.append(f"refused: SMTAlignmentError: {err}")
+            continue
         if given is None:
-            out.append("refused")
+            out.append("refused: TopologyAffinityError" if exact else "refused")
             continue
         cpus, _ = given
-        out.append(per_node(cpus))
-        container = FakeContainer("work", ",".join(map(str, sorted(cpus))), exclusive_cpus=True)
+        out.append(format_id_list(cpus) if exact else per_node(cpus))
+        container = FakeContainer("work", format_id_list(cpus), exclusive_cpus=True)
         host.pods.append(FakePod(f"p{i}", f"uid-{i}", "guaranteed", [container]))
     return out
 
 
 def per_node(cpus) -> str:
     """'node0=2 node1=0': exclusive CPUs on each NUMA node."""
-    counts = [sum(1 for c in cpus if c // SHAPE.cores == n) for n in range(SHAPE.sockets)]
+    counts = [sum(1 for c in cpus if c // PER_NODE == n) for n in range(SHAPE.sockets)]
     return " ".join(f"node{n}={k}" for n, k in enumerate(counts))
 
 
@@ -105,12 +134,37 @@ async def empty(node: KubeNode) -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("policy", POLICIES)  # a kubelet restart each
 async def test_the_simulated_kubelet_admits_as_the_real_one(policy, scenario, node):
+    requests = SCENARIOS[scenario]
+    real = await answers(node, KubeletPolicy(topology=policy, memory="None"), requests)
+    assert simulated(policy, requests) == real, f"simulated (left) and real (right) under {policy}"
+
+
+@pytest.mark.parametrize("options", SMT_SCENARIOS, ids=["shared cores", "full-pcpus-only"])
+async def test_the_simulated_kubelet_lays_out_smt_cores_as_the_real_one(options, node):
+    policy, requests = "single-numa-node", SMT_SCENARIOS[options]
+    kubelet = KubeletPolicy(topology=policy, memory="None", cpu_options=options)
+    real = await answers(node, kubelet, requests, exact=True)
+    assert simulated(policy, requests, options, exact=True) == real, (
+        f"simulated (left) and real (right) with {dict(options) or 'no options'}"
+    )
+    if options:  # the counts it refuses are said in its words, and the rest admitted
+        assert real[0] == (
+            "refused: SMTAlignmentError: SMT Alignment Error: requested 1 cpus not multiple "
+            "cpus per core = 2"
+        )
+    else:  # the odd count shares a core: CPU 6's sibling 7 stays in the shared pool
+        assert real[:2] == ["1", "4-6"]
+
+
+async def answers(node: KubeNode, kubelet: KubeletPolicy, requests, exact=False) -> list[str]:
+    """What the real kubelet under ``kubelet`` decides for each request, in order, on an
+    empty node: per NUMA node (``exact``: the CPUs, and why it refused)."""
     await empty(node)
-    if node.policy.topology != policy:
-        await node.restart_kubelet(KubeletPolicy(topology=policy, memory="None"))
+    if node.policy != kubelet:
+        await node.restart_kubelet(kubelet)
     cp, session = node.cp, node.session
     real = []
-    for i, need in enumerate(SCENARIOS[scenario]):
+    for i, need in enumerate(requests):
         made = await cp.create(session, guaranteed_pod(f"p{i}", NS, node.name, need, SLEEP, "64Mi"))
         uid = made["metadata"]["uid"]
 
@@ -124,12 +178,15 @@ async def test_the_simulated_kubelet_admits_as_the_real_one(policy, scenario, no
             return given and {"cpus": given["work"]}
 
         got = await until(decided, f"p{i} admitted or refused", timeout=300, every=1)
-        if "cpus" not in got:
-            real.append("refused")
+        if "cpus" in got:
+            cpus = parse_id_list(got["cpus"])
+            real.append(format_id_list(cpus) if exact else per_node(cpus))
+        elif not exact:
             assert got["reason"] == "TopologyAffinityError", got
-            continue
-        cpus = cpu_nodes(got["cpus"])
-        real.append(" ".join(f"node{n}={cpus.get(str(n), 0)}" for n in range(SHAPE.sockets)))
-    assert simulated(policy, SCENARIOS[scenario]) == real, (
-        f"simulated (left) and real (right) under {policy}"
-    )
+            real.append("refused")
+        elif got["reason"] == "SMTAlignmentError":
+            said = got["message"].removeprefix("Pod was rejected: ")
+            real.append(f"refused: SMTAlignmentError: {said}")
+        else:
+            real.append(f"refused: {got['reason']}")
+    return real

@@ -1,7 +1,8 @@
 """The simulated nodes' kubelet: registers a Node (and its Lease) per host, watches the
 pods the scheduler binds to them, admits each as the node's kubelet would
 (simulator.cluster.node.admit), starts its GPU job, and reports it Running — or Failed, with
-TopologyAffinityError, when the node's Topology Manager refuses it. A mixin of
+TopologyAffinityError, when the node's Topology Manager refuses it (SMTAlignmentError, when
+its CPU manager's full-pcpus-only does). A mixin of
 SimulatedCluster, whose state (the nodes, the API session, the workloads' demand) it
 works on."""
 
@@ -18,11 +19,22 @@ from numaguard.exporter.readers.dra import read_claim_allocation
 from numaguard.exporter.sources.kube import pod_meta
 from numaguard.simulator.cluster.manifests import parse_quantity
 from numaguard.simulator.cluster.mig_manager import mig_manager_labels
-from numaguard.simulator.cluster.node import SimNode, admit, advertised, first_touch, free_cpus
+from numaguard.simulator.cluster.node import (
+    SimNode,
+    SMTAlignmentError,
+    admit,
+    advertised,
+    first_touch,
+    free_cpus,
+)
 from numaguard.simulator.fakes import dra
 from numaguard.simulator.fakes.host import FakeClaim, FakeContainer, FakePod
 from numaguard.simulator.fakes.nvml import FakeGpu, FakeSlice, Process
 from numaguard.simulator.parts.controlplane import ApiError
+
+# a refused pod's status message, as the kubelet writes it (kubelet.go, rejectPod)
+_REJECTED = "Pod was rejected: "
+_TOPOLOGY_LOCALITY = "Resources cannot be allocated with Topology locality"
 
 STARVED_SHARE = 0.15  # what a job fed across sockets gets of its demand
 
@@ -179,14 +191,14 @@ class NodeAgent:
             except dra.NotPrepared as err:  # as a kubelet: the pod waits, not started
                 self.unprepared.append((meta["name"], str(err)))
                 return
-            placed = self._place(node, pod, claimed)
+            try:
+                placed = self._place(node, pod, claimed)
+                refusal = ("TopologyAffinityError", _TOPOLOGY_LOCALITY)
+            except SMTAlignmentError as err:
+                placed, refusal = None, ("SMTAlignmentError", str(err))
             if placed is None:
-                status = {
-                    "phase": "Failed",
-                    "reason": "TopologyAffinityError",
-                    "message": "Pod was rejected: Resources cannot be allocated with "
-                    "Topology locality",
-                }
+                reason, why = refusal
+                status = {"phase": "Failed", "reason": reason, "message": _REJECTED + why}
                 await self._patch_status(pod, status)
                 self.rejected.append(meta["name"])
                 await self._release_replaced(pod)

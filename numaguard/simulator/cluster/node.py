@@ -13,14 +13,22 @@ policy (pure over the node's state):
 Among the free devices a pod may get, full GPUs are chosen as NVIDIA's device plugin
 prefers them (go-gpuallocator's best effort, fakes/gpu_allocator.py), slices in order.
 
+On an SMT host, a NUMA node's CPUs are taken as the static policy's packed allocator
+takes them: whole free cores while the pod needs a core's worth, then single threads
+from the fullest cores (so an odd count shares a core). With the CPU manager option
+``full-pcpus-only`` a count that is no multiple of the CPUs a core, or more than the free
+CPUs outside the reserved CPUs' cores, is refused (``SMTAlignmentError``).
+
 tests/test_kubelet_agreement.py holds these answers to the real kubelet's.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from numaguard.contract.reasons import ISOLATION_OPTIONS, OPTION_TRUE, SMT_SHARED
 from numaguard.exporter.readers import parse_id_list
 from numaguard.simulator.fakes.gpu_allocator import best_effort, pair_scores
 from numaguard.simulator.fakes.host import FakeHost, FakeHostRoot, FakePod
@@ -66,17 +74,24 @@ def first_touch(node: SimNode, cpus: frozenset[int], total: int) -> dict[int, in
     return {i: total * k // len(cpus) for i, k in share.items()}
 
 
+class SMTAlignmentError(Exception):
+    """The CPU manager's ``full-pcpus-only`` refusal, in the kubelet's words."""
+
+
 def admit(node: SimNode, need: int, resources: dict[str, int]):
     """Exclusive CPUs and devices for a pod, as the CPU manager's static policy and the
     node's Topology Manager policy give them: (CPUs, {resource: device units}), or None
-    when the pod is refused (TopologyAffinityError, or nothing free)."""
+    when the pod is refused (TopologyAffinityError, or nothing free); raises
+    SMTAlignmentError where full-pcpus-only refuses its count."""
     free = free_cpus(node)
     by_numa = {i: sorted(parse_id_list(n.cpus) & free) for i, n in enumerate(node.host.nodes)}
     units_by_numa = {i: take(node, resources, i) for i in by_numa}
     aligned = [i for i in by_numa if len(by_numa[i]) >= need and units_by_numa[i] is not None]
     if aligned and node.policy != "none":
         i = aligned[0]
-        return frozenset(by_numa[i][:need]), units_by_numa[i]
+        _whole_cores_only(node, need, free)
+        cpus = take_by_topology(by_numa[i], node.host.cores(), need)
+        return frozenset(cpus), units_by_numa[i]
     # more CPUs than any NUMA node has at all: the narrowest hint spans nodes and is
     # still the preferred one, which restricted admits (single-numa-node never)
     largest = max(len(parse_id_list(n.cpus)) for n in node.host.nodes)
@@ -85,8 +100,56 @@ def admit(node: SimNode, need: int, resources: dict[str, int]):
     units = take(node, resources, None)
     if units is None or len(free) < need:
         return None
+    _whole_cores_only(node, need, free)
     sizes = {i: len(parse_id_list(n.cpus)) for i, n in enumerate(node.host.nodes)}
     return packed(by_numa, sizes, need), units
+
+
+def _whole_cores_only(node: SimNode, need: int, free: frozenset[int]) -> None:
+    """Raises SMTAlignmentError where the kubelet's full-pcpus-only refuses ``need``
+    CPUs: no multiple of the CPUs a core, or more than the free CPUs outside the
+    reserved CPUs' cores (cpumanager/policy_static.go, enforceSMTAlignment)."""
+    options = (node.host.kubelet_config or {}).get("cpuManagerPolicyOptions") or {}
+    if not need or options.get(ISOLATION_OPTIONS[SMT_SHARED]) not in OPTION_TRUE:
+        return
+    per_core = node.host.threads_per_core
+    if need % per_core:
+        raise SMTAlignmentError(
+            f"SMT Alignment Error: requested {need} cpus not multiple cpus per core = {per_core}"
+        )
+    cores = node.host.cores()
+    reserved = frozenset().union(*(cores[c] for c in node.host.reserved_cpus))
+    available = len(free - reserved)
+    if need > available:
+        raise SMTAlignmentError(
+            "SMT Alignment Error: not enough free physical CPUs: available physical CPUs = "
+            f"{available}, requested CPUs = {need}, CPUs per core = {per_core}"
+        )
+
+
+def take_by_topology(
+    free: Iterable[int], cores: Mapping[int, frozenset[int]], need: int
+) -> list[int]:
+    """``need`` of one NUMA node's ``free`` CPUs as the static policy's packed allocator
+    takes them (cpu_assignment.go): whole free cores while the pod needs a core's worth,
+    then single threads, from the cores with the fewest free threads first (lowest CPU
+    breaking ties). Without SMT: the lowest CPUs."""
+    left = set(free)
+
+    def by_fullness() -> list[frozenset[int]]:
+        firsts = sorted({min(cores[c]) for c in left}, key=lambda k: (len(cores[k] & left), k))
+        return [cores[k] for k in firsts]
+
+    taken: list[int] = []
+    for core in by_fullness():  # takeFullCores
+        if core <= left and need - len(taken) >= len(core):
+            taken += sorted(core)
+            left -= core
+    for core in by_fullness():  # takeRemainingCPUs
+        for cpu in sorted(core & left):
+            if len(taken) < need:
+                taken.append(cpu)
+    return taken
 
 
 def packed(free: dict[int, list[int]], sizes: dict[int, int], need: int) -> frozenset[int]:

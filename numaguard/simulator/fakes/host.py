@@ -125,6 +125,8 @@ class FakeHost:
     # threads a core (SMT): each NUMA node's CPUs in that many runs, core k the k-th of
     # each, as Linux numbers x86 threads (0 and 56 share a core of a 112-CPU node)
     threads_per_core: int = 1
+    # or numbered as QEMU numbers them: a core's threads next to each other (0 and 1)
+    threads_adjacent: bool = False
     # the kubelet's configuration file (/var/lib/kubelet/config.yaml; None: none there):
     # its reservedSystemCPUs are never handed out (simulator.fakes.podresources)
     kubelet_config: dict | None = field(
@@ -172,9 +174,12 @@ class FakeHost:
         out: dict[int, frozenset[int]] = {}
         for node in self.nodes:
             cpus = sorted(parse_id_list(node.cpus))
-            run = len(cpus) // self.threads_per_core
+            per, run = self.threads_per_core, len(cpus) // self.threads_per_core
             for k in range(run):
-                core = frozenset(cpus[k + t * run] for t in range(self.threads_per_core))
+                if self.threads_adjacent:
+                    core = frozenset(cpus[k * per : (k + 1) * per])
+                else:
+                    core = frozenset(cpus[k + t * run] for t in range(per))
                 out.update(dict.fromkeys(core, core))
         return out
 

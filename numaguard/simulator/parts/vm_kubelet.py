@@ -73,6 +73,8 @@ class KubeletPolicy:
     topology: str = "none"  # none | best-effort | restricted | single-numa-node
     scope: str = "container"  # container | pod
     memory: str = "Static"  # the Memory Manager's policy: Static | None
+    # the CPU manager's options (cpuManagerPolicyOptions): full-pcpus-only, ...
+    cpu_options: tuple[tuple[str, str], ...] = ()
 
 
 RESERVED_MEMORY_MIB = 256  # kubeReserved, held on NUMA node 0 (the Memory Manager's)
@@ -108,6 +110,8 @@ def kubelet_config(policy: KubeletPolicy) -> dict:
         "syncFrequency": "5s",
         "nodeStatusUpdateFrequency": "5s",
     }
+    if policy.cpu_options:
+        config["cpuManagerPolicyOptions"] = dict(policy.cpu_options)
     if policy.memory == "Static":
         total = RESERVED_MEMORY_MIB + EVICTION_MIB
         config["reservedMemory"] = [{"numaNode": 0, "limits": {"memory": f"{total}Mi"}}]
