@@ -127,6 +127,7 @@ async def test_the_published_topology_is_the_exporter_s_zones_and_follows_them(
         assert attributes == {
             "topologyManagerPolicy": "single-numa-node",
             "topologyManagerScope": "container",
+            "cpuManagerPolicy": "static",
         }
         (zero,) = [z for z in obj["zones"] if z["name"] == "node-0"]
         assert zero["type"] == "Node"
@@ -248,6 +249,7 @@ def test_the_object_says_nothing_it_does_not_know():
     from numaguard.exporter.model.placement import Topology
     from numaguard.exporter.model.zones import Zone
     from numaguard.exporter.publishers.nrt_object import node_resource_topology
+    from numaguard.exporter.readers.kubeletconfig import CpuManager, KubeletConfig
 
     topology = Topology((0, 1), {0: 0, 1: 0, 2: 1, 3: 1}, {}, {0: {0: 10, 1: 21}}, {})
     snap = NodeSnapshot(NODE, 0.0, topology, (), {}, None, (), False, None)
@@ -257,8 +259,17 @@ def test_the_object_says_nothing_it_does_not_know():
         Zone(1, 2, 3, {}, {}, 8 << 30, 1 << 30),  # more handed out than allocatable
         Zone(None, None, None, {"example.com/nic": 1}, {"example.com/nic": 1}, None, None),
     )
-    obj = node_resource_topology(replace(snap, zones=zones), "restricted")
-    assert obj["attributes"] == [{"name": "topologyManagerPolicy", "value": "restricted"}]
+    assert "attributes" not in node_resource_topology(replace(snap, zones=zones))
+    manager = CpuManager("static", {"full-pcpus-only": "true", "a": "1"}, frozenset({0, 1, 64}))
+    config = KubeletConfig("restricted", "pod", manager)
+    obj = node_resource_topology(replace(snap, zones=zones, kubelet_config=config))
+    assert obj["attributes"] == [
+        {"name": "topologyManagerPolicy", "value": "restricted"},
+        {"name": "topologyManagerScope", "value": "pod"},
+        {"name": "cpuManagerPolicy", "value": "static"},
+        {"name": "cpuManagerPolicyOptions", "value": "full-pcpus-only=true,a=1"},
+        {"name": "reservedSystemCPUs", "value": "0-1,64"},
+    ]
     assert [z["name"] for z in obj["zones"]] == ["node-0", "node-1"]  # no NUMA node: out
     zero, one = obj["zones"]
     assert zero["resources"] == [

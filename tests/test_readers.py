@@ -34,7 +34,7 @@ from numaguard.exporter.readers.dra import (
     read_claim_allocation,
     read_resource_slice,
 )
-from numaguard.exporter.readers.kubeletconfig import CpuManager, cpu_manager, topology_manager
+from numaguard.exporter.readers.kubeletconfig import CpuManager, parse_kubelet_config
 from numaguard.exporter.readers.numa import (
     NodeMeminfo,
     parse_distance,
@@ -309,11 +309,10 @@ READERS = [
     parse_assign_mode,
     parse_domain_counts,
     parse_assignments,
-    topology_manager,
+    parse_kubelet_config,
     parse_start_time,
     parse_cpu_times,
     parse_smt_active,
-    cpu_manager,
 ]
 VALID = [
     "0-3,8",
@@ -351,6 +350,15 @@ def test_a_process_s_start_time_follows_its_name_whatever_the_name_holds():
     for bad in ("", "7 (main) S 1", "7 (main" + " 0" * 40):
         with pytest.raises(ParseError):
             parse_start_time(bad)
+
+
+def topology_manager(text: str) -> tuple[str, str]:
+    config = parse_kubelet_config(text)
+    return config.topology_policy, config.topology_scope
+
+
+def cpu_manager(text: str) -> CpuManager:
+    return parse_kubelet_config(text).cpu_manager
 
 
 def test_the_kubelet_s_topology_manager_as_its_config_says_or_its_defaults():

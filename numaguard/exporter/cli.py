@@ -210,8 +210,9 @@ def parser() -> argparse.ArgumentParser:
         default="/var/lib/kubelet/config.yaml",
         metavar="PATH",
         help="the kubelet's configuration file, under --host-root: its CPU manager's policy "
-        "and options (numaguard_kubelet_cpu_manager_info), and with --nrt its Topology "
-        "Manager's policy and scope; where it is missing they are left out",
+        "and options (numaguard_kubelet_cpu_manager_info), and with --nrt those and its "
+        "Topology Manager's policy and scope as the NodeResourceTopology's attributes; "
+        "where it is missing they are left out",
     )
     p.add_argument(
         "--memory-mover",

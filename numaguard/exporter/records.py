@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from numaguard.exporter.readers.cgroup import CpuThrottling, Pressure
 from numaguard.exporter.readers.cpu import CpuTime
-from numaguard.exporter.readers.kubeletconfig import CpuManager
+from numaguard.exporter.readers.kubeletconfig import KubeletConfig
 from numaguard.exporter.readers.numa import NodeMeminfo
 from numaguard.exporter.readers.nvml import GPM_UTILIZATION
 from numaguard.exporter.readers.podresources import Allocatable, PodResources
@@ -174,7 +174,7 @@ class KubeletReading:
     pods: tuple[PodResources, ...] | None  # None: the kubelet did not answer (see issues)
     allocatable: Allocatable | None  # None also for kubelets without GetAllocatableResources
     issues: list[Issue] = field(default_factory=list)
-    cpu_manager: CpuManager | None = None  # from its config file; None: not read
+    config: KubeletConfig | None = None  # its config file's; None: not read
 
 
 @dataclass(frozen=True, slots=True)

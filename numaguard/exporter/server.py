@@ -179,9 +179,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
     tasks, metadata, dra = _watches(api, settings.node_name)
     sources = await open_sources(settings)
-    publisher = (
-        NrtPublisher(api, settings.host_root, settings.kubelet_config) if settings.nrt else None
-    )
+    publisher = NrtPublisher(api) if settings.nrt else None
     mover = (
         MemoryMover(HelperClient(settings.memory_mover_socket)) if settings.memory_mover else None
     )

@@ -25,9 +25,8 @@ def families(snap: NodeSnapshot) -> list[Family]:
             add(c.ZONE_DEVICES_FREE, zone.devices_free.get(resource, 0), node, resource)
         add(c.ZONE_MEMORY_ALLOCATABLE, zone.memory_allocatable_bytes, node)
         add(c.ZONE_MEMORY_FREE, zone.memory_free_bytes, node)
-    reading = snap.readings.get("pod_resources")
-    manager = getattr(reading, "cpu_manager", None)
-    if manager is not None:
+    if snap.kubelet_config is not None:
+        manager = snap.kubelet_config.cpu_manager
         reserved = format_id_list(manager.reserved) if manager.reserved else ""
         add(c.KUBELET_CPU_MANAGER_INFO, 1, manager.policy, reserved)
         for option, value in manager.options.items():

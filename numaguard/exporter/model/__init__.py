@@ -44,6 +44,7 @@ from numaguard.exporter.model.traffic import ResctrlState, build_resctrl
 from numaguard.exporter.model.zones import Zone, dra_devices, zones_of
 from numaguard.exporter.readers.cpu import CpuTime
 from numaguard.exporter.readers.dra import DraView
+from numaguard.exporter.readers.kubeletconfig import KubeletConfig
 from numaguard.exporter.readers.podresources import ContainerResources
 from numaguard.exporter.records import (
     GpuReading,
@@ -76,6 +77,7 @@ class NodeSnapshot:
     gpu_free_sets: tuple[FreeSet, ...] = ()
     pair_breakers: tuple[PodLinks, ...] = ()  # single-GPU pods, their breaks_pair verdict
     cpu_times: Mapping[int, CpuTime] | None = None  # /proc/stat, for the next cycle's rates
+    kubelet_config: KubeletConfig | None = None  # its resource managers; None: not read
     # the readings of the collectors turned on this cycle (None: failed), by name
     readings: Mapping[str, object] = field(default_factory=dict)
     detail: bool = False  # the families render their detail too (--detail)
@@ -175,6 +177,7 @@ def build_snapshot(
         pair_breakers=pair_breakers(uses, gpu_pairs, free) if free is not None else (),
         cpu_times=cpu_times,
         readings=dict(readings or {}),
+        kubelet_config=kubelet.config if kubelet else None,
         detail=detail,
     )
 

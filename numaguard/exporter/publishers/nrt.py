@@ -3,24 +3,20 @@ it differs from what was last written — created, or replaced at the resourceVe
 read, so that a concurrent writer's change is never overwritten blind. A failed write is
 logged and tried again the next cycle; it never holds the cycle up.
 
-The Topology Manager's policy and scope come from the kubelet's configuration file on
-the host (``--kubelet-config``), read again each time: a kubelet restarted with
-another policy is published with it.
+The kubelet's resource managers' policies come from its configuration file on the host
+(``--kubelet-config``), as the cycle's kubelet source read it (again whenever it
+changes): a kubelet restarted with another policy is published with it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import aiohttp
 
 from numaguard.common.apiserver import ApiServer
 from numaguard.exporter.model import NodeSnapshot
 from numaguard.exporter.publishers.nrt_object import PATH, node_resource_topology
-from numaguard.exporter.readers.kubeletconfig import topology_manager
-from numaguard.exporter.records import Issue
-from numaguard.exporter.sources import read_parsed
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +30,12 @@ API_USE = {
 
 
 class NrtPublisher:
-    def __init__(self, api: ApiServer, host_root: str, kubelet_config: str) -> None:
+    def __init__(self, api: ApiServer) -> None:
         self.api = api
-        self.kubelet_config = os.path.join(host_root, kubelet_config.lstrip("/"))
         self.published: dict | None = None  # the object as last written
         self.current: bool | None = None  # None until the first cycle's object is known
-        # what was last logged of the kubelet's config and of writing: said once, not every cycle
-        self._said = {"config": "", "write": ""}
+        # what was last logged of writing: said once, not every cycle
+        self._said = {"write": ""}
 
     async def publish(self, snap: NodeSnapshot) -> bool:
         """Write the object if it changed; True when what is published is current."""
@@ -48,11 +43,7 @@ class NrtPublisher:
         return self.current
 
     async def _publish(self, snap: NodeSnapshot) -> bool:
-        issues: list[Issue] = []
-        policy, scope = read_parsed(issues, self.kubelet_config, topology_manager) or (None, None)
-        for issue in issues:  # published without them, and said once
-            self._say("config", f"the kubelet's config: {issue.reason} {issue.path} {issue.detail}")
-        obj = node_resource_topology(snap, policy, scope)
+        obj = node_resource_topology(snap)
         if obj is None or obj == self.published:
             return obj is not None
         path = f"{PATH}/{snap.node_name}"

@@ -7,20 +7,21 @@ Per NUMA zone (``node-<id>``): ``cpu`` (capacity: the node's CPUs; allocatable: 
 kubelet may hand out exclusively; available: that less what it has), ``memory`` where
 the kubelet's memory manager reports it, and each device resource (capacity and
 allocatable: the healthy devices; available: the free ones); costs from the kernel's
-distance matrix; the Topology Manager's policy and scope as attributes, when known.
+distance matrix; as attributes, when the kubelet's config was read: the Topology
+Manager's policy and scope, and the CPU manager's policy, options (``name=value``, comma
+separated) and reserved CPUs, as the config names them.
 """
 
 from __future__ import annotations
 
 from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.readers import format_id_list
 
 API_VERSION = "topology.node.k8s.io/v1alpha2"
 PATH = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
 
 
-def node_resource_topology(
-    snap: NodeSnapshot, policy: str | None = None, scope: str | None = None
-) -> dict | None:
+def node_resource_topology(snap: NodeSnapshot) -> dict | None:
     """The object, or None when the kubelet said nothing of its zones (no object beats
     one that says a node has no room)."""
     zones = [z for z in snap.zones if z.numa_node is not None]
@@ -60,11 +61,7 @@ def node_resource_topology(
                 {"name": f"node-{n}", "value": d} for n, d in sorted(distances.items())
             ]
         out.append(entry)
-    attributes = [
-        {"name": name, "value": value}
-        for name, value in (("topologyManagerPolicy", policy), ("topologyManagerScope", scope))
-        if value
-    ]
+    attributes = [{"name": name, "value": value} for name, value in _attributes(snap) if value]
     obj = {
         "apiVersion": API_VERSION,
         "kind": "NodeResourceTopology",
@@ -74,6 +71,20 @@ def node_resource_topology(
     if attributes:
         obj["attributes"] = attributes
     return obj
+
+
+def _attributes(snap: NodeSnapshot) -> list[tuple[str, str]]:
+    config = snap.kubelet_config
+    if config is None:
+        return []
+    cpu = config.cpu_manager
+    return [
+        ("topologyManagerPolicy", config.topology_policy),
+        ("topologyManagerScope", config.topology_scope),
+        ("cpuManagerPolicy", cpu.policy),
+        ("cpuManagerPolicyOptions", ",".join(f"{k}={v}" for k, v in cpu.options.items())),
+        ("reservedSystemCPUs", format_id_list(cpu.reserved) if cpu.reserved else ""),
+    ]
 
 
 def _resource(name: str, capacity: int, allocatable: int, available: int) -> dict:

@@ -38,18 +38,29 @@ def _config(text: str) -> dict:
     return config
 
 
-def topology_manager(text: str) -> tuple[str, str]:
-    """(policy, scope): ``topologyManagerPolicy`` and ``topologyManagerScope``."""
+@dataclass(frozen=True, slots=True)
+class KubeletConfig:
+    """What the kubelet's resource managers do, as its configuration file says: the
+    Topology Manager's ``topologyManagerPolicy`` and ``topologyManagerScope``, and its
+    CPU manager."""
+
+    topology_policy: str
+    topology_scope: str
+    cpu_manager: CpuManager
+
+
+def parse_kubelet_config(text: str) -> KubeletConfig:
+    """The file as the kubelet reads it, its defaults where it sets nothing; ParseError
+    where the kubelet would refuse it (it refuses the whole file)."""
     config = _config(text)
     policy = config.get("topologyManagerPolicy", DEFAULT_POLICY)
     scope = config.get("topologyManagerScope", DEFAULT_SCOPE)
     if not isinstance(policy, str) or not isinstance(scope, str):
         raise ParseError("topologyManagerPolicy and topologyManagerScope must be strings")
-    return policy, scope
+    return KubeletConfig(policy, scope, _cpu_manager(config))
 
 
-def cpu_manager(text: str) -> CpuManager:
-    config = _config(text)
+def _cpu_manager(config: dict) -> CpuManager:
     policy = config.get("cpuManagerPolicy", DEFAULT_CPU_MANAGER_POLICY)
     options = config.get("cpuManagerPolicyOptions")
     options = {} if options is None else options

@@ -24,7 +24,7 @@ from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from numaguard.exporter.readers import ParseError
-from numaguard.exporter.readers.kubeletconfig import CpuManager, cpu_manager
+from numaguard.exporter.readers.kubeletconfig import KubeletConfig, parse_kubelet_config
 from numaguard.exporter.readers.podresources import (
     read_allocatable,
     read_list,
@@ -61,16 +61,16 @@ class PodResourcesSource:
         self.timeout = timeout
         self.config = config  # the kubelet's configuration file; None: not read
         self._config_said = ""  # what was last said of it
-        self._config_read: tuple[tuple, CpuManager] | None = None  # (its stat, what it says)
+        self._config_read: tuple[tuple, KubeletConfig] | None = None  # (its stat, what it says)
         self._channel: Channel | None = None  # made on first use, on the running loop
         self._last: dict[str, tuple[bytes, object]] = {}  # method -> (answer, its reading)
 
     async def read(self) -> KubeletReading:
         reading = await self._read_api()
-        manager = self._cpu_manager() if self.config is not None else None
-        return replace(reading, cpu_manager=manager) if manager is not None else reading
+        config = self._config() if self.config is not None else None
+        return replace(reading, config=config) if config is not None else reading
 
-    def _cpu_manager(self) -> CpuManager | None:
+    def _config(self) -> KubeletConfig | None:
         """The kubelet's config file, parsed again only when it changed (the kubelet reads
         it at start). None when it cannot be read or the kubelet would not take it: said
         once, never a failure of the PodResources collector, which it is no part of."""
@@ -86,11 +86,12 @@ class PodResourcesSource:
                 if len(data) > MAX_CONFIG_BYTES:  # grew since the stat
                     raise ParseError(f"over {MAX_CONFIG_BYTES} bytes")
                 text = data.decode("utf-8")
-                self._config_read = (key, cpu_manager(text))
+                self._config_read = (key, parse_kubelet_config(text))
             self._config_said = ""
             return self._config_read[1]
         except FileNotFoundError:  # many a node keeps it elsewhere
-            said = f"no kubelet config at {self.config}: its CPU manager options are unknown "
+            said = f"no kubelet config at {self.config}: its CPU and Topology Managers' "
+            said += "policies are unknown "
             said += "(--kubelet-config names it)"
         except (OSError, UnicodeDecodeError, ParseError) as err:
             said = f"the kubelet config {self.config} is left unread: {err}"
