@@ -15,13 +15,21 @@ import pytest
 import pytest_asyncio
 
 from numaguard.exporter.readers import format_id_list, parse_id_list
+from numaguard.exporter.readers.cpu import parse_cpu_times
 from numaguard.simulator.cluster.node import POLICIES, SimNode, SMTAlignmentError, admit
 from numaguard.simulator.fakes.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from numaguard.simulator.fakes.nvml import FakeNvml
 from numaguard.simulator.parts import vm
 from numaguard.simulator.parts.controlplane import ControlPlane, path_of
 from numaguard.simulator.parts.processes import until
-from numaguard.simulator.parts.vm_kubelet import SLEEP, KubeletPolicy, KubeNode, guaranteed_pod
+from numaguard.simulator.parts.vm_kubelet import (
+    SLEEP,
+    KubeletPolicy,
+    KubeNode,
+    exporter_kubeconfig,
+    guaranteed_pod,
+)
+from tests.helpers.kubenode import scrape
 
 # an emulated node: booting it and its kubelet takes minutes on a loaded machine
 pytestmark = [
@@ -101,15 +109,16 @@ async def node(tmp_path_factory):
     job = tmp_path_factory.mktemp("agreement")
     # the Memory Manager off: the simulated kubelet places CPUs and devices only
     policy = KubeletPolicy(memory="None")
-    async with (
-        ControlPlane() as cp,
-        aiohttp.ClientSession() as session,
-        KubeNode(cp, job, "vm-agreement", policy, shape=SHAPE) as node,
-    ):
-        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
-        await cp.create(session, namespace)
-        node.session = session
-        yield node
+    async with ControlPlane() as cp, aiohttp.ClientSession() as session:
+        await cp.install_numaguard(session)
+        # its exporter, to judge the SMT layouts the real kubelet makes
+        exporter = ("--kubeconfig", exporter_kubeconfig(cp, job), "--interval", "2")
+        exporter += ("--no-collector.resctrl", "--no-collector.gpu")
+        async with KubeNode(cp, job, "vm-agreement", policy, exporter, SHAPE) as node:
+            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+            await cp.create(session, namespace)
+            node.session = session
+            yield node
 
 
 async def checkpoint(node: KubeNode) -> dict:
@@ -154,6 +163,50 @@ async def test_the_simulated_kubelet_lays_out_smt_cores_as_the_real_one(options,
         )
     else:  # the odd count shares a core: CPU 6's sibling 7 stays in the shared pool
         assert real[:2] == ["1", "4-6"]
+        await isolation_as_the_kernel_says(node)
+
+
+async def isolation_as_the_kernel_says(node: KubeNode) -> None:
+    """The exporter in the node on the pods the shared-cores scenario left: whose each
+    one's foreign thread is (the kubelet's CPUs, its reserved CPU 0, its shared pool),
+    and how busy those threads were, against the kernel's /proc/stat — with a busy loop
+    on CPU 7, beside p1's CPU 6 in the shared pool."""
+    uids = {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in await node.cp.items(node.session, "Pod", NS)
+    }
+    whose = {"p0": "reserved", "p1": "shared_pool", "p2": "exclusive", "p3": "exclusive"}
+    busybox = vm.parts_dir() / "busybox"
+    loop = f"{busybox} taskset -c 7 {busybox} sh -c 'while :; do :; done'"
+    burner = (await node.sh(f"{loop} > /dev/null 2>&1 & echo $!")).strip()
+
+    def of(got, name: str, pod: str, **labels: str):
+        key = {"node": node.name, "namespace": NS, "pod": pod, "pod_uid": uids[pod], **labels}
+        return got.get((name, frozenset(key.items())))
+
+    def judged(got) -> bool:
+        verdicts = [of(got, "numaguard_pod_core_isolation", p, reason="smt_shared") for p in whose]
+        busy = of(got, "numaguard_pod_smt_sibling_busy_ratio", "p1")
+        return verdicts == [1] * 4 and busy is not None and busy > 0.8
+
+    try:
+        got = await scrape(node, judged)
+        stat = "cat /proc/stat; echo --; sleep 4; cat /proc/stat"  # a window of the kernel's
+        first, second = map(parse_cpu_times, (await node.sh(stat)).split("--\n"))
+    finally:
+        await node.sh(f"kill {burner}")
+    for pod, shared_with in whose.items():
+        assert of(got, "numaguard_pod_smt_shared_cpus", pod, shared_with=shared_with) == 1, pod
+    # the CPU manager as the kubelet's config has it, and the cores as the kernel's
+    info = {"node": node.name, "policy": "static", "reserved_cpus": "0"}
+    assert got[("numaguard_kubelet_cpu_manager_info", frozenset(info.items()))] == 1
+    assert got[("numaguard_node_cpus_per_core", frozenset({("node", node.name)}))] == 2
+    # CPU 7 busy as the kernel counts it; CPU 3 (p3's sleeping thread, beside p2's) idle
+    for pod, sibling in (("p1", 7), ("p2", 3)):
+        busy = second[sibling].busy - first[sibling].busy
+        kernel = busy / (second[sibling].total - first[sibling].total)
+        exported = of(got, "numaguard_pod_smt_sibling_busy_ratio", pod)
+        assert abs(exported - kernel) < 0.15, (pod, exported, kernel)
 
 
 async def answers(node: KubeNode, kubelet: KubeletPolicy, requests, exact=False) -> list[str]:

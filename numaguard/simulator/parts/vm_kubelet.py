@@ -410,6 +410,7 @@ class KubeNode:
             self.exporter_url = f"http://127.0.0.1:{port}"
             args = ("--listen", f"0.0.0.0:{EXPORTER_PORT}", "--node-name", self.name)
             args += ("--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock")
+            args += ("--kubelet-config", "/mnt/kubelet.yaml")  # the one the kubelet runs on
             self._exporter_args = (*args, *self.exporter)
             (job / "exporter.args").write_text(" ".join(self._exporter_args))
         script = NODE_SCRIPT.format(
