@@ -105,8 +105,9 @@ MIG_UTILIZATION = declare(
 MIG_UTILIZATION_SUPPORTED = declare(
     "mig_utilization_supported",
     "gauge",
-    "1 when the slice's activity of this kind can be measured; 0 on GPUs without GPM "
-    "(A100), where NVML has no per-slice utilization.",
+    "0 when the slice's activity of this kind cannot be measured: GPUs without GPM "
+    "(A100), where NVML has no per-slice utilization. 1, where it can, only with --detail: "
+    "by default the kind's numaguard_mig_utilization_ratio says so.",
     (*SLICE, "kind"),
     "gpu",
 )

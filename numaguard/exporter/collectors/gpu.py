@@ -20,7 +20,7 @@ def families(snap: NodeSnapshot) -> list[Family]:
         return list(f.values())
     versions = (snap.gpus.driver_version, snap.gpus.nvml_version)
     for gpu in snap.gpus.gpus:
-        _gpu(f.add, gpu, versions)
+        _gpu(f.add, gpu, versions, snap.detail)
     for use in snap.device_uses:
         gpu = use.gpu
         f.add(
@@ -80,7 +80,7 @@ def _links(add, snap: NodeSnapshot) -> None:
             add(c.POD_GPU_FRAGMENTING, int(verdict), pod.namespace, pod.pod, pod.pod_uid, reason)
 
 
-def _gpu(add, gpu: GpuRecord, versions: tuple[str, str]) -> None:
+def _gpu(add, gpu: GpuRecord, versions: tuple[str, str], detail: bool) -> None:
     """One GPU's series and its slices'."""
     ids = (str(gpu.index), gpu.uuid)
     add(c.GPU_UP, int(gpu.up), *ids)
@@ -120,8 +120,16 @@ def _gpu(add, gpu: GpuRecord, versions: tuple[str, str]) -> None:
         add(c.MIG_MEMORY_TOTAL, s.memory_total_bytes, *labels)
         add(c.MIG_MEMORY_USED, s.memory_used_bytes, *labels)
         add(c.MIG_PROCESSES, s.processes, *labels)
+        # a slice's kinds that can be measured show in its utilization: by default only
+        # those that cannot are said (a GPU's slices share its one answer)
         _activity(
-            add, s.activity, labels, c.MIG_UTILIZATION, c.MIG_UTILIZATION_SUPPORTED, c.MIG_PCIE
+            add,
+            s.activity,
+            labels,
+            c.MIG_UTILIZATION,
+            c.MIG_UTILIZATION_SUPPORTED,
+            c.MIG_PCIE,
+            every_supported=detail,
         )
 
 
@@ -143,9 +151,12 @@ def _counters(add, counters: tuple[CounterSetState, ...], detail: bool) -> None:
             add(c.DRA_COUNTER_MISMATCH, slices, *ids, kind)
 
 
-def _activity(add, activity: Activity, labels, utilization, supported, pcie) -> None:
+def _activity(
+    add, activity: Activity, labels, utilization, supported, pcie, every_supported=True
+) -> None:
     for kind, can in activity.supported.items():
-        add(supported, int(can), *labels, kind)
+        if every_supported or not can:
+            add(supported, int(can), *labels, kind)
     for kind, value in activity.utilization.items():
         add(utilization, value, *labels, kind)
     for direction, value in activity.pcie_bytes_per_second.items():

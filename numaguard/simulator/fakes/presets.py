@@ -6,6 +6,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from numaguard.exporter.readers import format_id_list
 from numaguard.exporter.readers.nvml import sysfs_pci_address
 from numaguard.simulator.fakes import gpu_topology
 from numaguard.simulator.fakes.host import (
@@ -161,8 +162,10 @@ def far_memory() -> FakeHost:
 
 
 def reference_node() -> FakeHost:
-    """The reference node (docs/design.md): 8 NUMA nodes on 2 sockets, 224 CPUs, 150 pods / 300
-    containers (60 Guaranteed pods with exclusive CPUs, 90 burstable ones)."""
+    """The reference node (docs/design.md): 8 NUMA nodes on 2 sockets, 224 CPUs (112 cores
+    of two threads, numbered as Linux numbers x86 threads: 0 and 14 share a core of NUMA
+    node 0), 150 pods / 300 containers (60 Guaranteed pods with a CPU a container, the two
+    threads of one core as the static CPU manager gives them, 90 burstable ones)."""
     nodes = [
         FakeNumaNode(
             f"{n * 28}-{n * 28 + 27}",
@@ -172,13 +175,14 @@ def reference_node() -> FakeHost:
         )
         for n in range(8)
     ]
-    exclusive = iter(range(224))
+    taken: set[int] = set()
     pods = []
     for i in range(60):
         containers = []
+        node, core = divmod(i, 14)
         for j in range(2):
-            cpu = next(exclusive)
-            node = cpu // 28
+            cpu = node * 28 + core + 14 * j
+            taken.add(cpu)
             containers.append(
                 FakeContainer(
                     f"c{j}",
@@ -193,7 +197,7 @@ def reference_node() -> FakeHost:
                 f"gpu-job-{i}", pod_uid(f"gpu-job-{i}"), "guaranteed", containers, namespace="ml"
             )
         )
-    shared = f"{next(exclusive)}-223"
+    shared = format_id_list(frozenset(range(224)) - taken)
     for i in range(90):
         containers = [
             FakeContainer(
@@ -212,7 +216,12 @@ def reference_node() -> FakeHost:
         )
     # with each pod's sandbox cgroup, as on a real node
     return FakeHost(
-        nodes=nodes, pods=pods, cgroup_version=2, cgroup_driver="systemd", sandboxes=True
+        nodes=nodes,
+        pods=pods,
+        cgroup_version=2,
+        cgroup_driver="systemd",
+        sandboxes=True,
+        threads_per_core=2,
     )
 
 
@@ -318,7 +327,8 @@ def reference_gpu_node(
     held = [[(i, 0), ((i + 1) % 8, 1)] for i in range(8)]
     held += [[(g, s)] for g in range(8) for s in range(2, 7)]
     for pod in jobs[:56]:
-        pod.containers[0].exclusive_cpus = True
+        for ctr in pod.containers:  # a core a pod, a thread a container
+            ctr.exclusive_cpus = True
     for pod, slices in zip(jobs, held, strict=False):
         main = pod.containers[0]
         for g, s in slices:
