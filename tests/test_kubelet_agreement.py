@@ -16,6 +16,9 @@ import pytest_asyncio
 
 from numaguard.exporter.readers import format_id_list, parse_id_list
 from numaguard.exporter.readers.cpu import parse_cpu_times
+from numaguard.remediator.cluster import rejected_pods
+from numaguard.remediator.core.rejections import Storm, describe
+from numaguard.remediator.kube import Kube, api_client
 from numaguard.simulator.cluster.node import POLICIES, SimNode, SMTAlignmentError, admit
 from numaguard.simulator.fakes.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from numaguard.simulator.fakes.nvml import FakeNvml
@@ -161,9 +164,31 @@ async def test_the_simulated_kubelet_lays_out_smt_cores_as_the_real_one(options,
             "refused: SMTAlignmentError: SMT Alignment Error: requested 1 cpus not multiple "
             "cpus per core = 2"
         )
+        # what the remediator reads of them and tells their workload to ask instead
+        said = await told(node)
+        assert "whole cores of 2 CPUs only, and 1 CPUs are not: ask 2 CPUs;" in said["p0"]
+        assert "and 3 CPUs are not: ask 4 CPUs (or 2);" in said["p1"]
     else:  # the odd count shares a core: CPU 6's sibling 7 stays in the shared pool
         assert real[:2] == ["1", "4-6"]
         await isolation_as_the_kernel_says(node)
+
+
+async def told(node: KubeNode) -> dict[str, str]:
+    """For each pod the kubelet refused: what the remediator, reading it from the API
+    server as it does, says of a workload of such pods (an Event on it)."""
+    cp, account = node.cp, "numaguard-remediator"
+    kubeconfig = cp.kubeconfig(node.job / "remediator.kubeconfig", cp.tokens[account], account)
+    client = await api_client(kubeconfig)
+    try:
+        refused = await rejected_pods(Kube(client))
+    finally:
+        await client.close()
+    return {
+        pod.name: describe(
+            Storm(f"Deployment/{NS}/p", pod.node, pod.reason, (pod,), (), "recommend", None, True)
+        )
+        for pod in refused
+    }
 
 
 async def isolation_as_the_kernel_says(node: KubeNode) -> None:
