@@ -97,6 +97,32 @@ DASHBOARDS = (
                 "{{node}} numa{{numa_node}}",
             ),
             Panel(
+                "Free CPUs in whole cores per NUMA zone",
+                f"{c.ZONE_CPUS_FREE_WHOLE_CORES.name}{{{NODE}}}",
+                "short",
+                "{{node}} numa{{numa_node}}",
+                description="What the CPU manager can still give as whole cores (SMT nodes): "
+                "a pod kept to whole cores (full-pcpus-only) fits only here.",
+            ),
+            Panel(
+                "The kubelet's CPU manager",
+                f"{c.KUBELET_CPU_MANAGER_INFO.name}{{{NODE}}}",
+                "short",
+                kind="table",
+                description="Its policy and reserved CPUs per node, as its config file says "
+                "(the exporter's --kubelet-config).",
+            ),
+            Panel(
+                "The kubelet's CPU manager options",
+                f"{c.KUBELET_CPU_MANAGER_OPTION.name}{{{NODE}}}",
+                "short",
+                kind="table",
+                description="A row per node, a column per option, as its config file sets "
+                "them: full-pcpus-only keeps exclusive CPUs to whole cores (else an odd "
+                "count shares one), prefer-align-cpus-by-uncorecache to few L3 caches.",
+                matrix=("node", "option", "setting"),
+            ),
+            Panel(
                 "Free devices per NUMA zone",
                 f"{c.ZONE_DEVICES_FREE.name}{{{NODE}}}",
                 "short",
@@ -117,6 +143,16 @@ DASHBOARDS = (
                 "short",
                 kind="table",
                 description="One row per pod and reason.",
+            ),
+            Panel(
+                "Exclusive CPUs not their own down to the core or the cache",
+                f"{c.POD_CORE_ISOLATION.name}{{{POD}}} == 1",
+                "short",
+                kind="table",
+                description="One row per pod and reason: smt_shared (a thread beside its "
+                "exclusive CPUs is another's), l3_span (more L3 caches than its CPUs need). "
+                "The remediator's core_isolation findings; the fix is the kubelet's "
+                "full-pcpus-only or prefer-align-cpus-by-uncorecache (node dashboard).",
             ),
             Panel(
                 "Exclusive CPUs sharing a core: how busy the other thread is",

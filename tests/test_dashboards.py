@@ -87,6 +87,7 @@ async def scraped(tmp_path, control_plane):
     stack, since only the rules' evaluation and the queries differ by major."""
     host, nvml = demo.demo_node()
     host.threads_per_core = 2  # its pods' exclusive CPUs then share cores (no full-pcpus-only)
+    host.kubelet_config["cpuManagerPolicyOptions"] = {"prefer-align-cpus-by-uncorecache": "true"}
     a100 = nvml.add_gpu("A100-40GB", 1, ["3g.20gb", "3g.20gb"])
     host.pci_devices[sysfs_pci_address(a100.pci_bus_id)] = 1
     cp = control_plane
