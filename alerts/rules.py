@@ -332,7 +332,9 @@ def alerts(windows: Windows = Windows()) -> list[Alert]:
             '"true"}` (GA since 1.33; changing CPU manager options needs the node drained and '
             "`cpu_manager_state` removed), after which a pod asking an odd count on an SMT node "
             "is refused with SMTAlignmentError: ask for whole cores (an even count). Evicting "
-            "the pod without the option only repeats the layout.",
+            "the pod without the option only repeats the layout. The remediator's "
+            "`core_isolation` finding says the same on the pod (an Event), and on a node that "
+            "runs the option evicts it to a zone with its CPUs free in whole cores.",
             "numaguard-pods",
         ),
         Alert(
