@@ -44,9 +44,10 @@ pytestmark = [
 RESERVED = frozenset({0})  # the real kubelet's reservedSystemCPUs
 NS = "agreement"
 # two NUMA nodes of two cores of two threads, as QEMU numbers them: cores 0-1, 2-3 on
-# node 0, 4-5, 6-7 on node 1 (what the machine boots in time: 8 vCPUs)
-SHAPE = vm.Shape(cores=2, threads=2)
-PER_NODE = SHAPE.cores * SHAPE.threads
+# node 0, 4-5, 6-7 on node 1, each core on a die with an L3 cache of its own (what the
+# machine boots in time: 8 vCPUs)
+SHAPE = vm.Shape(cores=1, threads=2, dies=2)
+PER_NODE = SHAPE.dies * SHAPE.cores * SHAPE.threads
 FULL_PCPUS_ONLY = (("full-pcpus-only", "true"),)
 # exclusive CPUs asked for, pod after pod, on a node whose CPUs 1-3 (NUMA node 0) and
 # 4-7 (node 1) are free
@@ -171,6 +172,44 @@ async def test_the_simulated_kubelet_lays_out_smt_cores_as_the_real_one(options,
     else:  # the odd count shares a core: CPU 6's sibling 7 stays in the shared pool
         assert real[:2] == ["1", "4-6"]
         await isolation_as_the_kernel_says(node)
+
+
+async def test_a_pod_on_threads_of_two_l3_caches_is_said_to_span_them(node):
+    """Under single-numa-node, a CPU a pod until the node is full; two of node 1's pods
+    go, leaving a thread free in each of its caches; a 2-CPU pod gets those two, as the
+    packed allocator takes them, and the exporter says it spans two caches where one
+    would do."""
+    kubelet = KubeletPolicy(topology="single-numa-node", memory="None")
+    assert await answers(node, kubelet, (1,) * 7, exact=True) == [str(c) for c in range(1, 8)]
+    cp, session = node.cp, node.session
+    for name in ("p4", "p6"):  # CPUs 5 and 7
+        path = path_of("Pod", NS, name) + "?gracePeriodSeconds=0"
+        await cp.request(session, "DELETE", path)
+
+    async def freed():
+        held = (await checkpoint(node)).get("entries", {})
+        return len(held) == 5
+
+    await until(freed, "CPUs 5 and 7 back with the CPU manager", timeout=300, every=1)
+    made = await cp.create(session, guaranteed_pod("wide", NS, node.name, 2, SLEEP, "64Mi"))
+    uid = made["metadata"]["uid"]
+
+    async def given():
+        return (await checkpoint(node)).get("entries", {}).get(uid, {}).get("work")
+
+    assert await until(given, "wide given its CPUs", timeout=300, every=1) == "5,7"
+    key = {"node": node.name, "namespace": NS, "pod": "wide", "pod_uid": uid}
+
+    def of(got, name: str, **labels: str):
+        return got.get((name, frozenset({**key, **labels}.items())))
+
+    got = await scrape(node, lambda got: of(got, "numaguard_pod_core_isolation", reason="l3_span"))
+    assert of(got, "numaguard_pod_core_isolation", reason="l3_span") == 1
+    assert of(got, "numaguard_pod_l3_domains") == 2
+    assert of(got, "numaguard_pod_l3_domains_fewest") == 1
+    # and both its cores shared: their other threads (4, 6) are other pods' exclusive CPUs
+    assert of(got, "numaguard_pod_core_isolation", reason="smt_shared") == 1
+    assert of(got, "numaguard_pod_smt_shared_cpus", shared_with="exclusive") == 2
 
 
 async def told(node: KubeNode) -> dict[str, str]:

@@ -203,7 +203,6 @@ def with_isolation(
         return pods
     held = {p.uid: _exclusive(p) for p in pods}
     exclusive = frozenset().union(*held.values())
-    finer = len(topology.l3_domains) > len(set(topology.node_of_cpu.values()))
     out = []
     for pod in pods:
         own = held[pod.uid]
@@ -215,7 +214,7 @@ def with_isolation(
                 shared_pool,
                 allocatable,
                 topology.l3_domains,
-                finer,
+                topology.l3_finer_than_numa,
                 times,
             )
             pod = replace(pod, isolation=isolation)

@@ -34,6 +34,12 @@ class Topology:
             return None  # a CPU whose core was not read: no count to trust
         return len(self.core_of_cpu) // len(cores)
 
+    @property
+    def l3_finer_than_numa(self) -> bool:
+        """Whether a NUMA node has several L3 caches (AMD's CCXs, sub-NUMA clusters):
+        else a span of caches is one of NUMA nodes."""
+        return len(self.l3_domains) > len(set(self.node_of_cpu.values()))
+
 
 @dataclass(frozen=True, slots=True)
 class NumaNodeState:

@@ -162,10 +162,9 @@ def aligned_room(
             if node is not None and core is not None and core <= free:
                 whole[node] = whole.get(node, 0) + 1
     one_cache: dict[int, int] | None = None
-    caches = topology.l3_domains.values()
-    if len(caches) > len(set(topology.node_of_cpu.values())):
+    if topology.l3_finer_than_numa:
         one_cache = {}
-        for cache in caches:
+        for cache in topology.l3_domains.values():
             nodes = {topology.node_of_cpu.get(cpu) for cpu in cache.cpus}
             if len(nodes) == 1 and None not in nodes:  # a cache on one NUMA node
                 (node,) = nodes

@@ -163,7 +163,8 @@ class Evidence:
         if policy != "static":
             return None, None, f"the kubelet of {node} runs the {policy} CPU manager policy"
         per_core = self.cpus_per_core.get((node, instance))
-        whole = int(per_core) if per_core is not None and per_core == int(per_core) else None
+        known = per_core is not None and per_core >= 1 and per_core == int(per_core)
+        whole = int(per_core) if known else None  # a count to divide by, or none
         return self.cpu_options.get((node, instance), {}), whole, ""
 
     def doubt(self, f: Finding, pod: PodInfo | None) -> tuple[str | None, str]:

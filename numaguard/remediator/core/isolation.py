@@ -20,12 +20,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from numaguard.contract.reasons import ISOLATION_OPTIONS, OPTION_TRUE, SMT_SHARED
+from numaguard.contract.reasons import ISOLATION_OPTIONS, L3_SPAN, OPTION_TRUE, SMT_SHARED
 from numaguard.remediator.core.findings import Finding
 
-# the zone room each reason needs, by its query (queries.py)
-ROOM = {SMT_SHARED: "zone_free_whole_cores"}
-ROOM_DEFAULT = "zone_l3_most_free"
+# the room in a zone each reason's replacement needs, by its query (queries.py)
+ROOM = {SMT_SHARED: "zone_free_whole_cores", L3_SPAN: "zone_l3_most_free"}
 
 
 def option_on(options: Mapping[str, str], option: str) -> bool:
@@ -35,11 +34,6 @@ def option_on(options: Mapping[str, str], option: str) -> bool:
 def whole_cores(cpus: float, per_core: int) -> int:
     """The fewest CPUs of whole cores that hold ``cpus``: what full-pcpus-only admits."""
     return math.ceil(cpus / per_core) * per_core
-
-
-def room_of(reason: str) -> str:
-    """The query saying how much room of the kind ``reason`` needs each zone has."""
-    return ROOM.get(reason, ROOM_DEFAULT)
 
 
 def node_advice(f: Finding, hurt: int) -> str:

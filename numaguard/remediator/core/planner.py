@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from numaguard.contract.names import AUTO_RESIZE_ANNOTATION, REQUEST_ANNOTATION, mig_resource
-from numaguard.contract.reasons import ISOLATION_OPTIONS, SMT_SHARED
+from numaguard.contract.reasons import SMT_SHARED
 from numaguard.remediator.core.actions import DRA, Action, Plan, PodInfo, Refusal
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.capacity import Capacity
@@ -24,12 +24,7 @@ from numaguard.remediator.core.evidence import Evidence
 from numaguard.remediator.core.findings import Finding, shared_pool_advice
 from numaguard.remediator.core.guards import CAP_GUARDS, POD_GUARDS, Asked, first_refusal
 from numaguard.remediator.core.history import WorkloadHistory
-from numaguard.remediator.core.isolation import (
-    node_advice,
-    option_on,
-    refused_advice,
-    room_of,
-)
+from numaguard.remediator.core.isolation import ROOM, node_advice, option_on, refused_advice
 from numaguard.remediator.core.kinds import (
     CLAIM_LINK_ADVICE,
     CROSS_NUMA,
@@ -179,7 +174,7 @@ def plan(
         elif intent == "evict":
             capacity.move(freed_in_time(pod), target, need)
             if option:  # the room in whole cores, or in one cache, is taken too
-                wanted = room[room_of(finding.reason)]
+                wanted = room[ROOM[finding.reason]]
                 wanted[capacity.name(target)] = wanted.get(capacity.name(target), 0) - need.cpus
             node, numa = capacity.name(target)
             reach.move(pod, node)
@@ -204,7 +199,7 @@ def plan(
         if KINDS[f.kind].needs_option:
             hurt[(f.node, f.reason)] += 1
     # (node, NUMA node) -> the CPUs a zone can give in whole cores, or in one L3 cache
-    room = {room_of(r): _zone_values(signals[room_of(r)]) for r in ISOLATION_OPTIONS}
+    room = {query: _zone_values(signals[query]) for query in ROOM.values()}
     for finding in sorted(findings, key=_priority):
         try:
             decide(finding)
@@ -367,7 +362,7 @@ def _kept_whole(
     ``option``, with room for all its CPUs in whole cores (or in one L3 cache); and how
     to say so."""
     cpus = capacity.need(f).cpus
-    free = room[room_of(f.reason)]
+    free = room[ROOM[f.reason]]
 
     def whole(zone: int) -> bool:
         node, _ = capacity.name(zone)

@@ -185,9 +185,11 @@ class Shape:
 
     sockets: int = 2
     cores: int = 2
-    # threads a core: QEMU numbers them first (CPUs 0 and 1 share core 0). TCG shows them
-    # only with an Intel vendor (research: an AMD-vendor guest lacks topoext)
+    # threads a core: QEMU numbers them first (CPUs 0 and 1 share core 0), then cores,
+    # then dies, each die an L3 cache of its own. TCG shows both only with an Intel vendor
+    # (an AMD-vendor guest lacks topoext)
     threads: int = 1
+    dies: int = 1
     # per NUMA node: a test's own allocations move a 1 GiB node's free memory by over 2 %
     memory_mib: int = 2048
     distance: int = 21
@@ -215,14 +217,20 @@ class Net:
 def qemu_args(
     parts: Path, shape: Shape, accel: str, job: Path | None, probe=False, net: Net | None = None
 ) -> list[str]:
-    per_socket = shape.cores * shape.threads
+    per_socket = shape.dies * shape.cores * shape.threads
     cpus = shape.sockets * per_socket
-    cpu = "host" if accel != "tcg" else "max,vendor=GenuineIntel" if shape.threads > 1 else "max"
+    cpu = "max"
+    if accel != "tcg":
+        cpu = "host"
+    elif shape.threads > 1 or shape.dies > 1:
+        cpu = "max,vendor=GenuineIntel,l3-cache=on"
+    dies = f"dies={shape.dies}," if shape.dies > 1 else ""
+    smp = f"sockets={shape.sockets},{dies}cores={shape.cores},threads={shape.threads}"
     args = [
         "qemu-system-x86_64",
         *("-machine", "pc", "-accel", accel, "-cpu", cpu),
         *("-m", f"{shape.memory_mib * shape.sockets}M"),
-        *("-smp", f"{cpus},sockets={shape.sockets},cores={shape.cores},threads={shape.threads}"),
+        *("-smp", f"{cpus},{smp}"),
     ]
     for n in range(shape.sockets):
         first = n * per_socket
