@@ -139,9 +139,9 @@ def test_what_no_exporter_says_of_the_kubelet_stops_even_the_advice():
         assert guard == "stale_data" and why in detail
     # the option on, but the CPUs a core unknown (or no count): whether its count is
     # admitted is unknown too
-    facts = kubelet("n1", full_pcpus_only="true")
-    facts["cpus_per_core"] = []
-    for facts in (facts, kubelet("n1", per_core=0, full_pcpus_only="true")):
+    uncounted = kubelet("n1", full_pcpus_only="true")
+    uncounted["cpus_per_core"] = []
+    for facts in (uncounted, kubelet("n1", per_core=0, full_pcpus_only="true")):
         result = run(signals(**merge(base, facts)), [no_devices("a")])
         assert [r.guard for r in result.refusals] == ["stale_data"]
         assert "how many CPUs a core of n1 has" in result.refusals[0].detail

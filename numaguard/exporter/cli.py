@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
         "--listen",
         default=f"0.0.0.0:{DEFAULT_PORT}",
         metavar="HOST:PORT",
-        help="address to serve /metrics, /healthz and /readyz on (port 0: any free)",
+        help="address to serve /metrics, /placement, /healthz and /readyz on (port 0: any free)",
     )
     p.add_argument(
         "--node-name",

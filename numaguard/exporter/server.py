@@ -1,10 +1,12 @@
-"""The exporter daemon: an aiohttp server for /metrics, /healthz and /readyz, and the
-background loop that runs a collection cycle every interval."""
+"""The exporter daemon: an aiohttp server for /metrics, /placement (the node's placement
+map), /healthz and /readyz, and the background loop that runs a collection cycle every
+interval."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
 import os
 import signal
@@ -19,8 +21,11 @@ from numaguard.common.process import settle_garbage_collector
 from numaguard.exporter.collection import Collection, Source
 from numaguard.exporter.collectors import COLLECTORS, Collector
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
+from numaguard.exporter.model import NodeSnapshot
+from numaguard.exporter.model.placement_map import placement_map
 from numaguard.exporter.mover.orders import MemoryMover
 from numaguard.exporter.mover.wire import HelperClient
+from numaguard.exporter.placement_page import render
 from numaguard.exporter.publishers.nrt import NrtPublisher
 from numaguard.exporter.settings import Settings
 from numaguard.exporter.sources.dra import DraWatch
@@ -67,11 +72,14 @@ class Exporter:
         self.mover = mover  # --memory-mover
         self._moving: asyncio.Future | None = None
         self.last_cycle_end: float | None = None
+        # the last cycle's placement map, drawn when first asked for: (its snapshot, page, json)
+        self._placement: tuple[NodeSnapshot, bytes, bytes] | None = None
         self.app = web.Application()
         self.app.add_routes(
             [
                 web.get("/", self.index),
                 web.get("/metrics", self.metrics),
+                web.get("/placement", self.placement),
                 web.get("/healthz", self.healthz),
                 web.get("/readyz", self.readyz),
             ]
@@ -157,10 +165,47 @@ class Exporter:
             return web.Response(status=503, text="waiting for the first collection cycle\n")
         return web.Response(text="ready\n")
 
+    async def placement(self, request: web.Request) -> web.Response:
+        """The node's placement map from the last cycle's snapshot: a page (an inline
+        SVG, nothing fetched), or JSON with ``?format=json``. Drawn only when asked for,
+        once a cycle: a cycle nobody looks at costs nothing."""
+        snap = self.collection.snapshot
+        if snap is None:
+            return web.Response(status=503, text="first collection cycle not finished yet\n")
+        wanted = request.query.get("format", "html")
+        if wanted not in ("html", "json"):
+            return web.Response(status=400, text="format is html or json\n")
+        if self._placement is None or self._placement[0] is not snap:
+            self._placement = (snap, *await asyncio.to_thread(_drawn, snap))
+        _, page, data = self._placement
+        if wanted == "json":
+            return web.Response(body=data, content_type="application/json")
+        # the page fetches nothing: a policy that forbids it says so to the browser too
+        headers = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"}
+        return web.Response(body=page, content_type="text/html", charset="utf-8", headers=headers)
+
     async def index(self, request: web.Request) -> web.Response:
-        return web.Response(
-            text="numaguard exporter: /metrics /healthz /readyz\n", content_type="text/plain"
+        links = "".join(
+            f"<li><a href='{path}'>{path}</a> {what}</li>"
+            for path, what in (
+                ("/metrics", "the metrics"),
+                ("/placement", "where each pod's CPUs, memory and devices sit (?format=json)"),
+                ("/healthz", "alive"),
+                ("/readyz", "ready"),
+            )
         )
+        page = (
+            "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            "<title>numaguard exporter</title></head><body><h1>numaguard exporter</h1>"
+            f"<ul>{links}</ul></body></html>"
+        )
+        return web.Response(text=page, content_type="text/html")
+
+
+def _drawn(snap: NodeSnapshot) -> tuple[bytes, bytes]:
+    """The placement page and its JSON."""
+    data = placement_map(snap)
+    return render(data).encode(), json.dumps(data, separators=(",", ":")).encode()
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:

@@ -1,0 +1,154 @@
+"""The node's placement map (/placement): what the page draws and the JSON says, against
+the cycle's own snapshot of the reference GPU node and the demo node — every exclusive CPU
+in its pod's colour, every GPU under its NUMA node, every pod with a verdict outlined and
+named in words, nothing fetched, a bounded size — and how the exporter serves it."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from html.parser import HTMLParser
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from numaguard.exporter.model.placement_map import placement_map
+from numaguard.exporter.placement_page import render
+from numaguard.exporter.server import Exporter
+from numaguard.exporter.settings import Settings
+from numaguard.simulator.fakes import presets
+from numaguard.simulator.fakes.host import FakeHostRoot
+from tests.helpers.gpu_node import gpu_collection
+
+MAX_PAGE_BYTES = 256 * 1024  # the reference node's page: 8 NUMA nodes, 224 CPUs, 56 slices
+
+
+class Elements(HTMLParser):
+    """Each element's tag, attributes and the data-* attributes of the groups around it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[tuple[str, dict, list[dict]]] = []
+        self._open: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.found.append((tag, attrs, [a for _, a in self._open]))
+        if tag not in ("line", "br", "meta"):
+            self._open.append((tag, attrs))
+
+    def handle_endtag(self, tag):
+        while self._open:
+            if self._open.pop()[0] == tag:
+                break
+
+
+def parsed(page: str) -> Elements:
+    elements = Elements()
+    elements.feed(page)
+    return elements
+
+
+async def snapshot_of(preset):
+    now = [0.0]
+    host, nvml = preset(lambda: now[0])
+
+
+    root = FakeHostRoot(tempfile.mkdtemp(dir="/tmp"), host).write()
+    async with gpu_collection(host, nvml, root, lambda: now[0]) as (collection, gpus):
+        gpus.start()
+        await collection.run_once()
+        now[0] += 15  # GPM's activity is measured between two cycles
+        await collection.run_once()
+        return collection.snapshot, collection
+
+
+async def test_the_reference_node_s_map_shows_who_holds_what_where():
+    snap, _ = await snapshot_of(presets.reference_gpu_node)
+    data = placement_map(snap)
+    page = render(data)
+    assert len(page.encode()) < MAX_PAGE_BYTES
+    found = parsed(page).found
+    # every exclusive CPU in its pod's colour, and no other CPU
+    holders = {
+        cpu: pod.uid
+        for pod in snap.pods
+        for ctr in pod.containers
+        if ctr.exclusive_cpus
+        for cpu in ctr.cpus or ()
+    }
+    cpus = {int(a["data-cpu"]): a.get("data-pod") for tag, a, _ in found if "data-cpu" in a}
+    assert set(cpus) == set(range(224))
+    assert {c: p for c, p in cpus.items() if p} == holders and len(holders) == 112
+    # every GPU inside its NUMA node's group, the one NVML says it hangs off
+    gpus = {
+        int(a["data-gpu"]): [int(g["data-numa-node"]) for g in around if "data-numa-node" in g]
+        for _, a, around in found
+        if "data-gpu" in a
+    }
+    assert gpus == {g.index: [g.numa_node] for g in snap.gpus.gpus}
+    # each slice held in its holder's colour
+    held = {(u.mig or u.gpu).uuid: u.pod_uid for u in snap.device_uses}
+    drawn = {a["data-device"]: a.get("data-pod") for _, a, _ in found if "data-device" in a}
+    assert {d: p for d, p in drawn.items() if p} == held
+    # every pod with a verdict named with it in words, and outlined where it is drawn
+    judged = {uid: pod for uid, pod in data["pods"].items() if pod["verdicts"]}
+    assert judged, "the reference node has pods with verdicts"
+    rows = {a["data-pod"]: a["title"] for tag, a, _ in found if tag == "tr" and "data-pod" in a}
+    for uid, pod in judged.items():
+        for verdict in pod["verdicts"]:
+            assert verdict["words"] in rows[uid], (uid, verdict)
+        marks = [a for t, a, _ in found if a.get("data-pod") == uid and drawn_or_row(t, a)]
+        assert marks and all("data-verdict" in a for a in marks), uid
+    # one line from each pod to each device it holds
+    lines = {(a["data-pod"], a["data-to"]) for tag, a, _ in found if tag == "line"}
+    assert {(p, d) for d, p in held.items() if p in {h for h in holders.values()}} <= lines
+    # nothing fetched: no script, no stylesheet or font from elsewhere, no URL but the SVG
+    # namespace's
+    assert not [t for t, _, _ in found if t in ("script", "link", "img", "iframe", "object")]
+    assert "url(" not in page and "@import" not in page
+    assert page.count("http") == page.count("http://www.w3.org/2000/svg")
+
+
+def drawn_or_row(tag: str, attrs: dict) -> bool:
+    """A CPU or a device drawn for the pod, or its legend row (its lines aside)."""
+    return "data-cpu" in attrs or "data-device" in attrs or tag == "tr"
+
+
+async def test_the_json_says_what_the_page_draws():
+    snap, _ = await snapshot_of(presets.gpu_node)
+    data = placement_map(snap)
+    assert json.loads(json.dumps(data)) == data
+    (trainer,) = [p for p in data["pods"].values() if p["name"] == "trainer"]
+    assert trainer["exclusive_cpus"] == list(range(8))
+    assert trainer["cpus_by_numa_node"] == {"0": 8}
+    remote = next(p for p in data["pods"].values() if p["name"] == "trainer-remote")
+    assert {v["reason"] for v in remote["verdicts"]} >= {"device_remote"}
+    # its GPU is under NUMA node 1, its CPUs on node 0
+    (gpu4,) = [
+        g for n in data["numa_nodes"] if n["numa_node"] == 1 for g in n["gpus"] if g["index"] == 4
+    ]
+    uid = next(u for u, p in data["pods"].items() if p["name"] == "trainer-remote")
+    assert gpu4["holder"] == uid
+    # a notebook in the shared pool: listed for its slice, no CPU of its own
+    notebook = next(p for p in data["pods"].values() if p["name"] == "notebook-0")
+    assert notebook["exclusive_cpus"] == [] and notebook["devices"]
+
+
+async def test_the_exporter_serves_it_once_a_cycle_and_only_when_asked():
+    snap, collection = await snapshot_of(presets.gpu_node)
+    exporter = Exporter(Settings(), collection)
+    async with TestClient(TestServer(exporter.app)) as client:
+        assert exporter._placement is None  # a cycle draws nothing
+        page = await client.get("/placement")
+        assert page.status == 200 and page.content_type == "text/html"
+        assert "default-src 'none'" in page.headers["Content-Security-Policy"]
+        body = await page.text()
+        assert "Placement on" in body
+        drawn = exporter._placement
+        again = await client.get("/placement?format=json")
+        assert again.content_type == "application/json"
+        assert json.loads(await again.read()) == json.loads(json.dumps(placement_map(snap)))
+        assert exporter._placement is drawn  # the same cycle's, not drawn again
+        assert (await client.get("/placement?format=xml")).status == 400
+        index = await (await client.get("/")).text()
+        assert "href='/placement'" in index and "href='/metrics'" in index
