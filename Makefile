@@ -38,11 +38,11 @@ $(VENV)/.installed: pyproject.toml
 
 system-deps:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
-	    || ! command -v prometheus-alertmanager >/dev/null; then \
-	  echo "installing Debian packages prometheus and prometheus-alertmanager"; \
+	    || ! command -v prometheus-alertmanager >/dev/null || ! command -v chromium >/dev/null; then \
+	  echo "installing Debian packages prometheus, prometheus-alertmanager and chromium"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager \
-	    >/dev/null; \
+	    chromium >/dev/null; \
 	fi
 
 # QEMU, for the tests' real node (make demo-node, the vm tier): not for make demo

@@ -119,11 +119,12 @@ def make_collection(
 # The tiers, by the real parts a test starts: `pure` (nothing but this process and its
 # threads, sockets and children of our own), `prometheus` (a real Prometheus, promtool or
 # Alertmanager), `cluster` (the real control plane), `vm` (a real node in a QEMU guest),
-# `scale` (a node of thousands of pods: a minute of writing files and reading them).
+# `scale` (a node of thousands of pods: a minute of writing files and reading them),
+# `browser` (Debian's headless Chromium, on the pages a person reads).
 # A module names the tiers it needs with ``pytestmark``; a test that uses the control
 # plane fixture is a cluster test by that alone; a test with no tier is pure, and a pure
 # test that starts a real part fails, so a tier cannot be forgotten.
-TIERS = ("pure", "prometheus", "cluster", "vm", "scale")
+TIERS = ("pure", "prometheus", "cluster", "vm", "scale", "browser")
 
 
 # The files of the vm tier. make test runs them one after another on one pytest-xdist

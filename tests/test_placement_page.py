@@ -9,6 +9,8 @@ import json
 import tempfile
 from html.parser import HTMLParser
 
+import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from numaguard.exporter.model.placement_map import placement_map
@@ -17,6 +19,7 @@ from numaguard.exporter.server import Exporter
 from numaguard.exporter.settings import Settings
 from numaguard.simulator.fakes import presets
 from numaguard.simulator.fakes.host import FakeHostRoot
+from tests.helpers.browser import rendered, screenshot
 from tests.helpers.gpu_node import gpu_collection
 
 MAX_PAGE_BYTES = 256 * 1024  # the reference node's page: 8 NUMA nodes, 224 CPUs, 56 slices
@@ -51,7 +54,6 @@ def parsed(page: str) -> Elements:
 async def snapshot_of(preset):
     now = [0.0]
     host, nvml = preset(lambda: now[0])
-
 
     root = FakeHostRoot(tempfile.mkdtemp(dir="/tmp"), host).write()
     async with gpu_collection(host, nvml, root, lambda: now[0]) as (collection, gpus):
@@ -104,7 +106,8 @@ async def test_the_reference_node_s_map_shows_who_holds_what_where():
     assert {(p, d) for d, p in held.items() if p in {h for h in holders.values()}} <= lines
     # nothing fetched: no script, no stylesheet or font from elsewhere, no URL but the SVG
     # namespace's
-    assert not [t for t, _, _ in found if t in ("script", "link", "img", "iframe", "object")]
+    assert not [t for t, _, _ in found if t in ("script", "img", "iframe", "object")]
+    assert [a["href"] for t, a, _ in found if t == "link"] == ["data:,"]  # its icon, inline
     assert "url(" not in page and "@import" not in page
     assert page.count("http") == page.count("http://www.w3.org/2000/svg")
 
@@ -152,3 +155,47 @@ async def test_the_exporter_serves_it_once_a_cycle_and_only_when_asked():
         assert (await client.get("/placement?format=xml")).status == 400
         index = await (await client.get("/")).text()
         assert "href='/placement'" in index and "href='/metrics'" in index
+
+
+@pytest.mark.browser
+async def test_chromium_draws_the_reference_node_s_page_fetching_nothing():
+    """The page as a person gets it: served by the exporter, rendered by Chromium, whose
+    DOM holds every CPU in its pod's colour and every GPU under its NUMA node; the page
+    asks for nothing (no request with its origin as initiator), where a page beside it
+    that shows an image is seen asking for it."""
+    snap, collection = await snapshot_of(presets.reference_gpu_node)
+    exporter = Exporter(Settings(), collection)
+    # a page that does fetch something, served beside it: the network log would see it
+    control = (
+        "<!doctype html><html><head><link rel='icon' href='data:,'></head>"
+        "<body><img src='/pixel.png'></body></html>"
+    )
+
+    async def controlled(_):
+        return web.Response(text=control, content_type="text/html")
+
+    exporter.app.router.add_get("/control", controlled)
+    async with TestClient(TestServer(exporter.app)) as client:
+        _, fetched = await rendered(str(client.make_url("/control")))
+        assert fetched == [str(client.make_url("/pixel.png"))]
+        url = str(client.make_url("/placement"))
+        dom, asked = await rendered(url)
+        assert asked == []
+        shot = await screenshot(url, "placement-reference-node")
+    found = parsed(dom).found
+    holders = {
+        cpu: pod.uid
+        for pod in snap.pods
+        for ctr in pod.containers
+        if ctr.exclusive_cpus
+        for cpu in ctr.cpus or ()
+    }
+    cpus = {int(a["data-cpu"]): a.get("data-pod") for _, a, _ in found if "data-cpu" in a}
+    assert {c: p for c, p in cpus.items() if p} == holders and len(cpus) == 224
+    gpus = {
+        int(a["data-gpu"]): [int(g["data-numa-node"]) for g in around if "data-numa-node" in g]
+        for _, a, around in found
+        if "data-gpu" in a
+    }
+    assert gpus == {g.index: [g.numa_node] for g in snap.gpus.gpus}
+    assert shot.stat().st_size > 10_000  # a drawing, not a blank page

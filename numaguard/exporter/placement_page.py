@@ -54,7 +54,9 @@ def render(placement: dict) -> str:
     node = html.escape(placement["node"])
     return "".join(
         [
-            "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+            # an icon of its own, inline: a browser asks the server for none
+            "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            "<link rel='icon' href='data:,'>",
             f"<title>numaguard: placement on {node}</title><style>{STYLE}</style></head><body>",
             f"<h1>Placement on {node}</h1>",
             f"<p class='muted'>At {placement['time']:.0f} (Unix time), as the exporter's last "
