@@ -234,7 +234,7 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
         )
         print(f"  Prometheus (rules loaded): {prom.url}   alerts: {prom.url}/alerts")
         for node, url in zip(sim.nodes, urls, strict=True):
-            print(f"  exporter {node}: {url}/metrics")
+            print(f"  exporter {node}: {url}/metrics   placement map: {url}/placement")
         print(f"  API server: {cp.url}  (admin kubeconfig: {admin_kubeconfig})")
         print(kubectl_commands(admin_kubeconfig))
         print(
