@@ -13,12 +13,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from numaguard.exporter.collection import Collection
 from numaguard.exporter.model.placement_map import placement_map
 from numaguard.exporter.placement_page import render
 from numaguard.exporter.server import Exporter
 from numaguard.exporter.settings import Settings
+from numaguard.exporter.sources.host import HostSource
 from numaguard.simulator.fakes import presets
 from numaguard.simulator.fakes.host import FakeHostRoot
+from tests.conftest import NODE
 from tests.helpers.browser import rendered, screenshot
 from tests.helpers.gpu_node import gpu_collection
 
@@ -155,6 +158,31 @@ async def test_the_exporter_serves_it_once_a_cycle_and_only_when_asked():
         assert (await client.get("/placement?format=xml")).status == 400
         index = await (await client.get("/")).text()
         assert "href='/placement'" in index and "href='/metrics'" in index
+
+
+async def test_pods_not_read_leave_every_holder_unknown_not_a_shared_pool(fake_root):
+    """The pods' cgroups unreadable this cycle: the page says no holder is known and draws
+    no CPU in the pool's grey; the JSON says pods_known false; the rest is drawn."""
+    root = fake_root(presets.two_socket())
+
+    class Unreadable:
+        def read(self, *_):
+            raise OSError("cgroups unreadable")
+
+    collection = Collection(
+        NODE, {"host_numa": HostSource(str(root.root)), "pod_placement": Unreadable()}
+    )
+    await collection.run_once()
+    exporter = Exporter(Settings(), collection)
+    async with TestClient(TestServer(exporter.app)) as client:
+        page = await (await client.get("/placement")).text()
+        data = json.loads(await (await client.get("/placement?format=json")).read())
+    assert data["pods_known"] is False and data["pods"] == {}
+    found = parsed(page).found
+    assert [a for _, a, _ in found if a.get("data-pods-unknown") == "true"]
+    cpus = [a for _, a, _ in found if "data-cpu" in a]
+    assert len(cpus) == 32 and all(a["fill"] == "#fff" for a in cpus)
+    assert [n["numa_node"] for n in data["numa_nodes"]] == [0, 1]
 
 
 @pytest.mark.browser

@@ -36,6 +36,7 @@ svg text{font:11px sans-serif}
 table{border-collapse:collapse;margin-top:12px}
 td,th{padding:2px 8px;text-align:left;vertical-align:top;border-bottom:1px solid #eee}
 .swatch{display:inline-block;width:12px;height:12px;border:1px solid #999}
+.warning{color:#b00}
 """
 
 
@@ -50,7 +51,8 @@ def render(placement: dict) -> str:
     colours = {uid: colour(i) for i, uid in enumerate(sorted(pods, key=lambda u: _name(pods[u])))}
     titles = {uid: _title(pod) for uid, pod in pods.items()}
     outlined = {uid: _outline(pod) for uid, pod in pods.items()}
-    svg, width, height, anchors = _svg(placement, colours, titles, outlined)
+    known = placement.get("pods_known", True)
+    svg, width, height, anchors = _svg(placement, colours, titles, outlined, known)
     node = html.escape(placement["node"])
     return "".join(
         [
@@ -63,6 +65,10 @@ def render(placement: dict) -> str:
             "cycle read it. Exclusive CPUs in their pod's colour; the shared pool light grey, "
             "the kubelet's reserved CPUs dark grey; pods with a verdict outlined in its "
             "colour. Hover over a CPU or a device for its pod.</p>",
+            ""
+            if known
+            else "<p class='warning' data-pods-unknown='true'>The pods' cgroups were not read "
+            "this cycle: no CPU's holder is known, and none is drawn (white).</p>",
             f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
             f"viewBox='0 0 {width} {height}' role='img'>",
             svg,
@@ -102,7 +108,7 @@ def _outline(pod: dict) -> tuple[str, str] | None:
     return None
 
 
-def _svg(placement: dict, colours, titles, outlined):
+def _svg(placement: dict, colours, titles, outlined, known: bool):
     """The drawing, its size, and where each pod's first CPU and each device held are
     (page coordinates), for the lines between them."""
     by_id = {n["numa_node"]: n for n in placement["numa_nodes"]}
@@ -117,7 +123,8 @@ def _svg(placement: dict, colours, titles, outlined):
         inner: list[str] = [f"<text x='{PAD}' y='{PAD + 10}'>{html.escape(label)}</text>"]
         y, width = PAD + 18, 0.0
         for n in ids:
-            drawing, w, h = _numa(by_id[n], colours, titles, outlined, anchors, (x + PAD, y))
+            origin = (x + PAD, y)
+            drawing, w, h = _numa(by_id[n], colours, titles, outlined, anchors, origin, known)
             inner.append(f"<g transform='translate({PAD},{y})'>{drawing}</g>")
             y, width = y + h + PAD, max(width, w)
         parts.append(
@@ -134,7 +141,7 @@ def _svg(placement: dict, colours, titles, outlined):
     return "".join(parts), x, height, anchors
 
 
-def _numa(node: dict, colours, titles, outlined, anchors, origin):
+def _numa(node: dict, colours, titles, outlined, anchors, origin, known: bool):
     """A NUMA node's box drawn at ``origin`` (page coordinates): its drawing, width and
     height."""
     n, (ox, oy) = node["numa_node"], origin
@@ -156,7 +163,7 @@ def _numa(node: dict, colours, titles, outlined, anchors, origin):
         for k, cpu in enumerate(cache["cpus"]):
             cx, cy = 2 + GAP + (k % COLUMNS) * (CPU + GAP), 14 + (k // COLUMNS) * (CPU + GAP)
             entry = cpu_of.get(cpu, {"cpu": cpu})
-            cells.append(_cpu(entry, cx, cy, colours, titles, outlined))
+            cells.append(_cpu(entry, cx, cy, colours, titles, outlined, known))
             holder = entry.get("holder")
             if holder and holder not in anchors["pods"]:
                 anchors["pods"][holder] = (ox + x + cx + CPU / 2, oy + y + cy + CPU / 2)
@@ -189,7 +196,7 @@ def _numa(node: dict, colours, titles, outlined, anchors, origin):
     return box, width + 8, y + 8
 
 
-def _cpu(cpu: dict, x: float, y: float, colours, titles, outlined) -> str:
+def _cpu(cpu: dict, x: float, y: float, colours, titles, outlined, known: bool) -> str:
     holder = cpu.get("holder", "")
     attrs = f"data-cpu='{cpu['cpu']}'"
     if holder:
@@ -199,6 +206,8 @@ def _cpu(cpu: dict, x: float, y: float, colours, titles, outlined) -> str:
     elif cpu.get("reserved"):
         fill, title = RESERVED, f"CPU {cpu['cpu']}: reserved by the kubelet"
         attrs += " data-reserved='true'"
+    elif not known:
+        fill, title = "#fff", f"CPU {cpu['cpu']}: holder unknown (the pods were not read)"
     else:
         fill, title = SHARED_POOL, f"CPU {cpu['cpu']}: shared pool"
     stroke = "#999"

@@ -18,7 +18,7 @@ from aiohttp import web
 from numaguard.common import webconfig
 from numaguard.common.apiserver import KubeconfigError, connect
 from numaguard.common.process import settle_garbage_collector
-from numaguard.exporter.collection import Collection, Source
+from numaguard.exporter.collection import POD_PLACEMENT, Collection, Source
 from numaguard.exporter.collectors import COLLECTORS, Collector
 from numaguard.exporter.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from numaguard.exporter.model import NodeSnapshot
@@ -176,7 +176,9 @@ class Exporter:
         if wanted not in ("html", "json"):
             return web.Response(status=400, text="format is html or json\n")
         if self._placement is None or self._placement[0] is not snap:
-            self._placement = (snap, *await asyncio.to_thread(_drawn, snap))
+            # the pods' cgroups read, and not past the cardinality guard (unknown, not gone)
+            known = snap.readings.get(POD_PLACEMENT) is not None and not self.collection.limited
+            self._placement = (snap, *await asyncio.to_thread(_drawn, snap, known))
         _, page, data = self._placement
         if wanted == "json":
             return web.Response(body=data, content_type="application/json")
@@ -202,9 +204,9 @@ class Exporter:
         return web.Response(text=page, content_type="text/html")
 
 
-def _drawn(snap: NodeSnapshot) -> tuple[bytes, bytes]:
+def _drawn(snap: NodeSnapshot, pods_known: bool) -> tuple[bytes, bytes]:
     """The placement page and its JSON."""
-    data = placement_map(snap)
+    data = placement_map(snap, pods_known)
     return render(data).encode(), json.dumps(data, separators=(",", ":")).encode()
 
 

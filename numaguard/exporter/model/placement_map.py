@@ -2,10 +2,10 @@
 caches, CPUs, memory and GPUs with their MIG slices, which pod holds each, and each pod's
 verdicts in words — what the exporter's ``/placement`` page draws, and serves as JSON.
 
-Only what the cycle's snapshot knows is said: a CPU whose holder is unknown is in the
-shared pool only when the kubelet's view says so, a NUMA node whose memory was not read
-has none drawn, and a pod is listed when it holds exclusive CPUs or devices or has a
-verdict (the rest share the pool and are summed as "other" memory).
+Only what the cycle's snapshot knows is said: when the pods' cgroups were not read, no
+CPU's holder is known (``pods_known`` false), never "all in the shared pool"; a NUMA
+node whose memory was not read has none; a pod is listed when it holds exclusive CPUs
+or devices or has a verdict (the rest share the pool, their memory summed as others').
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def words(kind: str, reason: str) -> str:
     return WORDS.get(kind, {}).get(reason, reason.replace("_", " "))
 
 
-def placement_map(snap: NodeSnapshot) -> dict:
-    """The map as plain data (the JSON the page serves)."""
+def placement_map(snap: NodeSnapshot, pods_known: bool = True) -> dict:
+    """The map as plain data (the JSON the page serves); ``pods_known``: whether this
+    cycle read the pods' cgroups."""
     topology = snap.topology
     socket_of = topology.socket_of_cpu if topology else {}
     listed = _listed(snap)
@@ -102,6 +103,7 @@ def placement_map(snap: NodeSnapshot) -> dict:
     return {
         "node": snap.node_name,
         "time": snap.timestamp,
+        "pods_known": pods_known,
         "sockets": [{"socket": s, "numa_nodes": ids} for s, ids in sorted(sockets.items())],
         "numa_nodes": numa_nodes,
         "gpus_on_no_numa_node": unplaced,
