@@ -27,11 +27,10 @@ from numaguard.remediator.core.history import (
     WorkloadHistory,
 )
 from numaguard.remediator.core.kinds import KINDS
-from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Enforcement, Policy
 from numaguard.remediator.core.queries import Windows
-from numaguard.remediator.core.rejections import RejectedPod, describe, storms
+from numaguard.remediator.core.rejections import describe, storms
 from numaguard.remediator.core.rounds import Round, Sizing, rounds
 from numaguard.simulator.cluster.fleet import open_nodes
 from numaguard.simulator.parts.prometheus import as_signals
@@ -45,6 +44,7 @@ from tests.helpers.planner_rows import (
     merge,
     needs,
     pod_info,
+    rejected,
     run,
     signals,
     starved_row,
@@ -706,21 +706,6 @@ def test_an_ignored_kind_is_not_refused_even_on_doubtful_evidence():
     result = run(sig, [pod_info("trainer")], ignoring)
     assert not result.actions and not result.refusals
     assert [f.kind for f in result.ignored] == ["cross_numa"]
-
-
-def rejected(name: str, workload: str = "Deployment/ml/trainer", node="n1", age=0.0, **kw):
-    return RejectedPod(
-        namespace=kw.pop("namespace", "ml"),
-        name=name,
-        uid=f"uid-{name}",
-        node=node,
-        reason=kw.pop("reason", "TopologyAffinityError"),
-        created=NOW - age,
-        workload=workload,
-        need=Need(8.0, 32 * GIB, {"nvidia.com/gpu": 1}),
-        owned=kw.pop("owned", bool(workload)),
-        **kw,
-    )
 
 
 def capacity_of(sig: Signals) -> Capacity:

@@ -158,7 +158,7 @@ def parser() -> argparse.ArgumentParser:
                 "--listen",
                 default="0.0.0.0:9848",
                 metavar="HOST:PORT",
-                help="where to serve /metrics and /healthz",
+                help="where to serve /metrics, /decisions (the last cycle) and /healthz",
             )
             s.add_argument(
                 "--web.config.file",

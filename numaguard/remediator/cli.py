@@ -23,7 +23,9 @@ from numaguard.remediator import steering
 from numaguard.remediator.arguments import parser
 from numaguard.remediator.config import ConfigError, settings
 from numaguard.remediator.controller import Controller
+from numaguard.remediator.core.decisions import decisions
 from numaguard.remediator.core.steering import Target
+from numaguard.remediator.decisions_page import render as render_decisions
 from numaguard.remediator.kube import Kube, api_client
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
@@ -102,7 +104,8 @@ async def run_command(args) -> int:
     )
     release = asyncio.Event()  # then, the cycle over, the Lease is let go
     health = Health(3 * args.interval + 60)
-    runner, scrapers = await _serve_metrics(args, metrics, health)
+    shown: list[Controller] = []  # the controller, once made: the decision page's source
+    runner, scrapers = await _serve_metrics(args, metrics, health, shown)
     election = asyncio.create_task(elector.run(release))  # renews whatever the cycle does
     serving: asyncio.Task | None = None  # the steering webhook, once served
     controller: Controller | None = None
@@ -110,6 +113,7 @@ async def run_command(args) -> int:
         async with aiohttp.ClientSession() as session:
             controller = await _controller(args, session, kube, elector, metrics)
             controller.actuator.stopping = stop.is_set
+            shown.append(controller)
             if args.steer:
                 serving = asyncio.create_task(_steering(args, kube, controller, stop))
             log.info(
@@ -237,9 +241,22 @@ async def _answering_kube(kubeconfig: str | None, stop: asyncio.Event) -> Kube |
         delay = min(2 * delay, 30.0)
 
 
-async def _serve_metrics(args, metrics: Metrics, health: Health):
-    """/metrics and /healthz on --listen: (the runner, the client that authenticates
-    scrapers or None)."""
+async def _serve_metrics(args, metrics: Metrics, health: Health, shown: list):
+    """/metrics, /decisions and /healthz on --listen: (the runner, the client that
+    authenticates scrapers or None). ``shown``: the controller, once there is one."""
+
+    async def decided(request):
+        wanted = request.query.get("format", "html")
+        if wanted not in ("html", "json"):
+            return web.Response(status=400, text="format is html or json\n")
+        controller = shown[0] if shown else None
+        if controller is None or controller.last_report is None:
+            return web.Response(status=503, text="no cycle has run yet\n")
+        data = decisions(controller.last_report, controller.outcomes, controller.policy)
+        if wanted == "json":
+            return web.json_response(data)
+        headers = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"}
+        return web.Response(text=render_decisions(data), content_type="text/html", headers=headers)
 
     async def serve(_):
         return web.Response(
@@ -253,7 +270,9 @@ async def _serve_metrics(args, metrics: Metrics, health: Health):
         return web.Response(status=503, text=text)
 
     app = web.Application()
-    app.add_routes([web.get("/metrics", serve), web.get("/healthz", healthz)])
+    app.add_routes(
+        [web.get("/metrics", serve), web.get("/decisions", decided), web.get("/healthz", healthz)]
+    )
     scrapers = connect(args.kubeconfig) if args.web_kubernetes_auth else None
     tls = webconfig.secure(app, args.web_config_file, scrapers)
     runner = web.AppRunner(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import deque
 from dataclasses import asdict, replace
 
 import aiohttp
@@ -54,6 +55,7 @@ from numaguard.remediator.signals import Prometheus, SignalsError
 
 log = logging.getLogger(__name__)
 _TRANSPORT = (aiohttp.ClientError, OSError, TimeoutError)
+RECENT_OUTCOMES = 50  # verifications the decision page keeps
 
 
 class Controller:
@@ -76,6 +78,9 @@ class Controller:
         self.clock = clock
         self.actuator = Actuator(kube, elector, clock, policy.dry_run) if kube else None
         self.state = FindingState()
+        # what the decision page shows: the last cycle's report, and the latest outcomes
+        self.last_report: CycleReport | None = None
+        self.outcomes: deque[tuple[float, Verification]] = deque(maxlen=RECENT_OUTCOMES)
         self.said: dict[tuple, str] = {}  # finding -> the Event last written about it
         # workloads whose verification was refused last cycle, and why (said once)
         self.verify_refused: dict[str, tuple[str, str]] = {}  # workload -> (guard, why)
@@ -89,7 +94,9 @@ class Controller:
     async def cycle(self, write: bool = True) -> CycleReport:
         """One cycle. ``write`` False: plan only (the ``plan`` command)."""
         started = time.monotonic()
-        report = CycleReport()
+        report = CycleReport(at=self.clock(), dry_run=self.policy.dry_run or not write)
+        if write:
+            self.last_report = report
         m = self.metrics
         if write and self.elector is not None:
             report.leader = self.elector.leading
@@ -144,6 +151,11 @@ class Controller:
             policy = replace(policy, dry_run=True)
         history = {p.workload: p.history for p in pods.values() if p.history}
         prepared = prepare(report.findings, signals, policy)
+        report.paused = policy.paused
+        for f in report.findings:
+            age = prepared.evidence.sample_age(f)
+            if age is not None:
+                report.ages[f.key] = age
         try:
             wanted = nodes_to_check(report.findings, pods, prepared, policy)
             nodes = await nodes_of(self.kube, wanted) if self.kube and wanted else {}
@@ -388,6 +400,12 @@ class Controller:
         now = self.clock()
         refused: dict[str, tuple[str, str]] = {}
         pending = await pending_workloads(self.kube)
+        report.pending = [
+            (workload, p)
+            for workload, (history, _) in sorted(pending.items())
+            if history is not None
+            for p in history.pending
+        ]
         if self.steering is not None:  # steering ends with the wait for verification
             with contextlib.suppress(*_TRANSPORT):
                 await self.actuator.steer(self.steering, now, pending=frozenset(pending))
@@ -436,9 +454,9 @@ class Controller:
             if s.gain and s.gain.ratio is not None:
                 self.metrics.fix_gain.labels(pending.kind).observe(s.gain.ratio)
             self.metrics.verifications.labels(s.outcome).inc()
-            report.verified.append(
-                Verification(workload, pending.kind, s.outcome, s.gain, s.detail, s.landing)
-            )
+            verified = Verification(workload, pending.kind, s.outcome, s.gain, s.detail, s.landing)
+            report.verified.append(verified)
+            self.outcomes.append((now, verified))
             log.info(
                 "verification of %s: %s (%s)",
                 workload,

@@ -6,10 +6,12 @@ from __future__ import annotations
 from numaguard.remediator.core.actions import PodInfo
 from numaguard.remediator.core.answers import Signals
 from numaguard.remediator.core.findings import FindingState, update
+from numaguard.remediator.core.needs import Need
 from numaguard.remediator.core.planner import plan
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.queries import REQUIRED_LABELS
 from numaguard.remediator.core.reach import Placement
+from numaguard.remediator.core.rejections import RejectedPod
 from numaguard.simulator.cluster.fleet import open_nodes
 from numaguard.simulator.parts.prometheus import as_signals
 
@@ -187,3 +189,18 @@ def free_set(node: str, numa: str, size: int, level: str) -> dict:
     """The best level a free set of ``size`` GPUs reaches on the NUMA node."""
     row = {"node": node, "numa_node": numa, "size": str(size), "level": level, "value": 1.0}
     return {"zone_gpu_free_sets": [row]}
+
+
+def rejected(name: str, workload: str = "Deployment/ml/trainer", node="n1", age=0.0, **kw):
+    return RejectedPod(
+        namespace=kw.pop("namespace", "ml"),
+        name=name,
+        uid=f"uid-{name}",
+        node=node,
+        reason=kw.pop("reason", "TopologyAffinityError"),
+        created=NOW - age,
+        workload=workload,
+        need=Need(8.0, 32 * GIB, {"nvidia.com/gpu": 1}),
+        owned=kw.pop("owned", bool(workload)),
+        **kw,
+    )

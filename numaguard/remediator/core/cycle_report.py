@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from numaguard.remediator.core.actions import Action, Plan
 from numaguard.remediator.core.findings import Finding
+from numaguard.remediator.core.history import Pending
 from numaguard.remediator.core.outcome import Gain
 from numaguard.remediator.core.rejections import Storm
 from numaguard.remediator.core.relayout import Recommendation, Step
@@ -35,3 +36,11 @@ class CycleReport:
     error: str = ""
     leader: bool = True
     warning: str = ""  # the cycle ran, but something a person should fix made it blind
+    at: float = 0.0  # when it planned
+    dry_run: bool = True  # the mode it planned in
+    paused: bool = False
+    # each finding's evidence: the age of the newest sample saying so (finding.key ->
+    # seconds; absent: none)
+    ages: dict[tuple, float] = field(default_factory=dict)
+    # the actions awaiting verification, by workload, as their histories say
+    pending: list[tuple[str, Pending]] = field(default_factory=list)

@@ -182,7 +182,7 @@ class Evidence:
             collectors = (*collectors, "pod_resources")
         why = self.node_stale(f.node, collectors)
         if not why:
-            age = self._sample_age(f)
+            age = self.sample_age(f)
             if age is None or age > self.stale_after:
                 why = "no recent sample says so" if age is None else f"newest sample {age:.0f}s old"
         if why:
@@ -226,7 +226,8 @@ class Evidence:
                 )
         return None, ""
 
-    def _sample_age(self, f: Finding) -> float | None:
+    def sample_age(self, f: Finding) -> float | None:
+        """How old the newest sample saying ``f`` is; None: no sample says it."""
         kind = KINDS[f.kind]
         return self.ages.get((kind.age, *(getattr(f, name) for name in kind.age_of)))
 

@@ -49,6 +49,7 @@ class Guard:
     lasting: bool
     check: Callable[[Asked], str | None] | None = None
     where: str = ""  # for a guard planning decides: the step that does
+    lifts: str = ""  # what would lift it, as the decision page says it
 
 
 def _protected(a: Asked) -> str | None:
@@ -172,35 +173,66 @@ def _cap_workload(a: Asked) -> str | None:
 
 # Every guard, in the order the planner checks them.
 GUARD_LIST = (
-    Guard("paused", False, where="plan: the Lease's pause annotation"),
-    Guard("stale_data", False, where="evidence.Evidence.doubt, and the room a fix needs"),
-    Guard("pod_gone", False, where="evidence.Evidence.doubt"),
-    Guard("evidence_mismatch", False, where="evidence.Evidence.doubt"),
+    Guard("paused", False, where="plan: the Lease's pause annotation", lifts="unpausing"),
+    Guard(
+        "stale_data",
+        False,
+        where="evidence.Evidence.doubt, and the room a fix needs",
+        lifts="fresh data: the node's exporter up and its collectors succeeding",
+    ),
+    Guard("pod_gone", False, where="evidence.Evidence.doubt", lifts="nothing: the pod is gone"),
+    Guard(
+        "evidence_mismatch",
+        False,
+        where="evidence.Evidence.doubt",
+        lifts="the exporters, the API server and the kubelet agreeing",
+    ),
     # a defect of numaguard's own while judging it (logged with its traceback)
-    Guard("internal", False, where="plan, around each finding"),
-    Guard("protected_namespace", True, _protected),
-    Guard("opted_out", True, _opted_out),
-    Guard("mirror_pod", True, _mirror),
-    Guard("daemonset", True, _daemonset),
-    Guard("bare_pod", True, _bare),
-    Guard("unsupported_owner", True, _unsupported_owner),
-    Guard("system_critical", True, _system_critical),
-    Guard("local_storage", True, _local_storage),
-    Guard("resource_claims", True, _resource_claims),
-    Guard("too_young", False, _too_young),
-    Guard("gave_up", True, _gave_up),
-    Guard("pdb_blocked", True, _pdb_blocked),
-    Guard("cooldown", False, _cooldown),
-    Guard("not_lower_priority", True, where="plan: a noisy neighbour's feeder"),
-    Guard("no_free_memory", True, where="planner: the room at the pod's home"),
-    Guard("no_fit", True, where="planner: a zone that takes the pod aligned"),
-    Guard("shared_claim", True, where="planner: a resize whose slice is a shared claim's"),
-    Guard("cap_cycle", False, _cap_cycle),
-    Guard("cap_node", False, _cap_node),
-    Guard("cap_namespace", False, _cap_namespace),
-    Guard("cap_workload", False, _cap_workload),
+    Guard("internal", False, where="plan, around each finding", lifts="a fix of numaguard's"),
+    Guard("protected_namespace", True, _protected, lifts="policy.protected_namespaces"),
+    Guard("opted_out", True, _opted_out, lifts=f"the pod's {OPT_OUT} annotation"),
+    Guard("mirror_pod", True, _mirror, lifts="nothing: the kubelet owns a static pod"),
+    Guard("daemonset", True, _daemonset, lifts="nothing: a DaemonSet's pod comes back in place"),
+    Guard("bare_pod", True, _bare, lifts="a controller owning the pod"),
+    Guard("unsupported_owner", True, _unsupported_owner, lifts="a Deployment or StatefulSet"),
+    Guard("system_critical", True, _system_critical, lifts="nothing: never evicted"),
+    Guard("local_storage", True, _local_storage, lifts="policy.allow_local_storage"),
+    Guard("resource_claims", True, _resource_claims, lifts="claims the planner can follow"),
+    Guard("too_young", False, _too_young, lifts="the pod reaching policy.min_pod_age_seconds"),
+    Guard("gave_up", True, _gave_up, lifts="a person clearing the workload's history"),
+    Guard("pdb_blocked", True, _pdb_blocked, lifts="its PodDisruptionBudget allowing one"),
+    Guard("cooldown", False, _cooldown, lifts="the cooldown ending"),
+    Guard(
+        "not_lower_priority",
+        True,
+        where="plan: a noisy neighbour's feeder",
+        lifts="a lower priority than the pod it crowds out",
+    ),
+    Guard(
+        "no_free_memory",
+        True,
+        where="planner: the room at the pod's home",
+        lifts="memory freed on its CPUs' NUMA node",
+    ),
+    Guard(
+        "no_fit",
+        True,
+        where="planner: a zone that takes the pod aligned",
+        lifts="a NUMA zone with the room it needs, on a node its replacement may reach",
+    ),
+    Guard(
+        "shared_claim",
+        True,
+        where="planner: a resize whose slice is a shared claim's",
+        lifts="a claim of the workload's own",
+    ),
+    Guard("cap_cycle", False, _cap_cycle, lifts="the next cycle"),
+    Guard("cap_node", False, _cap_node, lifts="the next cycle"),
+    Guard("cap_namespace", False, _cap_namespace, lifts="the next cycle"),
+    Guard("cap_workload", False, _cap_workload, lifts="its action in flight verified"),
 )
 GUARDS = tuple(g.name for g in GUARD_LIST)
+LIFTS = {g.name: g.lifts for g in GUARD_LIST}
 LASTING_GUARDS = frozenset(g.name for g in GUARD_LIST if g.lasting)
 _CAPS = ("cap_cycle", "cap_node", "cap_namespace", "cap_workload")
 # the pod's own guards, checked before the room for it is looked for; the caps after
