@@ -129,9 +129,9 @@ def test_the_mode_is_said_first():
         assert page.mode.startswith(words)
 
 
-async def test_the_leader_serves_it_on_its_metrics_port():
-    port = free_port()
-    args = SimpleNamespace(
+def listening(port: int) -> SimpleNamespace:
+    """The run command's server arguments: plain HTTP on ``port``."""
+    return SimpleNamespace(
         listen=f"127.0.0.1:{port}",
         web_kubernetes_auth=False,
         web_config_file=None,
@@ -139,6 +139,11 @@ async def test_the_leader_serves_it_on_its_metrics_port():
         idle_timeout=5.0,
         max_connections=8,
     )
+
+
+async def test_the_leader_serves_it_on_its_metrics_port():
+    port = free_port()
+    args = listening(port)
     shown: list = []
     runner, _ = await _serve_metrics(args, Metrics(), Health(60), shown)
     url = f"http://127.0.0.1:{port}/decisions"
@@ -168,14 +173,7 @@ async def test_the_leader_serves_it_on_its_metrics_port():
 @pytest.mark.browser
 async def test_chromium_shows_the_dry_run_first_and_fetches_nothing():
     port = free_port()
-    args = SimpleNamespace(
-        listen=f"127.0.0.1:{port}",
-        web_kubernetes_auth=False,
-        web_config_file=None,
-        kubeconfig=None,
-        idle_timeout=5.0,
-        max_connections=8,
-    )
+    args = listening(port)
     report = a_cycle(Policy())
     shown = [SimpleNamespace(last_report=report, outcomes=[], policy=Policy())]
     runner, _ = await _serve_metrics(args, Metrics(), Health(60), shown)

@@ -54,6 +54,26 @@ def parsed(page: str) -> Elements:
     return elements
 
 
+def exclusive_holders(snap) -> dict[int, str]:
+    """Each exclusive CPU of the snapshot -> the uid of the pod holding it."""
+    return {
+        cpu: pod.uid
+        for pod in snap.pods
+        for ctr in pod.containers
+        if ctr.exclusive_cpus
+        for cpu in ctr.cpus or ()
+    }
+
+
+def gpus_under_numa_nodes(found) -> dict[int, list[int]]:
+    """Each drawn GPU -> the NUMA nodes whose groups it is drawn inside."""
+    return {
+        int(a["data-gpu"]): [int(g["data-numa-node"]) for g in around if "data-numa-node" in g]
+        for _, a, around in found
+        if "data-gpu" in a
+    }
+
+
 async def snapshot_of(preset):
     now = [0.0]
     host, nvml = preset(lambda: now[0])
@@ -74,23 +94,12 @@ async def test_the_reference_node_s_map_shows_who_holds_what_where():
     assert len(page.encode()) < MAX_PAGE_BYTES
     found = parsed(page).found
     # every exclusive CPU in its pod's colour, and no other CPU
-    holders = {
-        cpu: pod.uid
-        for pod in snap.pods
-        for ctr in pod.containers
-        if ctr.exclusive_cpus
-        for cpu in ctr.cpus or ()
-    }
+    holders = exclusive_holders(snap)
     cpus = {int(a["data-cpu"]): a.get("data-pod") for tag, a, _ in found if "data-cpu" in a}
     assert set(cpus) == set(range(224))
     assert {c: p for c, p in cpus.items() if p} == holders and len(holders) == 112
     # every GPU inside its NUMA node's group, the one NVML says it hangs off
-    gpus = {
-        int(a["data-gpu"]): [int(g["data-numa-node"]) for g in around if "data-numa-node" in g]
-        for _, a, around in found
-        if "data-gpu" in a
-    }
-    assert gpus == {g.index: [g.numa_node] for g in snap.gpus.gpus}
+    assert gpus_under_numa_nodes(found) == {g.index: [g.numa_node] for g in snap.gpus.gpus}
     # each slice held in its holder's colour
     held = {(u.mig or u.gpu).uuid: u.pod_uid for u in snap.device_uses}
     drawn = {a["data-device"]: a.get("data-pod") for _, a, _ in found if "data-device" in a}
@@ -211,19 +220,8 @@ async def test_chromium_draws_the_reference_node_s_page_fetching_nothing():
         assert asked == []
         shot = await screenshot(url, "placement-reference-node")
     found = parsed(dom).found
-    holders = {
-        cpu: pod.uid
-        for pod in snap.pods
-        for ctr in pod.containers
-        if ctr.exclusive_cpus
-        for cpu in ctr.cpus or ()
-    }
+    holders = exclusive_holders(snap)
     cpus = {int(a["data-cpu"]): a.get("data-pod") for _, a, _ in found if "data-cpu" in a}
     assert {c: p for c, p in cpus.items() if p} == holders and len(cpus) == 224
-    gpus = {
-        int(a["data-gpu"]): [int(g["data-numa-node"]) for g in around if "data-numa-node" in g]
-        for _, a, around in found
-        if "data-gpu" in a
-    }
-    assert gpus == {g.index: [g.numa_node] for g in snap.gpus.gpus}
+    assert gpus_under_numa_nodes(found) == {g.index: [g.numa_node] for g in snap.gpus.gpus}
     assert shot.stat().st_size > 10_000  # a drawing, not a blank page
