@@ -31,7 +31,7 @@ from numaguard.exporter.sources.host import HostSource
 from numaguard.simulator.fakes import presets
 from numaguard.simulator.fakes.host import FakeContainer, FakeHostRoot, FakePod
 from numaguard.simulator.parts.processes import exporter_process, get, log_of, until
-from tests.conftest import NODE, samples, series
+from tests.conftest import NODE, TMPFS, samples, series
 
 
 class HangingSource:
@@ -370,6 +370,14 @@ def test_remediator_prints_help():
     assert "dry-run" in run.stdout
 
 
+def in_memory(size: int) -> str | None:
+    """The tmpfs fake roots go to, if it has ``size`` bytes free; else None."""
+    if TMPFS is None:
+        return None
+    shm = os.statvfs(TMPFS)
+    return TMPFS if shm.f_bavail * shm.f_frsize >= size else None
+
+
 def crowded(pods: int):
     """two_socket's node with that many more burstable pods, one container each."""
     host = presets.two_socket()
@@ -385,9 +393,10 @@ async def test_the_cardinality_guard_holds_20000_pods_within_the_memory_limit():
     """Past --max-pods no pod is read: node-wide series and numaguard_series_limited 1,
     logged once, and the exporter stays far inside the DaemonSet's 256 MiB limit."""
     host = crowded(20_000)
-    # its quarter of a million files are removed here, not left for a later session's
-    # pytest to remove from its kept temporary folders
-    with tempfile.TemporaryDirectory(prefix="ng-crowd") as folder:
+    # its 200,000 files are removed here, not left for a later session's pytest to
+    # remove from its kept temporary folders; in memory where there is room (on a disk
+    # they take minutes to write and remove)
+    with tempfile.TemporaryDirectory(prefix="ng-crowd", dir=in_memory(2 << 30)) as folder:
         root = FakeHostRoot(f"{folder}/host", host).write()
         args = ("--host-root", str(root.root), "--node-name", NODE, "--gpu-backend", "none")
         async with exporter_process(*args, "--interval", "0.5") as (url, proc):

@@ -7,6 +7,7 @@ to its next state; pods no longer described are removed from the cgroup tree.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 import shutil
@@ -216,6 +217,14 @@ class FakeHostRoot:
         self.host = host
 
     def write(self) -> FakeHostRoot:
+        fresh = _FRESH.set(set() if not self.root.exists() else None)
+        try:
+            self._write()
+        finally:
+            _FRESH.reset(fresh)
+        return self
+
+    def _write(self) -> None:
         config = self.root / KUBELET_CONFIG
         if self.host.kubelet_config is None:
             config.unlink(missing_ok=True)
@@ -227,7 +236,6 @@ class FakeHostRoot:
         self._write_cgroups()
         self._write_pci()
         self._write_procs()
-        return self
 
     # -- host ----------------------------------------------------------------------
 
@@ -591,11 +599,23 @@ def process_mappings(ctr: FakeContainer, page_size: int) -> tuple[str, str]:
     return "\n".join(maps), "\n".join(numa_maps)
 
 
+# While a root is first written (no reader can know it yet): the folders made so far. A
+# node of 20,000 pods is 200,000 files; written plainly, in a third of the time.
+_FRESH: contextvars.ContextVar[set[Path] | None] = contextvars.ContextVar("fresh", default=None)
+
+
 def _put(path: Path, text: str) -> None:
     """Write a file as the kernel would show it: unchanged content is not rewritten, and a
     reader never sees a half-written one."""
     if not text.endswith("\n"):
         text += "\n"
+    made = _FRESH.get()
+    if made is not None:
+        if path.parent not in made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            made.add(path.parent)
+        path.write_text(text)
+        return
     try:
         if path.read_text() == text:
             return
