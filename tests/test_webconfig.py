@@ -254,19 +254,23 @@ def bearer(token: str) -> dict:
     return {"Authorization": f"Bearer {token}"}
 
 
+READERS = ("prometheus", "stranger", "viewer")
+
+
 @contextlib.asynccontextmanager
 async def scrapers(cp, session):
     """deploy/components/kubernetes-auth's RBAC (what it adds to the base) applied; and
-    two would-be scrapers in namespace monitoring: prometheus, allowed to get /metrics
-    as kube-prometheus-stack's Prometheus ClusterRole allows it, and stranger, not.
-    Yields {name: a token of it}; takes it all away after."""
+    would-be readers in namespace monitoring: prometheus, allowed to get /metrics as
+    kube-prometheus-stack's Prometheus ClusterRole allows it, stranger, not, and viewer,
+    bound to the component's numaguard-page-viewer. Yields {name: a token of it}; takes
+    it all away after."""
     base = {(o["kind"], o["metadata"]["name"]) for o in rendered()}
     made = [
         o for o in rendered("kubernetes-auth") if (o["kind"], o["metadata"]["name"]) not in base
     ]
     if await cp.get(session, "Namespace", None, "monitoring") is None:
         made.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "monitoring"}})
-    for name in ("prometheus", "stranger"):
+    for name in READERS:
         account = {"apiVersion": "v1", "kind": "ServiceAccount"}
         made.append({**account, "metadata": {"name": name, "namespace": "monitoring"}})
     rbac = {"apiVersion": "rbac.authorization.k8s.io/v1"}
@@ -290,13 +294,23 @@ async def scrapers(cp, session):
                 {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}
             ],
         },
+        {
+            **rbac,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "numaguard-test-page-viewer"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "numaguard-page-viewer",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": "monitoring"}],
+        },
     ]
     for obj in made:
         await cp.create(session, obj)
     try:
         yield {
-            name: await cp.service_account_token(session, "monitoring", name)
-            for name in ("prometheus", "stranger")
+            name: await cp.service_account_token(session, "monitoring", name) for name in READERS
         }
     finally:
         for obj in reversed(made):
@@ -331,6 +345,12 @@ async def test_kubernetes_auth_lets_in_only_scrapers_the_api_server_allows(
             assert await status(metrics, auth=bearer(tokens["stranger"])) == 403
             assert await status(metrics, auth=bearer(tokens["prometheus"])) == 200
 
+            # the map, for a person bound to the page viewer's role only
+            placement = f"{url}/placement"
+            assert await status(placement, auth=bearer(tokens["viewer"])) == 200
+            assert await status(placement, auth=bearer(tokens["prometheus"])) == 403
+            assert await status(metrics, auth=bearer(tokens["viewer"])) == 403
+
             files = {}
             for name, token in tokens.items():
                 files[name] = tmp_path / f"{name}.token"
@@ -348,10 +368,11 @@ async def test_kubernetes_auth_lets_in_only_scrapers_the_api_server_allows(
                 await prom.wait_for('count_over_time(up{job="prometheus"}[1m]) >= 5')
                 assert await prom.wait_for('up{job="stranger"} == 0')
                 assert not await prom.query('numaguard_build_info{job="stranger"}')
-            # the API server's word is remembered: one TokenReview per token, however
-            # many scrapes (three tokens so far: the bad one, stranger's, prometheus')
+            # the API server's word is remembered: one TokenReview per token and path,
+            # however many scrapes (six so far: the bad token's and stranger's on
+            # /metrics, prometheus' and viewer's on /metrics and /placement)
             reviews = [e for e in proxy.log if e.path.endswith("/tokenreviews")]
-            assert len(reviews) == 3, reviews
+            assert len(reviews) == 6, reviews
 
             # a token the API server cannot be asked about gets 503, and is not remembered
             proxy.fail_next(500, times=1, match=lambda _, path: path.endswith("/tokenreviews"))
@@ -381,6 +402,11 @@ async def test_the_remediator_takes_kubernetes_auth_too(tmp_path, control_plane)
         assert await status(f"{url}/metrics") == 401
         assert await status(f"{url}/metrics", auth=bearer(tokens["stranger"])) == 403
         assert await status(f"{url}/metrics", auth=bearer(tokens["prometheus"])) == 200
+        # the decision page: the page viewer's, not Prometheus'; past the auth, it says
+        # whether a cycle has run yet
+        decisions = f"{url}/decisions"
+        assert await status(decisions, auth=bearer(tokens["prometheus"])) == 403
+        assert await status(decisions, auth=bearer(tokens["viewer"])) in (200, 503)
 
 
 async def test_the_remediator_lets_idle_and_slow_clients_go(tmp_path, control_plane):
