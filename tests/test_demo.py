@@ -3,14 +3,20 @@ exporter view (``python -m numaguard.simulator.demos.exporter_view``)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import subprocess
 import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
 from numaguard.simulator.parts.controlplane import parts_dir
 from numaguard.simulator.parts.processes import free_port
+from tests.helpers.browser import drawn_or_row, parsed, rendered, screenshot
 
 pytestmark = pytest.mark.cluster
 
@@ -74,11 +80,68 @@ def test_demo_shows_the_findings_and_stops_cleanly():
 DEMO_SECONDS = 400
 
 
-@pytest.mark.timeout(DEMO_SECONDS + 120)
-def test_the_whole_loop_demo():
-    """The demo on the real control plane; while it runs, kubectl sees the live cluster."""
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read()
+
+
+def until_trainer(placement: str, judged: bool, timeout: float = 120.0) -> tuple[str, dict]:
+    """gpu-a's remote-GPU trainer as its placement map's JSON has it (uid, pod), once it
+    has a verdict (``judged``) or none."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = json.loads(fetch(placement + "?format=json"))["pods"]
+        found = [
+            (uid, p)
+            for uid, p in pods.items()
+            if p["namespace"] == "team-gpu-a"
+            and p["name"].startswith("trainer-remote")
+            and bool(p["verdicts"]) == judged
+        ]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, pods
+        time.sleep(0.5)
+
+
+async def looked_at(before: Path, placement: str, decided: str):
+    """Chromium's DOM of the map before (as saved), the live map and decision page after,
+    and what the live pages asked for; a screenshot of each."""
+    before_dom, _ = await rendered(before.as_uri())
+    after_dom, asked = await rendered(placement)
+    decisions_dom, asked_too = await rendered(decided)
+    for url, name in (
+        (before.as_uri(), "demo-gpu-a-before"),
+        (placement, "demo-gpu-a-after"),
+        (decided, "demo-decisions"),
+    ):
+        await screenshot(url, name)
+    return before_dom, after_dom, decisions_dom, asked + asked_too
+
+
+def trainer_marks(dom: str, uid: str) -> list[tuple[str, dict]]:
+    """What the page draws of the pod ``uid``: its CPUs, devices and legend row."""
+    return [
+        (t, a) for t, a, _ in parsed(dom).found if a.get("data-pod") == uid and drawn_or_row(t, a)
+    ]
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(DEMO_SECONDS + 240)
+def test_the_whole_loop_demo(tmp_path):
+    """The demo on the real control plane; while it runs, kubectl sees the live cluster,
+    and Chromium shows the remediated trainer on gpu-a's placement map before and after
+    its fix, and the decision page saying so."""
     demo = subprocess.Popen(
-        [sys.executable, "-m", "numaguard.simulator.demos.loop", "--seconds", str(DEMO_SECONDS)],
+        [
+            sys.executable,
+            "-m",
+            "numaguard.simulator.demos.loop",
+            "--seconds",
+            str(DEMO_SECONDS),
+            "--hold",
+        ],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -89,6 +152,12 @@ def test_the_whole_loop_demo():
             lines.append(line)
             if "get pods -A -o wide" in line:
                 break
+        said = "".join(lines)
+        (placement,) = re.findall(r"exporter gpu-a: \S+ +placement map: (\S+)", said)
+        (decided,) = re.findall(r"the remediator's decisions: (\S+)", said)
+        # before: the trainer on gpu-a with its verdict, as the exporter draws it then
+        before = until_trainer(placement, judged=True)
+        (tmp_path / "before.html").write_bytes(fetch(placement))
         command = line.split()  # kubectl --kubeconfig <path> get pods -A -o wide
         listed = subprocess.run(
             [str(parts_dir() / "kubectl"), *command[1:]],
@@ -96,12 +165,37 @@ def test_the_whole_loop_demo():
             text=True,
             timeout=60,
         )
-        out, err = demo.communicate(timeout=DEMO_SECONDS + 60)
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("the pages stay served"):
+                break
+        # after: settled, the pages still served
+        after = until_trainer(placement, judged=False)
+        pages = asyncio.run(looked_at(tmp_path / "before.html", placement, decided))
+        out, err = demo.communicate(input="", timeout=120)  # its standard input closed
     finally:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
     assert listed.returncode == 0, listed.stderr
+    # the trainer evicted from gpu-a's map, outlined with its verdict in words before;
+    # its replacement there after, aligned: outlined nowhere
+    (old_uid, old), (new_uid, _) = before, after
+    assert old_uid != new_uid
+    before_dom, after_dom, decisions_dom, asked = pages
+    marks = trainer_marks(before_dom, old_uid)
+    assert marks and not [m for m in marks if "data-verdict" not in m[1]], marks
+    (row,) = [a for t, a in marks if t == "tr"]
+    assert all(v["words"] in row["title"] for v in old["verdicts"]) and old["verdicts"]
+    marks = trainer_marks(after_dom, new_uid)
+    assert marks and not any("data-verdict" in a for a in marks), marks
+    assert not trainer_marks(after_dom, old_uid)
+    # the decision page: acting, and the trainer's fix held
+    found = parsed(decisions_dom).found
+    assert [a["data-mode"] for _, a, _ in found if "data-mode" in a] == ["acting"]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", decisions_dom, re.S)
+    assert [r for r in rows if "Deployment/team-gpu-a/trainer-remote" in r and ">held<" in r]
+    assert asked == []  # the live pages asked for nothing
     pods = [row.split() for row in listed.stdout.splitlines()[1:]]
     assert ["team-gpu-a", "trainer-remote", "1/1", "Running"] in [p[:4] for p in pods]
     assert {p[7] for p in pods} == {"gpu-a", "gpu-b", "gpu-c"}  # NODE, from the scheduler

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from html.parser import HTMLParser
 
 import pytest
 from aiohttp import web
@@ -22,36 +21,10 @@ from numaguard.exporter.sources.host import HostSource
 from numaguard.simulator.fakes import presets
 from numaguard.simulator.fakes.host import FakeHostRoot
 from tests.conftest import NODE
-from tests.helpers.browser import rendered, screenshot
+from tests.helpers.browser import drawn_or_row, parsed, rendered, screenshot
 from tests.helpers.gpu_node import gpu_collection
 
 MAX_PAGE_BYTES = 256 * 1024  # the reference node's page: 8 NUMA nodes, 224 CPUs, 56 slices
-
-
-class Elements(HTMLParser):
-    """Each element's tag, attributes and the data-* attributes of the groups around it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.found: list[tuple[str, dict, list[dict]]] = []
-        self._open: list[tuple[str, dict]] = []
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        self.found.append((tag, attrs, [a for _, a in self._open]))
-        if tag not in ("line", "br", "meta"):
-            self._open.append((tag, attrs))
-
-    def handle_endtag(self, tag):
-        while self._open:
-            if self._open.pop()[0] == tag:
-                break
-
-
-def parsed(page: str) -> Elements:
-    elements = Elements()
-    elements.feed(page)
-    return elements
 
 
 def exclusive_holders(snap) -> dict[int, str]:
@@ -122,11 +95,6 @@ async def test_the_reference_node_s_map_shows_who_holds_what_where():
     assert [a["href"] for t, a, _ in found if t == "link"] == ["data:,"]  # its icon, inline
     assert "url(" not in page and "@import" not in page
     assert page.count("http") == page.count("http://www.w3.org/2000/svg")
-
-
-def drawn_or_row(tag: str, attrs: dict) -> bool:
-    """A CPU or a device drawn for the pod, or its legend row (its lines aside)."""
-    return "data-cpu" in attrs or "data-device" in attrs or tag == "tr"
 
 
 async def test_the_json_says_what_the_page_draws():

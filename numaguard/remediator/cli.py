@@ -241,9 +241,9 @@ async def _answering_kube(kubeconfig: str | None, stop: asyncio.Event) -> Kube |
         delay = min(2 * delay, 30.0)
 
 
-async def _serve_metrics(args, metrics: Metrics, health: Health, shown: list):
-    """/metrics, /decisions and /healthz on --listen: (the runner, the client that
-    authenticates scrapers or None). ``shown``: the controller, once there is one."""
+def decisions_handler(shown: list):
+    """GET /decisions (?format=json): the decision page of the controller ``shown``
+    holds, once there is one and it has run a cycle."""
 
     async def decided(request):
         wanted = request.query.get("format", "html")
@@ -257,6 +257,14 @@ async def _serve_metrics(args, metrics: Metrics, health: Health, shown: list):
             return web.json_response(data)
         headers = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"}
         return web.Response(text=render_decisions(data), content_type="text/html", headers=headers)
+
+    return decided
+
+
+async def _serve_metrics(args, metrics: Metrics, health: Health, shown: list):
+    """/metrics, /decisions and /healthz on --listen: (the runner, the client that
+    authenticates scrapers or None). ``shown``: the controller, once there is one."""
+    decided = decisions_handler(shown)
 
     async def serve(_):
         return web.Response(

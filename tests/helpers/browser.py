@@ -1,6 +1,7 @@
 """Debian's headless Chromium on a page served here: the DOM it built, a screenshot, and
 the requests the page itself made (its network log: a request the page starts carries
-the page's origin as its initiator; the browser's own, to its vendor, carry none)."""
+the page's origin as its initiator; the browser's own, to its vendor, carry none); and
+the elements of a page, each with the groups around it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import json
 import shutil
 import tempfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
@@ -74,3 +76,34 @@ def _requested_by(log: Path, url: str) -> list[str]:
             if (e.get("params") or {}).get("initiator") == origin and "url" in e["params"]
         }
     )
+
+
+class Elements(HTMLParser):
+    """Each element's tag, attributes and the data-* attributes of the groups around it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[tuple[str, dict, list[dict]]] = []
+        self._open: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.found.append((tag, attrs, [a for _, a in self._open]))
+        if tag not in ("line", "br", "meta"):
+            self._open.append((tag, attrs))
+
+    def handle_endtag(self, tag):
+        while self._open:
+            if self._open.pop()[0] == tag:
+                break
+
+
+def parsed(page: str) -> Elements:
+    elements = Elements()
+    elements.feed(page)
+    return elements
+
+
+def drawn_or_row(tag: str, attrs: dict) -> bool:
+    """A CPU or a device drawn for the pod, or its legend row (its lines aside)."""
+    return "data-cpu" in attrs or "data-device" in attrs or tag == "tr"

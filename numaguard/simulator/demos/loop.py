@@ -15,15 +15,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import sys
 import tempfile
 import time
 from collections import Counter
 
 import aiohttp
+from aiohttp import web
 
 from alerts import rules
 from numaguard.common import logs
 from numaguard.remediator import steering
+from numaguard.remediator.cli import decisions_handler
 from numaguard.remediator.controller import Controller
 from numaguard.remediator.core.guards import LASTING_GUARDS
 from numaguard.remediator.core.policy import Policy
@@ -166,9 +170,11 @@ def live_line(t: float, report) -> str:
     return "\n".join(parts)
 
 
-async def main(seconds: float) -> None:
+async def main(seconds: float, hold: bool = False) -> None:
     """Run until the loop has settled (every fix verified or refused for good), or for
-    ``seconds`` at most: how long that takes depends on the machine, what happens not."""
+    ``seconds`` at most: how long that takes depends on the machine, what happens not.
+    ``hold``: the exporters and the decision page served after that, until standard
+    input closes."""
     started = time.monotonic()
     # a short directory: the fake kubelets' unix sockets live in it
     with tempfile.TemporaryDirectory(prefix="ng-demo-", dir="/tmp") as tmp:
@@ -181,14 +187,30 @@ async def main(seconds: float) -> None:
             await sim.start()
             try:
                 await protect(sim)
-                summary = await run(sim, tmp, seconds)
+                summary = await run(sim, tmp, seconds, hold)
             finally:
                 await sim.stop()
     print(summary)
     print(f"demo finished in {time.monotonic() - started:.0f}s")
 
 
-async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
+async def closed(fd: int) -> None:
+    """Until ``fd`` reads its end (what comes before it is read and dropped)."""
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+
+    def readable() -> None:
+        if not os.read(fd, 4096) and not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await ended
+    finally:
+        loop.remove_reader(fd)
+
+
+async def run(sim: SimulatedCluster, tmp: str, seconds: float, hold: bool = False) -> str:
     cp = sim.cp
     exporter_kubeconfig, kubeconfig = (
         cp.kubeconfig(f"{tmp}/{account}.kubeconfig", cp.tokens[account], account)
@@ -232,7 +254,17 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
             "numaguard on a simulated cluster: 3 nodes x 8 H100 (MIG mixed), policies "
             + ", ".join(f"{n}: {p}" for n, p in NODES.items())
         )
+        shown: list[Controller] = []  # the decision page's controller, once made
+        decided = web.Application()
+        decided.add_routes([web.get("/decisions", decisions_handler(shown))])
+        page = web.AppRunner(decided, access_log=None)
+        await page.setup()
+        stack.push_async_callback(page.cleanup)
+        page_port = free_port()
+        await web.TCPSite(page, "127.0.0.1", page_port).start()
+        decisions_url = f"http://127.0.0.1:{page_port}"
         print(f"  Prometheus (rules loaded): {prom.url}   alerts: {prom.url}/alerts")
+        print(f"  the remediator's decisions: {decisions_url}/decisions")
         for node, url in zip(sim.nodes, urls, strict=True):
             print(f"  exporter {node}: {url}/metrics   placement map: {url}/placement")
         print(f"  API server: {cp.url}  (admin kubeconfig: {admin_kubeconfig})")
@@ -262,6 +294,7 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
                 pdb_backoff_max_seconds=6,
             ),
         )
+        shown.append(controller)
         # steering on: the webhook served here, its configuration deploy/'s
         material = steering.certificate(["127.0.0.1"])
         port = free_port()
@@ -293,6 +326,9 @@ async def run(sim: SimulatedCluster, tmp: str, seconds: float) -> str:
         await asyncio.sleep(7)  # let the last replacements be scraped
         after = await state(prom)
         left = await misplaced(prom)
+        if hold:
+            print("the pages stay served until standard input closes", flush=True)
+            await closed(sys.stdin.fileno())
     lines = ["\nbefore / after"]
     for key in before:
         lines.append(f"  {key:<40}{before[key]:>4} -> {after[key]}")
@@ -349,9 +385,15 @@ def cli() -> None:
         default=240.0,
         help="the longest the remediator runs; it stops once the loop has settled",
     )
+    p.add_argument(
+        "--hold",
+        action="store_true",
+        help="once settled, keep the exporters' placement maps and the decision page "
+        "served until standard input closes (Ctrl-D), to look at the nodes after the fixes",
+    )
     args = p.parse_args()
     logs.setup("text", "error")
-    asyncio.run(main(args.seconds))
+    asyncio.run(main(args.seconds, args.hold))
 
 
 if __name__ == "__main__":
