@@ -14,7 +14,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo demo-node test test-fast bench lint docs golden proto image push image-check system-deps vm-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd thanos node-vm clean FORCE
+.PHONY: demo demo-node test test-fast screenshots bench lint docs golden proto image push image-check system-deps vm-deps k8s-parts prometheus3 helm prometheus-operator nrt-crd thanos node-vm clean FORCE
 
 # The real control plane the tests run against, pinned in tests/k8s/go.mod, built once
 # into a cache outside the work tree keyed by its version (a rebuild is instant, and CI
@@ -192,6 +192,12 @@ test: $(VENV)/.installed system-deps $(PARTS)/.built $(PROM3)/.built $(HELM)/.bu
   $(OPERATOR)/.built $(NRT)/crd.yaml $(THANOS)/.built node-vm
 	$(PY) -m pytest --durations=30 --junitxml=$(JUNIT) -n $(TEST_WORKERS) --dist loadfile
 	$(VENV)/bin/ruff check .
+
+# The README's pictures, as Chromium draws the demo's pages in its test.
+screenshots: $(VENV)/.installed system-deps $(PARTS)/.built
+	$(PY) -m pytest -q -p no:cacheprovider "tests/test_demo.py::test_the_whole_loop_demo"
+	cp test-results/screenshots/demo-gpu-a-before.png docs/images/placement-map.png
+	cp test-results/screenshots/demo-decisions.png docs/images/decision-page.png
 
 # The pure tier alone (no real Prometheus, control plane or VM): the inner loop, under a
 # minute. Tiers are markers (tests/conftest.py): pytest -m prometheus, -m cluster, -m vm.
