@@ -61,12 +61,12 @@ _9P = "trans=virtio,version=9p2000.L,msize=262144"
 # the guest reaches what the host forwards (Net.to_host)
 GUEST, GATEWAY, HOST = "10.0.2.15", "10.0.2.2", "10.0.2.100"
 # The guest's /init: the host's root read-only over 9p under a tmpfs overlay (the guest
-# writes where it likes, nothing reaches the host; cached in the guest, as a root that
-# does not change under it: uncached, every exec and import asks the host again), the
-# guest's own /proc, /sys, /dev (with a tmpfs at /dev/shm: the script's TMPDIR and
-# HOME) and cgroup v2 over it, the job folder at /mnt, the network when QEMU gave one;
-# then /mnt/run.sh, its exit status in /mnt/rc; then power off. "probe" on the command
-# line: power off.
+# writes where it likes, nothing reaches the host; uncached: cached, its files fill the
+# guest's page cache, which the kernel reclaims to put a pod's memory on a NUMA node the
+# loop's stories fill), the guest's own /proc, /sys, /dev (with a tmpfs at /dev/shm: the
+# script's TMPDIR and HOME) and cgroup v2 over it, the job folder at /mnt, the network
+# when QEMU gave one; then /mnt/run.sh, its exit status in /mnt/rc; then power off.
+# "probe" on the command line: power off.
 INIT = f"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
@@ -76,7 +76,7 @@ for pass in 1 2 3 4; do
     name=${{m%.ko}}; grep -q "^${{name#*-}} " /proc/modules || insmod /lib/mod/$m 2>/dev/null
   done
 done
-mount -t 9p -o {_9P},ro,cache=loose hostroot /lower || echo "numaguard-vm: no host root"
+mount -t 9p -o {_9P},ro hostroot /lower || echo "numaguard-vm: no host root"
 mount -t tmpfs -o mode=755 rw /rw; mkdir /rw/upper /rw/work
 mount -t overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work root /host \
   || echo "numaguard-vm: no overlay root"
