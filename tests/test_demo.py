@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,19 @@ from numaguard.simulator.parts.processes import free_port
 from tests.helpers.browser import drawn_or_row, parsed, rendered, screenshot
 
 pytestmark = pytest.mark.cluster
+
+
+def stopped(demo: subprocess.Popen) -> None:
+    """A demo a failed check left running, interrupted as Ctrl-C does, so that it stops
+    the control plane, exporters and Prometheus it started (killed, they would outlive
+    it); killed only if it will not go."""
+    if demo.poll() is None:
+        demo.send_signal(signal.SIGINT)
+        try:
+            demo.wait(60)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            demo.wait()
 
 
 def _settled(view: str) -> bool:
@@ -67,9 +81,7 @@ def test_demo_shows_the_findings_and_stops_cleanly():
                     break
         out, err = demo.communicate(timeout=60)
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        stopped(demo)
     assert views and _settled(views[-1]), views[-1:]
     assert demo.returncode == 0, err[-2000:]
     assert "the exporter shut down cleanly" in out, out[-2000:]
@@ -174,9 +186,7 @@ def test_the_whole_loop_demo(tmp_path):
         pages = asyncio.run(looked_at(tmp_path / "before.html", placement, decided))
         out, err = demo.communicate(input="", timeout=120)  # its standard input closed
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        stopped(demo)
     assert listed.returncode == 0, listed.stderr
     # the trainer evicted from gpu-a's map, outlined with its verdict in words before;
     # its replacement there after, aligned: outlined nowhere
