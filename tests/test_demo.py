@@ -9,14 +9,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from numaguard.simulator.parts.controlplane import parts_dir
-from numaguard.simulator.parts.processes import free_port
+from numaguard.simulator.parts.processes import free_port, get, until
 from tests.helpers.browser import drawn_or_row, parsed, rendered, screenshot
 
 pytestmark = pytest.mark.cluster
@@ -92,28 +90,24 @@ def test_demo_shows_the_findings_and_stops_cleanly():
 DEMO_SECONDS = 400
 
 
-def fetch(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return response.read()
-
-
-def until_trainer(placement: str, judged: bool, timeout: float = 120.0) -> tuple[str, dict]:
+async def trainer(placement: str, judged: bool) -> tuple[str, dict]:
     """gpu-a's remote-GPU trainer as its placement map's JSON has it (uid, pod), once it
     has a verdict (``judged``) or none."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pods = json.loads(fetch(placement + "?format=json"))["pods"]
-        found = [
-            (uid, p)
-            for uid, p in pods.items()
-            if p["namespace"] == "team-gpu-a"
-            and p["name"].startswith("trainer-remote")
-            and bool(p["verdicts"]) == judged
-        ]
-        if found:
-            return found[0]
-        assert time.monotonic() < deadline, pods
-        time.sleep(0.5)
+
+    async def found():
+        pods = json.loads(await get(placement + "?format=json"))["pods"]
+        return next(
+            (
+                (uid, p)
+                for uid, p in pods.items()
+                if p["namespace"] == "team-gpu-a"
+                and p["name"].startswith("trainer-remote")
+                and bool(p["verdicts"]) == judged
+            ),
+            None,
+        )
+
+    return await until(found, f"gpu-a's trainer {'with' if judged else 'without'} a verdict", 120)
 
 
 async def looked_at(before: Path, placement: str, decided: str):
@@ -168,8 +162,8 @@ def test_the_whole_loop_demo(tmp_path):
         (placement,) = re.findall(r"exporter gpu-a: \S+ +placement map: (\S+)", said)
         (decided,) = re.findall(r"the remediator's decisions: (\S+)", said)
         # before: the trainer on gpu-a with its verdict, as the exporter draws it then
-        before = until_trainer(placement, judged=True)
-        (tmp_path / "before.html").write_bytes(fetch(placement))
+        before = asyncio.run(trainer(placement, judged=True))
+        (tmp_path / "before.html").write_bytes(asyncio.run(get(placement)))
         command = line.split()  # kubectl --kubeconfig <path> get pods -A -o wide
         listed = subprocess.run(
             [str(parts_dir() / "kubectl"), *command[1:]],
@@ -182,7 +176,7 @@ def test_the_whole_loop_demo(tmp_path):
             if line.startswith("the pages stay served"):
                 break
         # after: settled, the pages still served
-        after = until_trainer(placement, judged=False)
+        after = asyncio.run(trainer(placement, judged=False))
         pages = asyncio.run(looked_at(tmp_path / "before.html", placement, decided))
         out, err = demo.communicate(input="", timeout=120)  # its standard input closed
     finally:
