@@ -156,8 +156,12 @@ def test_rbac_grants_exactly_what_the_code_uses():
     every = rendered(*COMPONENTS)
     for role in (d for d in every if d["kind"] in ("ClusterRole", "Role")):
         for rule in role["rules"]:
-            if "secrets" in rule["resources"]:
+            if "secrets" in rule.get("resources", ()):
                 assert "create" not in rule["verbs"] and rule.get("resourceNames"), role
+    # the pages a person reads: a role to bind, reading those two paths and nothing else
+    viewer = of(every, "ClusterRole", "numaguard-page-viewer")
+    assert viewer["rules"] == [{"nonResourceURLs": ["/placement", "/decisions"], "verbs": ["get"]}]
+    assert not [d for d in every if d.get("roleRef", {}).get("name") == "numaguard-page-viewer"]
     (secret,) = [d for d in every if d["kind"] == "Secret"]
     assert secret["type"] == "kubernetes.io/tls" and not any(secret["data"].values())
     remediator = of(steering, "Deployment", "numaguard-remediator")["spec"]["template"]["spec"]
