@@ -358,22 +358,19 @@ class FakeHostRoot:
     def _write_cgroups(self) -> None:
         h = self.host
         cg = self.root / "sys/fs/cgroup"
+        hierarchies = self._hierarchies()
         if h.cgroup_version == 2:
             _put(cg / "cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc")
-            hierarchies = {"": cg}
         else:
-            # v1: one hierarchy per controller; cpu and cpuacct share one, as on most hosts
-            hierarchies = {c: cg / c for c in ("cpuset", "memory", "cpu,cpuacct")}
             for d in hierarchies.values():
                 d.mkdir(parents=True, exist_ok=True)
             link = cg / "cpu"
             if not link.exists():
                 link.symlink_to("cpu,cpuacct")
-        kubepods_name = "kubepods.slice" if h.cgroup_driver == "systemd" else "kubepods"
         all_cpus = format_id_list(h.all_cpus)
         wanted: set[Path] = set()
         for controller, hierarchy in hierarchies.items():
-            kubepods = hierarchy / kubepods_name
+            kubepods = hierarchy / self._kubepods()
             for qos in QOS_CLASSES:
                 qos_dir = kubepods / self._qos_dir(qos)
                 if controller in ("", "cpuset"):
@@ -386,6 +383,24 @@ class FakeHostRoot:
                     wanted.add(d)
                     self._container_files(controller, d, pod, ctr)
             self._prune(kubepods, wanted)
+
+    def write_container(self, pod: FakePod, ctr: FakeContainer) -> None:
+        """Rewrite one container's cgroup files alone, as a kernel's counters move all the
+        time: a test ticking one counter need not write the whole host each tick."""
+        for controller, hierarchy in self._hierarchies().items():
+            d = hierarchy / self._kubepods() / self._qos_dir(pod.qos_class) / self._pod_dir(pod)
+            self._container_files(controller, d / self._container_dir(pod, ctr), pod, ctr)
+
+    def _hierarchies(self) -> dict[str, Path]:
+        """Each cgroup hierarchy's folder by its controller ("" for v2's one)."""
+        cg = self.root / "sys/fs/cgroup"
+        if self.host.cgroup_version == 2:
+            return {"": cg}
+        # v1: one hierarchy per controller; cpu and cpuacct share one, as on most hosts
+        return {c: cg / c for c in ("cpuset", "memory", "cpu,cpuacct")}
+
+    def _kubepods(self) -> str:
+        return "kubepods.slice" if self.host.cgroup_driver == "systemd" else "kubepods"
 
     def _sandbox(self, pod: FakePod) -> list[FakeContainer]:
         """The pod's pause container, when the host has sandboxes: on the shared pool,
@@ -495,8 +510,7 @@ class FakeHostRoot:
 
     def pod_cgroup(self, pod: FakePod) -> Path:
         """The pod's cgroup folder (v2), as the kubelet names it."""
-        kubepods = "kubepods.slice" if self.host.cgroup_driver == "systemd" else "kubepods"
-        parts = (kubepods, self._qos_dir(pod.qos_class), self._pod_dir(pod))
+        parts = (self._kubepods(), self._qos_dir(pod.qos_class), self._pod_dir(pod))
         return self.root.joinpath("sys/fs/cgroup", *(p for p in parts if p))
 
     def _qos_dir(self, qos: str) -> str:
