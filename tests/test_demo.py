@@ -80,7 +80,7 @@ def test_demo_shows_the_findings_and_stops_cleanly():
         out, err = demo.communicate(timeout=60)
     finally:
         stopped(demo)
-    assert views and _settled(views[-1]), views[-1:]
+    assert views and _settled(views[-1]), (views[-1:], err[-2000:])
     assert demo.returncode == 0, err[-2000:]
     assert "the exporter shut down cleanly" in out, out[-2000:]
 

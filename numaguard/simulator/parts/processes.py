@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -39,9 +40,20 @@ def cache() -> Path:
 
 
 def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range: the port a test hands a
+    server it starts later. One from that range (bind to port 0) can be taken meanwhile
+    by any outgoing connection (an API server's to etcd, a scrape), and was, once."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    candidates = list(range(max(1024, ephemeral - 16384), ephemeral))
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind((address, port))
+            return port
+    raise OSError(f"no free port below {ephemeral} on {address}")
 
 
 def routable_address() -> str:
