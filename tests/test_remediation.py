@@ -127,7 +127,8 @@ async def cluster(tmp_path, control_plane):
 async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
     c = await cluster(policy="single-numa-node")
     await c.cross_numa_sustained()
-    controller = c.controller()
+    # a period long enough for the gain so far to be shown while it waits (from half of it)
+    controller = c.controller(verify_after_seconds=20)
     reports = await cycles_until(controller, lambda rs: any(r.verified for r in rs))
     assert c.evictions(201) == [("ml", "trainer-remote", 201)]  # once, whatever the cycles saw
     acted = [(a.kind, a.pod.name, result) for r in reports for a, result in r.results]
@@ -163,6 +164,10 @@ async def test_cross_socket_pod_is_evicted_once_and_comes_back_aligned(cluster):
     assert said["message"] == f"held: {verified.detail} (0 failed in a row)"
     observed = controller.metrics.fix_gain.labels("cross_numa")._sum.get()
     assert observed == pytest.approx(verified.gain.ratio)
+    # while it waited, each cycle measured the gain so far as the verifier then did
+    so_far = [g for r in reports for (w, _, _), g in r.progress.items() if w == verified.workload]
+    assert so_far and 6 < so_far[-1].ratio < 9, so_far
+    assert so_far[-1].detail.startswith("GPU activity 0.1"), so_far
 
 
 async def test_a_fix_that_cleared_its_finding_without_a_gain_is_no_gain(cluster, caplog):

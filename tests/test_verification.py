@@ -20,6 +20,7 @@ from numaguard.remediator.core.queries import (
     scoped,
     verification_expressions,
 )
+from numaguard.remediator.core.verification import progress
 from numaguard.simulator.parts.prometheus import as_signals
 from tests.helpers.planner_rows import COLLECTORS, healthy
 from tests.helpers.verification_rows import POLICY, Answers, verdicts
@@ -260,6 +261,48 @@ async def test_a_noisy_neighbour_s_fix_is_judged_by_the_feeder_it_crowded_out():
     asked = dict(answers.asked[0])
     assert 'pod_uid=~"feeder-1"' in asked["activity_gpu"]
     assert "new-1" not in asked["activity_gpu"]
+
+
+async def so_far(rows, pods, pending, now, node=None):
+    answers = Answers(rows, node)
+    controller = Controller(answers, None, POLICY)
+    got = await controller._ask(progress(pending, pods, now, POLICY, *controller._where()), now)
+    return got, answers.asked
+
+
+async def test_a_pending_fix_shows_its_gain_so_far_from_fresh_evidence_only():
+    acted = NOW - 120
+    pending = Pending("cross_numa", "device_remote", acted, "old-1", "", "old-1", before(0.12))
+    fresh = [replacement(created=acted + 5)]
+    rows = whole_gpu("new-1", GPU3, 0.6)
+    g, asked = await so_far(rows, fresh, pending, NOW)
+    assert g.ratio == pytest.approx(0.6 / 0.12) and g.detail == "GPU activity 0.12 -> 0.60"
+    # over the two minutes since the action, not the verification's period
+    assert "[120s:4s]" in dict(asked[0])["activity_gpu"]
+    # past the period, over the period
+    g, asked = await so_far(rows, fresh, pending, acted + 5000)
+    assert "[900s:30s]" in dict(asked[0])["activity_gpu"]
+    # nothing asked, nothing shown: under a minute in, no replacement running yet, or
+    # nothing measured before the action
+    for args in (
+        (fresh, pending, acted + 59),
+        ([replacement(phase="Pending")], pending, NOW),
+        (fresh, replace(pending, before=None), NOW),
+    ):
+        assert await so_far(rows, *args) == (None, []), args
+    # never a made-up gain: a stale node, another target's rows, or no activity at all
+    stale = {
+        **healthy("n1"),
+        "collector_age": [{"node": "n1", "collector": c, "value": 300} for c in COLLECTORS],
+    }
+    forged = {
+        "activity_gpu": [
+            {"node": "n1", "instance": "evil:1", "pod_uid": "new-1", "gpu_uuid": GPU3, "value": 1}
+        ]
+    }
+    assert (await so_far(rows, fresh, pending, NOW, node=stale))[0] is None
+    assert (await so_far(forged, fresh, pending, NOW))[0] is None
+    assert (await so_far({}, fresh, pending, NOW))[0] is None
 
 
 def test_histories_keep_what_was_measured_and_read_those_written_before():

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Generator
 from dataclasses import asdict, replace
 
 import aiohttp
@@ -46,7 +47,13 @@ from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.rejections import Storm, describe, storms
 from numaguard.remediator.core.rounds import Round, Sizing, rounds
 from numaguard.remediator.core.steering import Steer, Target, steerable
-from numaguard.remediator.core.verification import Outcome, due, settled, verification
+from numaguard.remediator.core.verification import (
+    Outcome,
+    due,
+    progress,
+    settled,
+    verification,
+)
 from numaguard.remediator.kube import Kube
 from numaguard.remediator.leader import LeaderElector
 from numaguard.remediator.metrics import Metrics
@@ -438,15 +445,16 @@ class Controller:
         self, workload: str, history: WorkloadHistory, obj: dict, report: CycleReport, now: float
     ) -> None:
         p = self.policy
-        pending_now = due(history, p, now)
-        if not pending_now:
+        if not history.pending:
             return
         pods = await workload_pods(self.kube, workload, obj)
-        changed = history
+        pending_now = due(history, p, now)
+        changed, waiting = history, [x for x in history.pending if x not in pending_now]
         for pending in pending_now:
             outcome, after, landed = await self.outcome(pending, pods, now)
             if outcome is None:
-                continue  # not yet: the evidence is not in
+                waiting.append(pending)  # not yet: the evidence is not in
+                continue
             s = settled(pending, outcome, after, landed, changed, p)
             changed = s.history
             if s.landing:
@@ -476,6 +484,10 @@ class Controller:
                     "after": asdict(after) if after else None,
                 },
             )
+        for pending in waiting:  # what those not judged yet have gained so far
+            so_far = await self._ask(progress(pending, pods, now, p, *self._where()), now)
+            if so_far is not None:
+                report.progress[(workload, pending.at, pending.pod_uid)] = so_far
         if changed is not history:
             await self._record_verification(workload, changed, report)
 
@@ -499,13 +511,18 @@ class Controller:
     async def outcome(self, pending: Pending, pods: list[PodInfo] | None, now: float) -> Outcome:
         """core.verification's judgement of ``pending``, its questions answered by
         Prometheus."""
-        p = self.prometheus
-        judging = verification(
-            pending, pods, now, self.policy, self.detection, p.windows, p.selector
-        )
+        judging = verification(pending, pods, now, self.policy, self.detection, *self._where())
+        return await self._ask(judging, now)
+
+    def _where(self) -> tuple[q.Windows, str]:
+        return self.prometheus.windows, self.prometheus.selector
+
+    async def _ask(self, judging: Generator, now: float):
+        """Run one of core.verification's generators: its one question answered by
+        Prometheus, its answer returned."""
         try:
             queries, required = next(judging)
-            judging.send(await p.fetch_set(queries, required, now))
+            judging.send(await self.prometheus.fetch_set(queries, required, now))
         except StopIteration as done:
             return done.value
         raise AssertionError("a verification asks one question")

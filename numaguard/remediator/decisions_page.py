@@ -88,7 +88,7 @@ def render(data: dict) -> str:
     parts.append(f"<h2>Awaiting verification ({len(data['pending'])})</h2>")
     parts.append(
         _table(
-            ("workload", "finding", "acted", "judged from", "deadline"),
+            ("workload", "finding", "acted", "judged from", "deadline", "gain so far"),
             [
                 (
                     p["workload"],
@@ -96,6 +96,9 @@ def render(data: dict) -> str:
                     _when(p["acted_at"]),
                     _when(p["judged_from"]),
                     _when(p["deadline"]),
+                    "not measured yet"
+                    if p["gain_so_far"] is None
+                    else f"{p['gain_so_far']:.2f} ({p['gain_so_far_detail']})",
                 )
                 for p in data["pending"]
             ],

@@ -44,3 +44,6 @@ class CycleReport:
     ages: dict[tuple, float] = field(default_factory=dict)
     # the actions awaiting verification, by workload, as their histories say
     pending: list[tuple[str, Pending]] = field(default_factory=list)
+    # the gain so far of those not judged this cycle, (workload, at, pod_uid) -> gain:
+    # shown, never acted on (absent: nothing to compare yet)
+    progress: dict[tuple[str, float, str], Gain] = field(default_factory=dict)

@@ -2,7 +2,7 @@
 each with its evidence (the verdict and how old its newest sample is) and what the
 planner decided — the action with its target, or the guard that refused it and what
 would lift it — the pods the kubelet refused, the actions awaiting verification with
-their deadlines, the latest outcomes, and the mode. What the leader's ``/decisions``
+their deadlines and gain so far, the latest outcomes, and the mode. What the leader's ``/decisions``
 page draws, and serves as JSON."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from numaguard.remediator.core.cycle_report import CycleReport, Verification
 from numaguard.remediator.core.guards import LIFTS
+from numaguard.remediator.core.outcome import Gain
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.rejections import describe
 
@@ -83,6 +84,7 @@ def decisions(
                 "judged_from": p.at + policy.verify_after_seconds,
                 "deadline": p.at + policy.verify_deadline_seconds,
                 "in_place": p.in_place,
+                **_so_far(report.progress.get((workload, p.at, p.pod_uid))),
             }
             for workload, p in report.pending
         ],
@@ -98,3 +100,8 @@ def decisions(
             for at, v in reversed(list(outcomes))
         ],
     }
+
+
+def _so_far(g: Gain | None) -> dict:
+    """A pending action's gain so far, and what it compares: none until measured."""
+    return {"gain_so_far": g.ratio if g else None, "gain_so_far_detail": g.detail if g else ""}

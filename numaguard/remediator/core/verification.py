@@ -6,8 +6,8 @@ unverified, which counts like a fix that did not hold. A fix that held with a me
 gain under the policy's minimum: no_gain, alike.
 
 ``verification`` is a generator: it yields its queries, is sent Prometheus's answers,
-and returns the outcome; ``settled`` turns an outcome into the workload's next history
-and what is said of it."""
+and returns the outcome (``progress``, alike, the gain so far of one not yet due);
+``settled`` turns an outcome into the workload's next history and what is said of it."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ _VERIFY_LABELS = ("node", "instance", "pod_uid")
 # A replacement is a pod of the workload made after the action; creation times are the
 # API server's, so allow for its clock being a little behind ours.
 _CLOCK_SLACK_SECONDS = 2.0
+# A gain so far is measured over a minute at least (half the period, when shorter):
+# a few scrapes, not the first one.
+_LEAST_PROGRESS_SECONDS = 60.0
 
 # held | did_not_hold | unverified, or None: wait; what the pod that judges the fix did
 # over the period, once the replacements' verdicts decided it; the replacements' nodes
@@ -83,11 +86,7 @@ def verification(
     queries = q.verification_expressions(
         pending.kind, [r.uid for r in judging], f"{int(period)}s", selector
     )
-    # what judges the gain: the replacements, or the feeder that stayed where it was
-    if pending.kind == NOISY_NEIGHBOUR.name:
-        judges = [(pending.before.node, pending.measured_uid)] if pending.before else []
-    else:
-        judges = [(r.node, r.uid) for r in judging]
+    judges = _judges(pending, judging)
     activity = q.activity_expressions(judges, period, selector)
     # and whether the nodes of both can be believed: they may be any nodes
     nodes = q.scoped(q.NODE_EVIDENCE, "node", landed | {n for n, _ in judges}, windows, selector)
@@ -101,14 +100,55 @@ def verification(
         outcome = "held"
     else:
         return ("unverified" if late else None), None, landed
-    # activity is read only of nodes whose exporter is up and whose collectors are fresh
+    return outcome, _measured(pending, judges, signals, evidence), landed
+
+
+def progress(
+    pending: Pending,
+    pods: list[PodInfo] | None,
+    now: float,
+    policy: Policy,
+    windows: q.Windows,
+    selector: str,
+) -> Generator[Question, Signals, Gain | None]:
+    """The gain so far of ``pending`` while it waits to be judged: what its judges did
+    since the action (a minute at least, or half the period; the whole period once it is
+    over) against what was measured before it. Shown, never acted on: the outcome is the
+    verification's. None: nothing to compare yet (no replacement running, no activity
+    before, no fresh node, or no measure on both sides)."""
+    elapsed = min(now - pending.at, policy.verify_after_seconds)
+    judges = _judges(pending, replacements(pending, pods))
+    least = min(_LEAST_PROGRESS_SECONDS, policy.verify_after_seconds / 2)
+    if pending.before is None or not judges or elapsed < least:
+        return None
+    activity = q.activity_expressions(judges, elapsed, selector)
+    nodes = q.scoped(q.NODE_EVIDENCE, "node", {n for n, _ in judges}, windows, selector)
+    signals = yield [*activity, *nodes], dict(q.REQUIRED_LABELS)
+    evidence = Evidence(signals, policy.stale_after_seconds)
+    g = gain(pending.before, _measured(pending, judges, signals, evidence))
+    return g if g.ratio is not None else None
+
+
+def _judges(pending: Pending, judging: list[PodInfo]) -> list[tuple[str, str]]:
+    """Whose activity measures the gain, (node, uid): the replacements, or the feeder
+    a noisy neighbour crowded out, which stayed where it was."""
+    if pending.kind == NOISY_NEIGHBOUR.name:
+        return [(pending.before.node, pending.measured_uid)] if pending.before else []
+    return [(r.node, r.uid) for r in judging]
+
+
+def _measured(
+    pending: Pending, judges: list[tuple[str, str]], signals: Signals, evidence: Evidence
+) -> Activity | None:
+    """The judges' activity as one, read only of nodes whose exporter is up and whose
+    collectors are fresh."""
     instances = {
         node: evidence.instance(node)[0]
         for node, _ in judges
         if not evidence.node_stale(node, KINDS[pending.kind].depends_on)
     }
     measured = activities(signals, judges, instances)
-    return outcome, mean([measured[uid] for _, uid in judges]), landed
+    return mean([measured[uid] for _, uid in judges])
 
 
 def verdict(
