@@ -36,7 +36,7 @@ from numaguard.simulator.fakes import dra, presets
 from numaguard.simulator.fakes.host import FakeContainer, FakeHost, FakeNumaNode, FakePod
 from numaguard.simulator.fakes.nvml import FakeNvml, Process
 from numaguard.simulator.parts.controlplane import ControlPlane
-from numaguard.simulator.parts.processes import free_port, until
+from numaguard.simulator.parts.processes import free_port, get, until
 from numaguard.simulator.parts.prometheus import PrometheusServer
 from tests.helpers.control_plane import allowed
 from tests.helpers.remediation import component_kubeconfigs, cycles_until, forget_leases
@@ -603,6 +603,13 @@ async def test_an_unreachable_api_server_means_no_action(cluster, tmp_path):
     assert c.evictions() == []
 
 
+# when the exporter's cycle last read the pods' cgroups: a new value, a new cycle
+LAST_PLACEMENT = re.compile(
+    rb'numaguard_collector_last_success_timestamp_seconds\{[^}]*collector="pod_placement"'
+    rb"[^}]*\} (\S+)"
+)
+
+
 def crowded_node(clock=time.monotonic):
     """256 CPUs on 2 NUMA nodes; 100 Guaranteed pods whose two exclusive CPUs sit one on
     each node (cpu_span), paired into 50 Deployments across 10 namespaces; a shared-pool
@@ -712,27 +719,33 @@ async def test_guards_and_caps_hold_under_a_hundred_findings(tmp_path, control_p
     async with contextlib.AsyncExitStack() as stack:
         await sim.start(protect)
         stack.push_async_callback(sim.stop)
-        feeder_pod = host.pod("feeder")
-        feeder = feeder_pod.containers[0]
-
-        # the feeder's CPU quota is too small for its data loader: its counters move between
-        # any two of the exporter's reads (a whole-host write each tick took over a second on a
-        # loaded machine, and a read that saw no period has no verdict)
-        async def throttle():
-            while True:
-                periods, throttled, seconds = feeder.throttling
-                feeder.throttling = (periods + 50, throttled + 25, seconds + 0.25)
-                node.root.write_container(feeder_pod, feeder)
-                await asyncio.sleep(0.25)
-
-        ticker = asyncio.create_task(throttle())
-        stack.callback(ticker.cancel)
         exporter_kubeconfig, kubeconfig, proxy = await component_kubeconfigs(
             control_plane, stack, tmp_path
         )
         url, _ = await stack.enter_async_context(
             sim.exporter(node, exporter_kubeconfig, "--interval", "1")
         )
+        feeder_pod = host.pod("feeder")
+        feeder = feeder_pod.containers[0]
+
+        # the feeder's CPU quota is too small for its data loader: its counters move between
+        # any two of the exporter's reads, each cycle's (a read that saw no new period has no
+        # verdict; a whole-host write took over a second on a loaded machine: one file's now)
+        async def throttle():
+            cycle = None
+            while True:
+                periods, throttled, seconds = feeder.throttling
+                feeder.throttling = (periods + 100, throttled + 50, seconds + 0.5)
+                node.root.write_container(feeder_pod, feeder)
+
+                async def next_cycle(seen=cycle):
+                    found = LAST_PLACEMENT.search(await get(url + "/metrics"))
+                    return found and found[1] != seen and found[1]
+
+                cycle = await until(next_cycle, "the exporter's next cycle", every=0.1)
+
+        ticker = asyncio.create_task(throttle())
+        stack.callback(ticker.cancel)
         prom = await stack.enter_async_context(
             PrometheusServer([url.removeprefix("http://")], free_port())
         )
