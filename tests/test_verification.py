@@ -20,7 +20,6 @@ from numaguard.remediator.core.queries import (
     scoped,
     verification_expressions,
 )
-from numaguard.remediator.core.verification import progress
 from numaguard.simulator.parts.prometheus import as_signals
 from tests.helpers.planner_rows import COLLECTORS, healthy
 from tests.helpers.verification_rows import POLICY, Answers, verdicts
@@ -266,8 +265,7 @@ async def test_a_noisy_neighbour_s_fix_is_judged_by_the_feeder_it_crowded_out():
 async def so_far(rows, pods, pending, now, node=None):
     answers = Answers(rows, node)
     controller = Controller(answers, None, POLICY)
-    got = await controller._ask(progress(pending, pods, now, POLICY, *controller._where()), now)
-    return got, answers.asked
+    return await controller.gain_so_far(pending, pods, now), answers.asked
 
 
 async def test_a_pending_fix_shows_its_gain_so_far_from_fresh_evidence_only():

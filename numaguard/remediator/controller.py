@@ -41,7 +41,7 @@ from numaguard.remediator.core.history import (
     measured_uid,
 )
 from numaguard.remediator.core.kinds import KINDS
-from numaguard.remediator.core.outcome import Activity, activities
+from numaguard.remediator.core.outcome import Activity, Gain, activities
 from numaguard.remediator.core.planner import nodes_to_check, plan, prepare
 from numaguard.remediator.core.policy import Policy
 from numaguard.remediator.core.rejections import Storm, describe, storms
@@ -485,7 +485,7 @@ class Controller:
                 },
             )
         for pending in waiting:  # what those not judged yet have gained so far
-            so_far = await self._ask(progress(pending, pods, now, p, *self._where()), now)
+            so_far = await self.gain_so_far(pending, pods, now)
             if so_far is not None:
                 report.progress[(workload, pending.at, pending.pod_uid)] = so_far
         if changed is not history:
@@ -513,6 +513,12 @@ class Controller:
         Prometheus."""
         judging = verification(pending, pods, now, self.policy, self.detection, *self._where())
         return await self._ask(judging, now)
+
+    async def gain_so_far(
+        self, pending: Pending, pods: list[PodInfo] | None, now: float
+    ) -> Gain | None:
+        """core.verification's gain so far of ``pending``, not judged yet."""
+        return await self._ask(progress(pending, pods, now, self.policy, *self._where()), now)
 
     def _where(self) -> tuple[q.Windows, str]:
         return self.prometheus.windows, self.prometheus.selector

@@ -2,8 +2,8 @@
 each with its evidence (the verdict and how old its newest sample is) and what the
 planner decided — the action with its target, or the guard that refused it and what
 would lift it — the pods the kubelet refused, the actions awaiting verification with
-their deadlines and gain so far, the latest outcomes, and the mode. What the leader's ``/decisions``
-page draws, and serves as JSON."""
+their deadlines and gain so far, the latest outcomes, and the mode. What the leader's
+``/decisions`` page draws, and serves as JSON."""
 
 from __future__ import annotations
 

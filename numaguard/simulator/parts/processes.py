@@ -42,7 +42,7 @@ def cache() -> Path:
 def free_port(address: str = "127.0.0.1") -> int:
     """A port free now, below the kernel's ephemeral range: the port a test hands a
     server it starts later. One from that range (bind to port 0) can be taken meanwhile
-    by any outgoing connection (an API server's to etcd, a scrape), and was, once."""
+    by any outgoing connection (an API server's to etcd, a scrape)."""
     try:
         ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
